@@ -1,0 +1,127 @@
+"""Elector settings: validated up front, with messages that name the rule broken."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Union
+
+from ._errors import ConfigError
+
+Duration = Union[int, float, timedelta]
+
+DEFAULT_TTL = 5.0
+"""Default lease TTL of an Elector, in seconds."""
+
+MIN_TTL = 0.1
+MIN_INTERVAL = 0.001
+
+
+def to_seconds(value: object, what: str) -> float:
+    """A duration (seconds or ``timedelta``) as float seconds, or ConfigError.
+
+    Rejects bools, NaN, infinities, zero and negative values: each is a
+    mistake, never a meaningful duration.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{what} must be a duration in seconds or a timedelta, not a bool ({value!r})")
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        raise ConfigError(
+            f"{what} must be a duration in seconds (int or float) or a timedelta, "
+            f"got {type(value).__name__} {value!r}"
+        )
+    if math.isnan(seconds):
+        raise ConfigError(f"{what} must be a number of seconds, got NaN")
+    if math.isinf(seconds):
+        raise ConfigError(f"{what} must be finite, got {value!r}")
+    if seconds <= 0:
+        raise ConfigError(f"{what} must be positive, got {value!r}")
+    return seconds
+
+
+def default_instance_id() -> str:
+    """hostname + "-" + 16 random hex digits: unique per live process."""
+    return f"{socket.gethostname()}-{os.urandom(8).hex()}"
+
+
+@dataclass(frozen=True)
+class Config:
+    """The validated, resolved settings of an Elector (durations in float seconds).
+
+    ``ttl`` is the value after truncation to whole milliseconds, which is what
+    Redis applies (``PX``).
+    """
+
+    name: str
+    ttl: float
+    renew_interval: float
+    acquire_interval: float
+    instance_id: str
+
+    @property
+    def ttl_ms(self) -> int:
+        """The lease TTL in whole milliseconds, as sent to Redis."""
+        return round(self.ttl * 1000)
+
+    @classmethod
+    def resolve(
+        cls,
+        name: object,
+        *,
+        ttl: Duration | None = None,
+        renew_interval: Duration | None = None,
+        acquire_interval: Duration | None = None,
+        instance_id: object = None,
+    ) -> Config:
+        """Validate the user's settings and fill in the defaults."""
+        if not isinstance(name, str):
+            raise ConfigError(f"name must be a str, got {type(name).__name__} {name!r}")
+        if not name:
+            raise ConfigError("name must not be empty")
+
+        raw_ttl = DEFAULT_TTL if ttl is None else to_seconds(ttl, "ttl")
+        ttl_ms = math.floor(raw_ttl * 1000 + 1e-9)
+        ttl_s = ttl_ms / 1000
+        if ttl_s < MIN_TTL:
+            raise ConfigError(
+                f"ttl must be at least {MIN_TTL} s after truncation to whole milliseconds "
+                f"(so a renewal can complete before expiry), got {raw_ttl!r} s"
+            )
+
+        renew = ttl_s / 3 if renew_interval is None else to_seconds(renew_interval, "renew_interval")
+        if renew < MIN_INTERVAL:
+            raise ConfigError(f"renew_interval must be at least 1 ms, got {renew!r} s")
+        if renew > ttl_s / 2:
+            raise ConfigError(
+                f"renew_interval must be at most ttl/2 ({ttl_s / 2!r} s) so two renewals fit "
+                f"in one lease, got {renew!r} s"
+            )
+
+        acquire = ttl_s / 2 if acquire_interval is None else to_seconds(acquire_interval, "acquire_interval")
+        if acquire < MIN_INTERVAL:
+            raise ConfigError(f"acquire_interval must be at least 1 ms, got {acquire!r} s")
+        if acquire >= ttl_s:
+            raise ConfigError(
+                f"acquire_interval must be less than ttl ({ttl_s!r} s) so a follower polls at "
+                f"least once per lease, got {acquire!r} s"
+            )
+
+        if instance_id is None:
+            ident = default_instance_id()
+        elif not isinstance(instance_id, str):
+            raise ConfigError(
+                f"instance_id must be a str, got {type(instance_id).__name__} {instance_id!r}"
+            )
+        elif not instance_id:
+            raise ConfigError("instance_id must not be empty (pass None to generate one)")
+        else:
+            ident = instance_id
+
+        return cls(name, ttl_s, renew, acquire, ident)

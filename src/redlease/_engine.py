@@ -1,0 +1,136 @@
+"""The one small internal interface both engines implement.
+
+An engine owns three things for one Elector (or one RedisLocker):
+
+* ``call`` — the control path (acquire, release, lock scripts): one bounded
+  EVALSHA round trip on the engine's *own* connection, never on the user's
+  client, so a client configured with retries or no timeout can never stretch
+  it. NOSCRIPT is recovered by EVAL and one retry.
+* ``write`` — the fenced-write path that users drive (``fence_set`` & co).
+* ``keeper`` — a lease keeper: a thread that renews one lease on time.
+
+The native engine implements them in Cython with the GIL released; the
+pure-Python engine with redis-py connections and a Python thread. The
+Elector and the lockers never branch on which engine they hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, Union
+
+from ._scripts import Script
+
+EncodableT = Union[str, bytes, int, float]
+
+# Keeper states, shared by both engines (the native one keeps them in C atomics).
+IDLE = 0
+"""No term has begun since the keeper was made, or the last one was ended."""
+ACTIVE = 1
+"""A term is running and its lease is being renewed."""
+LOST = 2
+"""The lease was lost: a renewal answered 0, or no renewal succeeded for a TTL."""
+ENDED = 3
+"""The term was ended by the owner (``end()``); nothing is renewed any more."""
+
+
+class Keeper(Protocol):
+    """Keeps one lease alive from a dedicated thread.
+
+    ``begin(token, acquired_at)`` starts a term: the first renewal is sent at
+    once, then one every ``interval`` on absolute deadlines. Each renewal runs
+    ``script`` with the keeper's keys and args; a reply of 1 means renewed, 0
+    means lost (the term ends as LOST at once). Errors are tolerated until
+    ``ttl`` has passed since the *send* time of the last good renewal (or of
+    the acquire), and that deadline is enforced by a timer, not by the next
+    tick: at the deadline the term is LOST even if a renewal is in flight.
+    Every state change and every error wakes ``wait()`` and makes
+    ``fileno()`` readable.
+    """
+
+    @property
+    def token(self) -> int:
+        """The running term's token, or 0 when no term is ACTIVE."""
+        ...
+
+    @property
+    def state(self) -> int:
+        """IDLE, ACTIVE, LOST or ENDED."""
+        ...
+
+    def begin(self, token: int, acquired_at: float) -> None:
+        """Start a term; ``acquired_at`` is the ``time.monotonic()`` send time of the acquire."""
+        ...
+
+    def end(self) -> None:
+        """End the term (token cleared first); idempotent; a LOST term stays LOST."""
+        ...
+
+    def wait(self, timeout: float | None) -> bool:
+        """Block until woken (loss, error, ``notify()``); False on timeout. Consumes the wake-up."""
+        ...
+
+    def notify(self) -> None:
+        """Wake the waiter (used by resign, stop and the leader function's return)."""
+        ...
+
+    def pop_errors(self) -> list[Exception]:
+        """redis-py exceptions of the failed renewals since the last call, oldest first."""
+        ...
+
+    def lateness(self) -> list[float]:
+        """Seconds each renewal was sent after its scheduled time (most recent samples)."""
+        ...
+
+    def fileno(self) -> int:
+        """A file descriptor that is readable while a wake-up is pending."""
+        ...
+
+    def close(self) -> None:
+        """End any term, stop and join the thread, close sockets and fds. Idempotent."""
+        ...
+
+
+class Engine(Protocol):
+    """What an Elector or a RedisLocker needs from Redis."""
+
+    name: str
+
+    def call(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        timeout: float,
+    ) -> Any:
+        """Run ``script`` on the engine's own connection, bounded by ``timeout`` seconds in all.
+
+        Thread-safe. Raises redis-py's ResponseError / ConnectionError /
+        TimeoutError. Replies: int, bytes, None or lists of them.
+        """
+        ...
+
+    def write(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+    ) -> Any:
+        """Run a fenced-write script (user-driven path). Thread-safe. Same errors as ``call``."""
+        ...
+
+    def keeper(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        *,
+        interval: float,
+        ttl: float,
+    ) -> Keeper:
+        """A new lease keeper renewing with ``script`` (reply 1 renewed, 0 lost)."""
+        ...
+
+    def close(self) -> None:
+        """Close the engine's own connections (not the user's client)."""
+        ...

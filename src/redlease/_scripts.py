@@ -1,0 +1,64 @@
+"""Lua scripts, loaded once from ``lua/*.lua`` with their SHA1 computed once.
+
+The files in ``lua/`` are the single source of truth for server-side logic.
+An installed package carries copies in ``redlease/lua/``; an editable install
+reads the repository's ``lua/`` directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+_SEARCH = (_HERE / "lua", _HERE.parent.parent / "lua")
+
+
+def _lua_dir() -> Path:
+    for candidate in _SEARCH:
+        if (candidate / "acquire.lua").is_file():
+            return candidate
+    raise FileNotFoundError(
+        "redlease Lua scripts not found; looked in " + ", ".join(str(p) for p in _SEARCH)
+    )
+
+
+@cache
+def source(name: str) -> str:
+    """The text of ``lua/<name>.lua``."""
+    return (_lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Script:
+    """One Lua script: its source and the SHA1 that EVALSHA names it by."""
+
+    name: str
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode("utf-8")).hexdigest())
+
+
+@cache
+def load(name: str) -> Script:
+    """The script in ``lua/<name>.lua``, loaded and hashed once."""
+    return Script(name, source(name))
+
+
+def fenced(name: str, body: str) -> Script:
+    """Wrap a write body as guard + body + epilogue: one atomic fenced write.
+
+    KEYS[1]/ARGV[1] are the high-water mark key and the token; the body's own
+    keys and arguments start at index 2.
+    """
+    return Script(name, source("fence_guard") + "\n" + body + "\n" + source("fence_epilogue"))
+
+
+@cache
+def fenced_file(name: str) -> Script:
+    """A fenced write whose body lives in ``lua/<name>.lua``."""
+    return fenced(name, source(name))

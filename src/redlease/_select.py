@@ -1,0 +1,63 @@
+"""Engine selection: ``auto`` / ``native`` / ``python`` and ``REDLEASE_ENGINE``."""
+
+from __future__ import annotations
+
+import os
+
+from ._client import native_endpoint
+from ._engine import Engine
+from ._errors import ConfigError
+
+ENGINES = ("auto", "native", "python")
+
+
+def native_available() -> tuple[bool, str]:
+    """Whether the compiled extension imports, and why not when it does not."""
+    try:
+        from . import _native  # noqa: F401
+    except ImportError as exc:
+        return False, f"the native extension is not built ({exc})"
+    return True, ""
+
+
+def resolve_engine_name(client: object, engine: str | None) -> str:
+    """Which engine ``engine`` means for ``client``: ``"native"`` or ``"python"``."""
+    if engine is None:
+        engine = os.environ.get("REDLEASE_ENGINE", "auto") or "auto"
+        source = "REDLEASE_ENGINE"
+    else:
+        source = "engine"
+    if not isinstance(engine, str) or engine not in ENGINES:
+        raise ConfigError(f"{source} must be one of auto, native, python; got {engine!r}")
+    if engine == "python":
+        return "python"
+    ok, why = native_available()
+    endpoint, why_client = native_endpoint(client)
+    if engine == "native":
+        if not ok:
+            raise ConfigError(f'engine="native" is unavailable: {why}')
+        if endpoint is None:
+            raise ConfigError(f'engine="native" cannot serve this client: {why_client}')
+        return "native"
+    return "native" if ok and endpoint is not None else "python"
+
+
+def make_engine(client: object, engine: str | None) -> Engine:
+    """Build the engine ``engine`` names for ``client`` (see ``resolve_engine_name``)."""
+    name = resolve_engine_name(client, engine)
+    if name == "native":
+        from ._native_engine import NativeEngine
+
+        endpoint, _ = native_endpoint(client)
+        assert endpoint is not None
+        return NativeEngine(endpoint, write_timeout=_socket_timeout(client))
+    from ._pyengine import PythonEngine
+
+    return PythonEngine(client)
+
+
+def _socket_timeout(client: object) -> float | None:
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", {}) or {}
+    value = kwargs.get("socket_timeout")
+    return float(value) if value else None
