@@ -57,7 +57,10 @@ def native_endpoint(client: object) -> tuple[Endpoint | None, str]:
             "speaks plain TCP and unix sockets only"
         )
     if kwargs.get("credential_provider") is not None:
-        return None, "the client uses a credential_provider; the native engine needs a fixed username/password"
+        return (
+            None,
+            "the client uses a credential_provider; the native engine needs a fixed password",
+        )
     protocol = kwargs.get("protocol")
     if protocol not in (None, 2, "2"):
         return None, f"the client speaks RESP{protocol}; the native engine speaks RESP2"

@@ -7,11 +7,10 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Union
 
 from ._errors import ConfigError
 
-Duration = Union[int, float, timedelta]
+Duration = int | float | timedelta
 
 DEFAULT_TTL = 5.0
 """Default lease TTL of an Elector, in seconds."""
@@ -27,7 +26,9 @@ def to_seconds(value: object, what: str) -> float:
     mistake, never a meaningful duration.
     """
     if isinstance(value, bool):
-        raise ConfigError(f"{what} must be a duration in seconds or a timedelta, not a bool ({value!r})")
+        raise ConfigError(
+            f"{what} must be a duration in seconds or a timedelta, not a bool ({value!r})"
+        )
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, (int, float)):
@@ -95,7 +96,9 @@ class Config:
                 f"(so a renewal can complete before expiry), got {raw_ttl!r} s"
             )
 
-        renew = ttl_s / 3 if renew_interval is None else to_seconds(renew_interval, "renew_interval")
+        renew = (
+            ttl_s / 3 if renew_interval is None else to_seconds(renew_interval, "renew_interval")
+        )
         if renew < MIN_INTERVAL:
             raise ConfigError(f"renew_interval must be at least 1 ms, got {renew!r} s")
         if renew > ttl_s / 2:
@@ -104,7 +107,11 @@ class Config:
                 f"in one lease, got {renew!r} s"
             )
 
-        acquire = ttl_s / 2 if acquire_interval is None else to_seconds(acquire_interval, "acquire_interval")
+        acquire = (
+            ttl_s / 2
+            if acquire_interval is None
+            else to_seconds(acquire_interval, "acquire_interval")
+        )
         if acquire < MIN_INTERVAL:
             raise ConfigError(f"acquire_interval must be at least 1 ms, got {acquire!r} s")
         if acquire >= ttl_s:

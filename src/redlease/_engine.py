@@ -17,11 +17,11 @@ Elector and the lockers never branch on which engine they hold.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, Union
+from typing import Any, Protocol
 
 from ._scripts import Script
 
-EncodableT = Union[str, bytes, int, float]
+EncodableT = str | bytes | int | float
 
 # Keeper states, shared by both engines (the native one keeps them in C atomics).
 IDLE = 0

@@ -1,0 +1,36 @@
+"""redlease: lease-based leader election on Redis with fencing tokens.
+
+``Elector`` elects one leader among instances and keeps it elected, minting a
+strictly increasing fencing token per term; ``Fencer`` and the ``fence_*``
+writes reject a stale leader's writes at Redis. The lease is renewed by a
+native thread that never waits for the GIL when the extension is built
+(``engine="native"``), or by a Python thread (``engine="python"``).
+"""
+
+from ._config import DEFAULT_TTL, Config
+from ._elector import Elector, Fencer, Observer, Term
+from ._errors import (
+    AutoRenewTTLTooShort,
+    ConfigError,
+    NotAcquired,
+    NotHeld,
+    RedleaseError,
+    TooManyEvalBodies,
+)
+from ._version import __version__
+
+__all__ = [
+    "DEFAULT_TTL",
+    "AutoRenewTTLTooShort",
+    "Config",
+    "ConfigError",
+    "Elector",
+    "Fencer",
+    "NotAcquired",
+    "NotHeld",
+    "Observer",
+    "RedleaseError",
+    "Term",
+    "TooManyEvalBodies",
+    "__version__",
+]
