@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -253,6 +255,7 @@ class Elector:
         self._thread: threading.Thread | None = None
         self._started: _RunState | None = None
         self._eval_scripts: dict[str, _scripts.Script] = {}
+        _live_electors.add(self)
 
     # -- identity -----------------------------------------------------------
 
@@ -615,6 +618,21 @@ class Elector:
             return False  # the inert and non-positive tokens never write
         reply = self._engine.write(script, (self._applied_key, *keys), (str(token), *args))
         return bool(reply == 1)
+
+
+_live_electors: weakref.WeakSet[Elector] = weakref.WeakSet()
+
+
+def _forget_runs_after_fork() -> None:
+    # A forked child has none of the parent's threads and must never act on
+    # the parent's lease: its electors are simply not running.
+    for elector in list(_live_electors):
+        elector._mutex = threading.Lock()
+        elector._run = elector._started = None
+        elector._thread = None
+
+
+os.register_at_fork(after_in_child=_forget_runs_after_fork)
 
 
 class _LeaderThread:

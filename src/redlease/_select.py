@@ -22,11 +22,14 @@ def native_available() -> tuple[bool, str]:
 
 def resolve_engine_name(client: object, engine: str | None) -> str:
     """Which engine ``engine`` means for ``client``: ``"native"`` or ``"python"``."""
-    if engine is None:
-        engine = os.environ.get("REDLEASE_ENGINE", "auto") or "auto"
-        source = "REDLEASE_ENGINE"
-    else:
-        source = "engine"
+    source = "engine"
+    if engine is None or engine == "auto":
+        # "auto" is the default, and REDLEASE_ENGINE says what the default means.
+        env = os.environ.get("REDLEASE_ENGINE", "")
+        if env:
+            engine, source = env, "REDLEASE_ENGINE"
+        else:
+            engine = "auto"
     if not isinstance(engine, str) or engine not in ENGINES:
         raise ConfigError(f"{source} must be one of auto, native, python; got {engine!r}")
     if engine == "python":
@@ -35,9 +38,9 @@ def resolve_engine_name(client: object, engine: str | None) -> str:
     endpoint, why_client = native_endpoint(client)
     if engine == "native":
         if not ok:
-            raise ConfigError(f'engine="native" is unavailable: {why}')
+            raise ConfigError(f'{source}="native" is unavailable: {why}')
         if endpoint is None:
-            raise ConfigError(f'engine="native" cannot serve this client: {why_client}')
+            raise ConfigError(f'{source}="native" cannot serve this client: {why_client}')
         return "native"
     return "native" if ok and endpoint is not None else "python"
 
