@@ -1,0 +1,212 @@
+"""Test helpers: polling with deadlines, fault endpoints, run threads, event recorders."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redlease
+
+LOOPBACK = "127.0.0.1"
+
+
+def wait_until(
+    predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.005, what: str = ""
+) -> Any:
+    """Poll ``predicate`` until it returns a truthy value (returned); AssertionError at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+def stays(predicate: Callable[[], Any], duration: float, interval: float = 0.01) -> bool:
+    """True when ``predicate`` stays truthy for the whole of ``duration`` seconds."""
+    deadline = time.monotonic() + duration
+    while time.monotonic() < deadline:
+        if not predicate():
+            return False
+        time.sleep(interval)
+    return bool(predicate())
+
+
+class BlackHole:
+    """A loopback TCP server that accepts connections and never sends a byte."""
+
+    def __init__(self) -> None:
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.bind((LOOPBACK, 0))
+        self._listener.listen(64)
+        self._listener.settimeout(0.05)
+        self.port: int = self._listener.getsockname()[1]
+        self._conns: list[socket.socket] = []
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="black-hole", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://{LOOPBACK}:{self.port}"
+
+    @property
+    def accepted(self) -> int:
+        """How many connections were accepted so far."""
+        return len(self._conns)
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                return
+            self._conns.append(conn)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(2)
+        self._listener.close()
+        for conn in self._conns:
+            conn.close()
+
+
+class ClosedPort:
+    """A loopback port nothing listens on: connections are refused at once.
+
+    The port is held by a bound, non-listening socket so no other process
+    can start listening on it during the test.
+    """
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind((LOOPBACK, 0))
+        self.port: int = self._sock.getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"redis://{LOOPBACK}:{self.port}"
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class RunThread:
+    """``elector.run(fn, stop=...)`` on a helper thread, with its outcome kept for the test."""
+
+    def __init__(self, elector: redlease.Elector, fn: Any = None) -> None:
+        self.elector = elector
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self.returned = False
+        self._thread = threading.Thread(target=self._main, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _main(self, fn: Any) -> None:
+        try:
+            self.elector.run(fn, stop=self.stop_event)
+            self.returned = True
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.stop_event.set()
+        self.join(timeout)
+
+    def join(self, timeout: float = 10.0) -> bool:
+        """Wait for run() to end; True when it did within ``timeout``."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+
+class Terms:
+    """A leader function that records each term and holds it until it ends.
+
+    ``returns_after`` makes the first N terms return at once instead.
+    """
+
+    def __init__(self, returns_after: int = 0) -> None:
+        self.terms: list[redlease.Term] = []
+        self.fencers: list[redlease.Fencer] = []
+        self._returns_after = returns_after
+        self._lock = threading.Lock()
+
+    def __call__(self, term: redlease.Term, fencer: redlease.Fencer) -> None:
+        with self._lock:
+            self.terms.append(term)
+            self.fencers.append(fencer)
+            n = len(self.terms)
+        if n <= self._returns_after:
+            return
+        term.wait()
+
+    def wait_for(self, count: int, timeout: float = 5.0) -> redlease.Term:
+        """The ``count``-th term (1-based), once it has started."""
+        wait_until(lambda: len(self.terms) >= count, timeout, what=f"term #{count}")
+        return self.terms[count - 1]
+
+
+class Events:
+    """An Observer that records every callback, in order, with timestamps."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any, float]] = []
+        self._lock = threading.Lock()
+
+    def record(self, kind: str, value: Any = None) -> None:
+        with self._lock:
+            self.events.append((kind, value, time.monotonic()))
+
+    def observer(self, **overrides: Any) -> redlease.Observer:
+        callbacks: dict[str, Any] = {
+            "on_elected": lambda token: self.record("elected", token),
+            "on_stepped_down": lambda: self.record("stepped_down"),
+            "on_follower": lambda: self.record("follower"),
+            "on_error": lambda exc: self.record("error", exc),
+        }
+        callbacks.update(overrides)
+        return redlease.Observer(**callbacks)
+
+    def kinds(self, *, errors: bool = False) -> list[str]:
+        with self._lock:
+            return [k for k, _, _ in self.events if errors or k != "error"]
+
+    def values(self, kind: str) -> list[Any]:
+        with self._lock:
+            return [v for k, v, _ in self.events if k == kind]
+
+    def times(self, kind: str) -> list[float]:
+        with self._lock:
+            return [t for k, _, t in self.events if k == kind]
+
+    def count(self, kind: str) -> int:
+        return len(self.values(kind))
+
+
+NAME = "svc"
+LEADER_KEY = f"{NAME}:leader"
+FENCE_KEY = f"{NAME}:fence"
+APPLIED_KEY = f"{NAME}:fence:applied"
+
+
+def make_elector(client: Any, engine: str, **kwargs: Any) -> redlease.Elector:
+    """An Elector named ``NAME`` on ``engine`` (short, test-friendly TTL unless given)."""
+    kwargs.setdefault("ttl", 1.0)
+    return redlease.Elector(client, kwargs.pop("name", NAME), engine=engine, **kwargs)
+
+
+def elected_token(elector: redlease.Elector, timeout: float = 5.0) -> int:
+    """Wait until ``elector`` leads and return its token."""
+    token: int = wait_until(elector.token, timeout, what="election")
+    return token
