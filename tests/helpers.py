@@ -16,7 +16,7 @@ LOOPBACK = "127.0.0.1"
 def wait_until(
     predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.005, what: str = ""
 ) -> Any:
-    """Poll ``predicate`` until it returns a truthy value (returned); AssertionError at the deadline."""
+    """Poll ``predicate`` until truthy and return its value; AssertionError at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -64,7 +64,7 @@ class BlackHole:
         while not self._closed.is_set():
             try:
                 conn, _ = self._listener.accept()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return

@@ -121,7 +121,9 @@ def test_renew_interval_of_exactly_half_the_ttl_is_accepted(client: redis.Redis)
 
 
 @pytest.mark.parametrize("acquire", [1.0, 1.5])
-def test_acquire_interval_not_below_the_ttl_is_rejected(client: redis.Redis, acquire: float) -> None:
+def test_acquire_interval_not_below_the_ttl_is_rejected(
+    client: redis.Redis, acquire: float
+) -> None:
     message = config_error(client, ttl=1.0, acquire_interval=acquire)
     assert "acquire_interval" in message
     assert "ttl" in message

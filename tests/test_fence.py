@@ -77,7 +77,9 @@ def test_non_positive_token_is_rejected_without_moving_the_mark(
     assert client.exists("h", "z") == 0
 
 
-def test_fencer_of_an_elector_that_is_not_leading_is_inert(client: redis.Redis, engine: str) -> None:
+def test_fencer_of_an_elector_that_is_not_leading_is_inert(
+    client: redis.Redis, engine: str
+) -> None:
     e = make_elector(client, engine)
     assert e.fence_set(2, "k", "v")
     f = e.fencer()
@@ -201,7 +203,9 @@ def test_failing_write_raises_response_error_and_does_not_move_the_mark(
     assert e.fence_set(6, "k", "still-works")
 
 
-def test_sixteen_digit_token_is_minted_and_stored_verbatim(client: redis.Redis, engine: str) -> None:
+def test_sixteen_digit_token_is_minted_and_stored_verbatim(
+    client: redis.Redis, engine: str
+) -> None:
     client.set(FENCE_KEY, "1234567890123456")
     e = make_elector(client, engine)
     with e:
