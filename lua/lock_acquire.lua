@@ -1,0 +1,19 @@
+-- lock acquire: take the lock for one acquisition and allocate its fencing token.
+-- KEYS[1] the lock hash (<prefix>key:<name>), KEYS[2] the fencing counter (<prefix>fencing)
+-- ARGV[1] ownership token (random, one per acquisition), ARGV[2] lease TTL in milliseconds
+-- Returns {fencing token, pttl}: token >= 1 and pttl = the TTL when the lock is ours;
+-- token 0 and the holder's remaining PTTL when another owner holds it.
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner == ARGV[1] then
+  -- A replay of an acquisition that already succeeded (its reply was lost):
+  -- the same lease, so the original token, never a false conflict.
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {tonumber(redis.call('HGET', KEYS[1], 'fencing')), tonumber(ARGV[2])}
+end
+if owner then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fencing', token)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {token, tonumber(ARGV[2])}

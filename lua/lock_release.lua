@@ -1,0 +1,14 @@
+-- lock release: delete the lock only while it is still ours, and leave an acknowledgement.
+-- KEYS[1] the lock hash (<prefix>key:<name>), KEYS[2] the acknowledgement (<prefix>ack:<owner>)
+-- ARGV[1] ownership token, ARGV[2] acknowledgement TTL in milliseconds
+-- Returns 1 when deleted, or when this owner's release already deleted it (a replay);
+-- 0 when the lock expired or belongs to another owner, whose lock is left untouched.
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+  return 1
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return 1
+end
+return 0
