@@ -1,0 +1,215 @@
+"""The Elector on every kind of client DESIGN.md names: unix sockets, ACL users
+and databases, Sentinel-managed masters and Redis Cluster."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+from redis.sentinel import Sentinel
+
+import redlease
+from helpers import elected_token, wait_until
+from redlease._server import RedisServer, find_redis_server
+
+
+def _lead_and_fence(elector: redlease.Elector, key: str) -> int:
+    with elector:
+        token = elected_token(elector)
+        assert elector.fence_set(token, key, "v1")
+        assert not elector.fence_set(token - 1, key, "stale")
+    return token
+
+
+# -- unix sockets, ACL users, databases ---------------------------------------------
+
+
+def test_elector_works_over_a_unix_socket(engine: str) -> None:
+    with RedisServer(unix=True) as server:
+        client = server.client()
+        assert client.connection_pool.connection_kwargs.get("path")
+        e = redlease.Elector(client, "unix", ttl=0.5, engine=engine)
+        assert e.engine == engine
+        token = _lead_and_fence(e, "unix:state")
+        assert client.get("unix:state") == b"v1"
+        assert client.get("unix:fence:applied") == str(token).encode()
+        assert not client.exists("unix:leader")
+
+
+def test_elector_respects_the_clients_acl_user_and_database(
+    redis_server: RedisServer, engine: str
+) -> None:
+    admin = redis_server.client()
+    admin.acl_setuser(
+        "svc", enabled=True, passwords=["+s3cret"], keys=["~*"], commands=["+@all"]
+    )
+    user_client = redis.Redis(
+        host="127.0.0.1", port=redis_server.port, db=3, username="svc", password="s3cret"
+    )
+    e = redlease.Elector(user_client, "acl", ttl=0.5, engine=engine)
+    _lead_and_fence(e, "acl:state")
+    db3 = redis_server.client(db=3)
+    assert db3.get("acl:state") == b"v1"
+    assert db3.exists("acl:fence")
+    assert not admin.exists("acl:fence"), "keys must land in the client's database, not db 0"
+
+
+def test_wrong_password_surfaces_through_on_error_and_never_elects(
+    redis_server: RedisServer, engine: str
+) -> None:
+    redis_server.client().config_set("requirepass", "right")
+    errors: list[Exception] = []
+    bad = redis.Redis(host="127.0.0.1", port=redis_server.port, password="wrong")
+    e = redlease.Elector(
+        bad, "auth", ttl=0.3, engine=engine, observer=redlease.Observer(on_error=errors.append)
+    )
+    with e:
+        wait_until(lambda: errors, timeout=5, what="an auth error through on_error")
+        assert e.token() is None
+    assert all(isinstance(exc, redis.exceptions.RedisError) for exc in errors)
+    assert any(isinstance(exc, redis.exceptions.AuthenticationError) for exc in errors)
+
+
+# -- Sentinel -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def sentinel(redis_server: RedisServer, tmp_path: Path) -> Iterator[Sentinel]:
+    """One sentinel watching ``redis_server`` as master ``svc``."""
+    probe = RedisServer()
+    probe.start()
+    port = probe.port
+    probe.stop()
+    assert port is not None
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\n"
+        f"sentinel monitor svc 127.0.0.1 {redis_server.port} 1\n"
+    )
+    proc = subprocess.Popen(
+        [find_redis_server(), str(conf), "--sentinel"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        manager = Sentinel([("127.0.0.1", port)], socket_timeout=1)
+        wait_until(
+            lambda: _master_known(manager), timeout=10, what="sentinel to know the master"
+        )
+        yield manager
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _master_known(manager: Sentinel) -> bool:
+    try:
+        return manager.discover_master("svc") is not None
+    except redis.exceptions.RedisError:
+        return False
+
+
+def test_sentinel_master_client_runs_on_the_python_engine(sentinel: Sentinel) -> None:
+    client = sentinel.master_for("svc", socket_timeout=1)
+    e = redlease.Elector(client, "sentinel", ttl=0.5)
+    assert e.engine == "python"
+    token = _lead_and_fence(e, "sentinel:state")
+    assert client.get("sentinel:state") == b"v1"
+    assert int(client.get("sentinel:fence:applied")) == token
+
+
+def test_native_engine_refuses_a_sentinel_client_and_says_why(sentinel: Sentinel) -> None:
+    pytest.importorskip("redlease._native")
+    client = sentinel.master_for("svc")
+    with pytest.raises(redlease.ConfigError, match="Sentinel"):
+        redlease.Elector(client, "sentinel", engine="native")
+
+
+# -- Cluster ------------------------------------------------------------------------
+
+_SLOTS = 16384
+
+
+@pytest.fixture
+def cluster() -> Iterator[RedisCluster]:
+    """Three cluster-enabled masters splitting the slots, and a client for them."""
+    nodes: list[RedisServer] = []
+    try:
+        while len(nodes) < 3:
+            nodes.append(_cluster_node())
+        clients = [node.client() for node in nodes]
+        share = _SLOTS // len(nodes)
+        for i, c in enumerate(clients):
+            end = _SLOTS if i == len(nodes) - 1 else (i + 1) * share
+            c.execute_command("CLUSTER ADDSLOTS", *range(i * share, end))
+        for c in clients[1:]:
+            c.execute_command("CLUSTER MEET", "127.0.0.1", nodes[0].port)
+        wait_until(
+            lambda: all(c.cluster_info()["cluster_state"] == "ok" for c in clients),
+            timeout=20,
+            interval=0.1,
+            what="the cluster to converge",
+        )
+        client = RedisCluster(
+            startup_nodes=[ClusterNode("127.0.0.1", n.port) for n in nodes if n.port],
+            socket_timeout=2,
+        )
+        yield client
+        client.close()
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def _cluster_node() -> RedisServer:
+    # A cluster bus listens on port + 10000, so the node's port must be <= 55535.
+    for _ in range(50):
+        node = RedisServer(args=["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"])
+        try:
+            node.start()
+        except redlease.RedleaseError:
+            node.stop()
+            continue
+        return node
+    raise AssertionError("no free port <= 55535 for a cluster node")
+
+
+def test_cluster_name_without_hash_tag_is_a_config_error(cluster: RedisCluster) -> None:
+    with pytest.raises(redlease.ConfigError, match="hash tag"):
+        redlease.Elector(cluster, "no-tag")
+
+
+def test_cluster_elector_with_hash_tag_elects_and_fences(cluster: RedisCluster) -> None:
+    e = redlease.Elector(cluster, "{job}", ttl=0.5)
+    assert e.engine == "python"
+    token = _lead_and_fence(e, "{job}:state")
+    assert cluster.get("{job}:state") == b"v1"
+    assert int(cluster.get("{job}:fence:applied")) == token
+    assert not cluster.exists("{job}:leader")
+
+
+def test_cluster_contenders_hand_over_with_increasing_tokens(cluster: RedisCluster) -> None:
+    first = redlease.Elector(cluster, "{sched}", ttl=0.5)
+    second = redlease.Elector(cluster, "{sched}", ttl=0.5)
+    with first:
+        t1 = elected_token(first)
+        second.start()
+        try:
+            time.sleep(0.3)
+            assert second.token() is None
+            first.stop()
+            t2 = elected_token(second)
+        finally:
+            second.stop()
+    assert t2 > t1
+
+
+def test_native_engine_refuses_a_cluster_client(cluster: RedisCluster) -> None:
+    pytest.importorskip("redlease._native")
+    with pytest.raises(redlease.ConfigError, match="RedisCluster"):
+        redlease.Elector(cluster, "{job}", engine="native")
