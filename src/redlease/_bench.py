@@ -1,0 +1,261 @@
+"""``redlease bench``: how late renewals go out under load, and fenced writes per second.
+
+For each engine an Elector leads with a short renew interval while the main
+thread runs the chosen load; the keeper records how late each renewal was
+sent after its scheduled time. A Python keeper thread needs the GIL to send,
+so a load that holds the GIL delays it; the native keeper never takes it.
+Then one thread does fenced SETs in a loop for the same time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import secrets
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+
+from ._cliredis import CliError, Target, one_line, redis_target
+from ._select import native_available
+
+TTL = 2.0
+"""Lease TTL of the benchmark's electors: long enough to survive a 200 ms GIL hold."""
+
+RENEW_INTERVAL = 0.02
+"""Renewal period: many samples per second, far below the TTL."""
+
+GIL_CALL_SECONDS = 0.2
+
+LOAD_DESCRIPTIONS = {
+    "idle": "the main thread sleeps",
+    "python": "the main thread runs a pure-Python busy loop",
+    "gil": f"the main thread makes ~{GIL_CALL_SECONDS * 1000:.0f} ms C calls that hold the GIL, "
+    "sum(range(n))",
+}
+
+
+@dataclass
+class Result:
+    """One engine's measurements, or why it could not be measured."""
+
+    engine: str
+    unavailable: str | None = None
+    lateness: list[float] | None = None
+    kept_lease: bool = False
+    writes_per_second: float = 0.0
+
+
+class Progress:
+    """Phase lines on stderr, and a heartbeat every few seconds for long phases."""
+
+    def __init__(self, total_phases: int) -> None:
+        self.total = total_phases
+        self.done = 0
+
+    def phase(self, text: str, seconds: float) -> Callable[[float], None]:
+        self.done += 1
+        sys.stderr.write(f"bench [{self.done}/{self.total}] {text} ({seconds:g} s)\n")
+        sys.stderr.flush()
+        start = time.monotonic()
+        last = [start]
+
+        def tick(now: float) -> None:
+            if now - last[0] >= 5.0:
+                last[0] = now
+                sys.stderr.write(f"bench [{self.done}/{self.total}]   ... {now - start:.0f} s\n")
+                sys.stderr.flush()
+
+        return tick
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(samples)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def gil_call_size() -> int:
+    """An n for which ``sum(range(n))`` holds the GIL for about GIL_CALL_SECONDS."""
+    n = 1_000_000
+    while True:
+        start = time.perf_counter()
+        sum(range(n))
+        spent = time.perf_counter() - start
+        if spent >= 0.02:
+            return max(1, int(n * GIL_CALL_SECONDS / spent))
+        n *= 4
+
+
+def run_load(load: str, seconds: float, tick: Callable[[float], None], gil_n: int) -> None:
+    """Keep the main thread busy the chosen way for ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
+            return
+        tick(now)
+        if load == "idle":
+            time.sleep(min(0.5, deadline - now))
+        elif load == "python":
+            x = 0
+            for i in range(20_000):
+                x += i * i
+        else:
+            sum(range(gil_n))
+
+
+def measure(
+    target: Target, engine: str, load: str, seconds: float, progress: Progress, gil_n: int
+) -> Result:
+    """Renew lateness under ``load``, then fenced-write throughput, for one engine."""
+    from ._elector import Elector
+
+    name = f"redlease-bench-{secrets.token_hex(3)}"
+    client = target.client()
+    elector = Elector(client, name, ttl=TTL, renew_interval=RENEW_INTERVAL, engine=engine)
+    result = Result(engine=elector.engine)
+    try:
+        elector.start(None)
+        token = _wait_for_token(elector)
+        run = elector._run
+        if run is None:
+            raise CliError(f"the {engine} elector stopped unexpectedly")
+        keeper = run.keeper
+        before = len(keeper.lateness())
+        tick = progress.phase(f"{engine}: renew lateness, {load} load", seconds)
+        run_load(load, seconds, tick, gil_n)
+        samples = keeper.lateness()
+        expected = max(1, int(seconds / RENEW_INTERVAL))
+        result.lateness = samples[before:] if len(samples) > before else samples[-expected:]
+        result.kept_lease = elector.token() == token
+
+        tick = progress.phase(f"{engine}: fenced writes, one thread", seconds)
+        token = elector.token() or token
+        writes = 0
+        start = time.monotonic()
+        deadline = start + seconds
+        key = f"{name}:value"
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            tick(now)
+            for _ in range(100):
+                elector.fence_set(token, key, writes)
+                writes += 1
+        result.writes_per_second = writes / (time.monotonic() - start)
+    finally:
+        try:
+            elector.stop()
+        finally:
+            with contextlib.suppress(redis.RedisError):
+                client.delete(f"{name}:leader", f"{name}:fence", f"{name}:fence:applied",
+                              f"{name}:value")
+            client.close()
+    return result
+
+
+def _wait_for_token(elector: object) -> int:
+    from ._elector import Elector
+
+    assert isinstance(elector, Elector)
+    deadline = time.monotonic() + TTL + 5.0
+    while time.monotonic() < deadline:
+        token = elector.token()
+        if token is not None:
+            return token
+        time.sleep(0.005)
+    raise CliError(f"the {elector.engine} elector was not elected within {TTL + 5:g} s")
+
+
+def render(results: list[Result], load: str, seconds: float, target: Target) -> str:
+    """The side-by-side table."""
+    lines = [
+        f"redlease bench: {seconds:g} s per measurement; load {load!r}: {LOAD_DESCRIPTIONS[load]}",
+        f"server: {target.description}",
+        f"elector: lease TTL {TTL:g} s, renewal every {RENEW_INTERVAL * 1000:g} ms",
+        "",
+    ]
+    headers = [r.engine for r in results]
+    both = len(results) == 2 and all(r.lateness for r in results)
+    width = 14
+    lines.append(
+        f"{'':<26}" + "".join(f"{h:>{width}}" for h in headers)
+        + (f"{'python/native':>{width + 2}}" if both else "")
+    )
+
+    def row(label: str, cells: list[str], ratio: str = "") -> None:
+        lines.append(f"{label:<26}" + "".join(f"{c:>{width}}" for c in cells)
+                     + (f"{ratio:>{width + 2}}" if both else ""))
+
+    def cells(fn: Callable[[Result], str]) -> list[str]:
+        out = []
+        for r in results:
+            if r.unavailable is not None:
+                out.append("unavailable")
+            elif not r.lateness:
+                out.append("no samples")
+            else:
+                out.append(fn(r))
+        return out
+
+    def ratio(python: float | None, native: float | None) -> str:
+        if not both or python is None or native is None or native <= 0:
+            return ""
+        return f"{python / native:,.1f}x"
+
+    by_engine = {r.engine: r for r in results}
+    row("renewals measured", cells(lambda r: str(len(r.lateness or []))))
+    for label, q in (("renew lateness p50", 50.0), ("renew lateness p99", 99.0),
+                     ("renew lateness max", 100.0)):
+        def at(r: Result, q: float = q) -> float | None:
+            return percentile(r.lateness, q) if r.lateness else None
+
+        row(label, cells(lambda r: _ms(at(r))),
+            ratio(*(at(by_engine[e]) if e in by_engine else None for e in ("python", "native"))))
+    row("lease kept under load", cells(lambda r: "yes" if r.kept_lease else "LOST"))
+    row("fenced writes/s", cells(lambda r: f"{r.writes_per_second:,.0f}"),
+        ratio(*(by_engine[e].writes_per_second if e in by_engine else None
+                for e in ("python", "native"))))
+    for r in results:
+        if r.unavailable is not None:
+            lines.append("")
+            lines.append(f"{r.engine}: unavailable: {r.unavailable}")
+    return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    ms = value * 1000
+    return f"{ms:.3f} ms" if ms < 10 else f"{ms:.1f} ms"
+
+
+def main(url: str | None, *, engine: str, load: str, seconds: float) -> int:
+    """Run the benchmark and print the table; returns the exit status."""
+    wanted = ["native", "python"] if engine == "both" else [engine]
+    ok, why = native_available()
+    if engine == "native" and not ok:
+        raise CliError(f"the native engine is unavailable: {why}; try --engine python")
+    runnable = [e for e in wanted if e == "python" or ok]
+    progress = Progress(total_phases=2 * len(runnable))
+    gil_n = gil_call_size() if load == "gil" and runnable else 0
+    results: list[Result] = []
+    with redis_target(url) as target:
+        for name in wanted:
+            if name == "native" and not ok:
+                results.append(Result(engine="native", unavailable=why))
+                continue
+            try:
+                results.append(measure(target, name, load, seconds, progress, gil_n))
+            except redis.RedisError as exc:
+                raise CliError(
+                    f"Redis failed during the {name} benchmark: {one_line(exc)}"
+                ) from None
+        sys.stdout.write(render(results, load, seconds, target) + "\n")
+    return 0
