@@ -553,20 +553,13 @@ class Elector:
         the write are one atomic script; an applied write advances the fence
         high-water mark to ``token``. Works whether or not this elector runs.
         """
-        return self._fenced(
-            _FENCE_SET, check_token(token), (_check_key(key),), (_check_value(value),)
-        )
+        return self._write(self._set_request(token, key, value))
 
     def fence_hset(
         self, token: int, key: str | bytes, field: str | bytes, value: EncodableT
     ) -> bool:
         """Fenced ``HSET key field value``; semantics as ``fence_set``."""
-        return self._fenced(
-            _FENCE_HSET,
-            check_token(token),
-            (_check_key(key),),
-            (_check_value(field, "field"), _check_value(value)),
-        )
+        return self._write(self._hset_request(token, key, field, value))
 
     def fence_eval(
         self,
@@ -584,14 +577,37 @@ class Elector:
         Elector, and the 257th raises TooManyEvalBodies. A body that errors
         raises ResponseError and does not move the mark.
         """
-        token = check_token(token)
+        return self._write(self._eval_request(token, body, keys, args))
+
+    # Each fenced write is validated into a request first, so the threaded and
+    # the asyncio front ends share every check and differ only in the I/O.
+
+    def _set_request(self, token: object, key: object, value: object) -> FenceRequest | None:
+        return self._request(_FENCE_SET, token, (_check_key(key),), (_check_value(value),))
+
+    def _hset_request(
+        self, token: object, key: object, field: object, value: object
+    ) -> FenceRequest | None:
+        return self._request(
+            _FENCE_HSET,
+            token,
+            (_check_key(key),),
+            (_check_value(field, "field"), _check_value(value)),
+        )
+
+    def _eval_request(
+        self, token: object, body: object, keys: object, args: object
+    ) -> FenceRequest | None:
+        check_token(token)
         if not isinstance(body, str):
             raise TypeError(f"body must be a str of Lua, got {type(body).__name__}")
-        if isinstance(keys, (str, bytes)) or isinstance(args, (str, bytes)):
-            raise TypeError("keys and args must be sequences of values, not a single str/bytes")
+        if not isinstance(keys, Sequence) or isinstance(keys, (str, bytes)):
+            raise TypeError(f"keys must be a sequence of str/bytes, got {type(keys).__name__}")
+        if not isinstance(args, Sequence) or isinstance(args, (str, bytes)):
+            raise TypeError(f"args must be a sequence of values, got {type(args).__name__}")
         checked_keys = tuple(_check_key(k, "each key") for k in keys)
         checked_args = tuple(_check_value(a, "each arg") for a in args)
-        return self._fenced(self._eval_script(body), token, checked_keys, checked_args)
+        return self._request(self._eval_script(body), token, checked_keys, checked_args)
 
     def _eval_script(self, body: str) -> _scripts.Script:
         with self._mutex:
@@ -607,17 +623,26 @@ class Elector:
                 self._eval_scripts[body] = script
         return script
 
-    def _fenced(
+    def _request(
         self,
         script: _scripts.Script,
-        token: int,
+        token: object,
         keys: tuple[str | bytes, ...],
         args: tuple[EncodableT, ...],
-    ) -> bool:
-        if token < 1:
-            return False  # the inert and non-positive tokens never write
-        reply = self._engine.write(script, (self._applied_key, *keys), (str(token), *args))
-        return bool(reply == 1)
+    ) -> FenceRequest | None:
+        """The script, keys and args of a fenced write; None when the token can never write."""
+        checked = check_token(token)
+        if checked < 1:
+            return None  # the inert and non-positive tokens never write
+        return script, (self._applied_key, *keys), (str(checked), *args)
+
+    def _write(self, request: FenceRequest | None) -> bool:
+        if request is None:
+            return False
+        return bool(self._engine.write(*request) == 1)
+
+
+FenceRequest = tuple[_scripts.Script, tuple["str | bytes", ...], tuple[EncodableT, ...]]
 
 
 _live_electors: weakref.WeakSet[Elector] = weakref.WeakSet()
