@@ -1,0 +1,61 @@
+"""pytest-benchmark suite for uncontended lock cycles (acquire + release).
+
+    pytest benchmarks/bench_lock_pytest.py --benchmark-group-by=param:case
+
+Same cases as ``bench_lock.py``: MemoryLocker, RedisLocker on each engine,
+and redis-py's ``redis.lock.Lock`` as the baseline, against a private
+redis-server started for the session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from redlease._select import native_available
+from redlease._server import RedisServer
+from redlease.lock import MemoryLocker, RedisLocker
+
+CASES = ("memory", "redis-python", "redis-native", "redis-py")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as redis_server:
+        yield redis_server
+
+
+@pytest.fixture(scope="module")
+def client(server: RedisServer) -> Iterator[redis.Redis]:
+    c = server.client()
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_uncontended_acquire_release(benchmark: Any, client: redis.Redis, case: str) -> None:
+    if case == "redis-py":
+
+        def cycle() -> None:
+            lock = client.lock("bench:redis-py", timeout=30.0)
+            assert lock.acquire(blocking=False)
+            lock.release()
+
+        benchmark(cycle)
+        return
+    if case == "memory":
+        locker: MemoryLocker | RedisLocker = MemoryLocker()
+    else:
+        engine = case.split("-", 1)[1]
+        if engine == "native" and not native_available()[0]:
+            pytest.skip(native_available()[1])
+        locker = RedisLocker(client, engine=engine)
+
+    def locker_cycle() -> None:
+        locker.try_acquire("bench", ttl=30.0).release()
+
+    benchmark(locker_cycle)
+    locker.close()
