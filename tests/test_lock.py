@@ -467,3 +467,23 @@ def test_default_ttl_is_thirty_seconds(locker: Locker) -> None:
     held = locker.try_acquire("job")
     assert held.ttl == DEFAULT_TTL
     held.release()
+
+
+def test_hold_lets_an_interrupt_through_even_when_the_lease_was_lost(locker: Locker) -> None:
+    with pytest.raises(KeyboardInterrupt), locker.hold("job", ttl=0.05, auto_renew=False):
+        time.sleep(0.3)
+        thief = locker.try_acquire("job")
+        raise KeyboardInterrupt
+    with pytest.raises(NotAcquired):
+        locker.try_acquire("job")
+    thief.release()
+
+
+def test_release_that_finds_the_lease_lost_sets_done_on_an_auto_renewed_lock(
+    locker: Locker,
+) -> None:
+    held = locker.try_acquire("job", ttl=5.0, auto_renew=True)
+    expire_now(locker, "job")
+    with pytest.raises(NotHeld):
+        held.release()
+    assert held.done.is_set()

@@ -214,7 +214,7 @@ class Lock:
         self._watcher: threading.Thread | None = None
         self._stopping = threading.Event()
         self.done = threading.Event()
-        """Set once the auto-renewal watchdog finds the lease lost (never set without auto_renew).
+        """Set once the lease is found lost while auto-renewed (never set without auto_renew).
 
         Work in progress should stop when it is set: another holder may be in.
         """
@@ -257,6 +257,7 @@ class Lock:
             if self._released:
                 raise NotHeld(f"lock {self._name!r} was already released")
             if not self._locker._refresh(self._name, self._owner, self._ttl_ms):
+                self._found_lost()
                 raise NotHeld(
                     f"lock {self._name!r} (fencing token {self._fencing_token}) is no longer "
                     "held: its lease expired or another owner took it"
@@ -281,10 +282,16 @@ class Lock:
             deleted = self._locker._release(self._name, self._owner)
             self._released = True
             if not deleted:
+                self._found_lost()
                 raise NotHeld(
                     f"lock {self._name!r} (fencing token {self._fencing_token}) was no longer "
                     "held at release: its lease expired or another owner took it"
                 )
+
+    def _found_lost(self) -> None:
+        # Loss found by a caller rather than by the watchdog is still loss.
+        if self._auto_renew:
+            self.done.set()
 
     def _check_process(self) -> None:
         # A forked child inherits the object, not the lease: releasing it from
