@@ -7,6 +7,7 @@ native thread that never waits for the GIL when the extension is built
 (``engine="native"``), or by a Python thread (``engine="python"``).
 """
 
+from . import aio
 from ._config import DEFAULT_TTL, Config
 from ._elector import Elector, Fencer, Observer, Term
 from ._errors import (
@@ -33,4 +34,5 @@ __all__ = [
     "Term",
     "TooManyEvalBodies",
     "__version__",
+    "aio",
 ]

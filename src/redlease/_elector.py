@@ -75,12 +75,14 @@ class Term:
     ``"stopped"`` (the run was stopped).
     """
 
-    __slots__ = ("_ended", "_reason", "token")
+    __slots__ = ("_callbacks", "_ended", "_guard", "_reason", "token")
 
     def __init__(self, token: int) -> None:
         self.token = token
         self._ended = threading.Event()
         self._reason: Reason | None = None
+        self._guard = threading.Lock()
+        self._callbacks: list[Callable[[], object]] = []
 
     @property
     def reason(self) -> Reason | None:
@@ -96,9 +98,21 @@ class Term:
         return self._ended.wait(timeout)
 
     def _end(self, reason: Reason) -> None:
-        if self._reason is None:
-            self._reason = reason
-        self._ended.set()
+        with self._guard:
+            if self._reason is None:
+                self._reason = reason
+            self._ended.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def _on_end(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` once the term ends (at once if it already has)."""
+        with self._guard:
+            if not self._ended.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
 
     def __repr__(self) -> str:
         state = self._reason or "active"

@@ -1,0 +1,373 @@
+"""asyncio front end: the same Elector with coroutines.
+
+``redlease.aio.Elector`` takes a ``redis.asyncio.Redis`` and runs the very same
+contend/lead/hold/release loop as ``redlease.Elector``, on a thread of its own,
+with the lease renewed by the engine's keeper (a native thread on the native
+engine). A blocked event loop therefore cannot delay a renewal. When a term
+ends — leadership lost, resigned, stopped — the leader task is cancelled,
+the way ``asyncio.timeout`` cancels its block.
+
+Observer callbacks run on the elector's run thread, not on the event loop;
+like their threaded counterparts they must not block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import redis
+import redis.asyncio
+from redis.exceptions import NoScriptError
+
+from . import _elector
+from ._config import Config, Duration
+from ._elector import FenceRequest, Observer, Term, check_token
+from ._engine import EncodableT
+from ._errors import ConfigError
+
+__all__ = ["Elector", "Fencer", "Observer", "Term"]
+
+LeaderCoroutine = Callable[[Term, "Fencer"], Awaitable[object]]
+
+
+def sync_twin(client: object) -> redis.Redis:
+    """A threaded ``redis.Redis`` that reaches the same server as ``client``.
+
+    The election loop and the native engine run off the event loop, so they
+    need a blocking client with the async client's address, database,
+    credentials, timeouts and TLS settings.
+    """
+    if client is None:
+        raise ConfigError("client must be a redis.asyncio.Redis, got None")
+    if not isinstance(client, redis.asyncio.Redis):
+        raise ConfigError(
+            "redlease.aio needs a redis.asyncio.Redis client; got "
+            f"{type(client).__name__} (use redlease.Elector for threaded clients)"
+        )
+    pool = client.connection_pool
+    if type(pool) is not redis.asyncio.ConnectionPool and type(pool) is not (
+        redis.asyncio.BlockingConnectionPool
+    ):
+        raise ConfigError(
+            f"redlease.aio supports clients on a plain connection pool; this one uses "
+            f"{type(pool).__name__} (for Sentinel or Cluster, use the threaded redlease.Elector)"
+        )
+    kw: dict[str, Any] = pool.connection_kwargs
+    common: dict[str, Any] = {
+        "db": kw.get("db", 0),
+        "username": kw.get("username"),
+        "password": kw.get("password"),
+        "client_name": kw.get("client_name"),
+        "socket_timeout": kw.get("socket_timeout"),
+        "credential_provider": kw.get("credential_provider"),
+    }
+    cls = pool.connection_class
+    if issubclass(cls, redis.asyncio.UnixDomainSocketConnection):
+        return redis.Redis(unix_socket_path=kw["path"], **common)
+    common.update(
+        host=kw.get("host", "localhost"),
+        port=kw.get("port", 6379),
+        socket_connect_timeout=kw.get("socket_connect_timeout"),
+    )
+    if issubclass(cls, redis.asyncio.SSLConnection):
+        ssl_kwargs = {key: value for key, value in kw.items() if key.startswith("ssl_")}
+        return redis.Redis(ssl=True, **ssl_kwargs, **common)
+    return redis.Redis(**common)
+
+
+class Fencer:
+    """A term's fencing token bound to its ``aio.Elector``; writes are coroutines.
+
+    Same guarantees as ``redlease.Fencer``: each write applies only when the
+    token is at least the fence high-water mark, atomically, and returns
+    ``applied``. Token 0 is inert: falsy, every write rejected.
+    """
+
+    __slots__ = ("_elector", "token")
+
+    def __init__(self, elector: Elector, token: int) -> None:
+        if not isinstance(elector, Elector):
+            raise TypeError(f"elector must be a redlease.aio.Elector, got {type(elector).__name__}")
+        self._elector = elector
+        self.token = check_token(token)
+
+    async def set(self, key: str | bytes, value: EncodableT) -> bool:
+        """Fenced ``SET``; see ``Elector.fence_set``."""
+        return await self._elector.fence_set(self.token, key, value)
+
+    async def hset(self, key: str | bytes, field: str | bytes, value: EncodableT) -> bool:
+        """Fenced ``HSET``; see ``Elector.fence_hset``."""
+        return await self._elector.fence_hset(self.token, key, field, value)
+
+    async def eval(
+        self,
+        body: str,
+        keys: Sequence[str | bytes] = (),
+        args: Sequence[EncodableT] = (),
+    ) -> bool:
+        """Fenced Lua write; see ``Elector.fence_eval``."""
+        return await self._elector.fence_eval(self.token, body, keys, args)
+
+    def __bool__(self) -> bool:
+        return self.token > 0
+
+    def __repr__(self) -> str:
+        return f"<redlease.aio.Fencer {self._elector.config.name!r} token={self.token}>"
+
+
+class Elector:
+    """Lease-based leader election with fencing tokens, for asyncio.
+
+    Arguments, validation, defaults and semantics are those of
+    ``redlease.Elector``; ``client`` is a ``redis.asyncio.Redis``. ``run`` and
+    the fenced writes are coroutines; ``token()``, ``is_leader()``,
+    ``fencer()`` and ``resign()`` are plain calls, safe from any thread.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        *,
+        ttl: Duration | None = None,
+        renew_interval: Duration | None = None,
+        acquire_interval: Duration | None = None,
+        instance_id: str | None = None,
+        observer: Observer | None = None,
+        engine: str | None = "auto",
+    ) -> None:
+        self._client = client
+        self._core = _elector.Elector(
+            sync_twin(client),
+            name,
+            ttl=ttl,
+            renew_interval=renew_interval,
+            acquire_interval=acquire_interval,
+            instance_id=instance_id,
+            observer=observer,
+            engine=engine,
+        )
+        self._stop_event: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def config(self) -> Config:
+        """The validated, resolved settings (``redlease.Config``)."""
+        return self._core.config
+
+    @property
+    def instance_id(self) -> str:
+        """This elector's identity: the lock's value while it leads."""
+        return self._core.instance_id
+
+    @property
+    def engine(self) -> str:
+        """The engine that keeps the lease: ``"native"`` or ``"python"``."""
+        return self._core.engine
+
+    def token(self) -> int | None:
+        """The current term's fencing token while leading, else None (a snapshot)."""
+        return self._core.token()
+
+    def is_leader(self) -> bool:
+        """Whether this instance leads right now. Advisory: never gate a write on it."""
+        return self._core.is_leader()
+
+    def fencer(self) -> Fencer:
+        """A Fencer for the current term, or an inert one (token 0) when not leading."""
+        return Fencer(self, self._core.token() or 0)
+
+    def resign(self) -> None:
+        """End the current term (its task is cancelled, the lock released); re-contend."""
+        self._core.resign()
+
+    def __repr__(self) -> str:
+        return f"<redlease.aio.Elector {self.config.name!r} engine={self.engine}>"
+
+    # -- running --------------------------------------------------------------
+
+    async def run(
+        self, fn: LeaderCoroutine | None = None, stop: asyncio.Event | None = None
+    ) -> None:
+        """Contend for leadership until ``stop`` is set (or this coroutine is cancelled).
+
+        Each time this instance wins, ``fn(term, fencer)`` runs as a task on
+        this event loop; the task is cancelled when the term ends (leadership
+        lost, ``resign()``, the run stopped). The run does not release or
+        re-contend until the task has finished. An exception from fn ends the
+        term gracefully and the run, and is re-raised here.
+        """
+        if stop is not None and stop.is_set():
+            return
+        thread_stop = threading.Event()
+        run = self._core._claim(thread_stop)
+        assert run is not None
+        await self._drive(run, thread_stop, fn, stop)
+
+    async def _drive(
+        self,
+        run: _elector._RunState,
+        thread_stop: threading.Event,
+        fn: LeaderCoroutine | None,
+        stop: asyncio.Event | None,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        core = self._core
+        bridge = None if fn is None else _LeaderBridge(self, fn, loop)
+        finished: asyncio.Future[None] = loop.create_future()
+
+        def execute() -> None:
+            try:
+                core._execute(run, bridge)
+            finally:
+                loop.call_soon_threadsafe(_resolve, finished)
+
+        threading.Thread(
+            target=execute, name=f"redlease-aio-{self.config.name}", daemon=True
+        ).start()
+        stop_waiter = asyncio.ensure_future(stop.wait()) if stop is not None else None
+        try:
+            waiting: set[asyncio.Future[Any]] = {finished}
+            if stop_waiter is not None:
+                waiting.add(stop_waiter)
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Stopped, cancelled or finished: the run ends, the term steps down
+            # and the lock is released before this coroutine returns.
+            thread_stop.set()
+            run.keeper.notify()
+            if stop_waiter is not None:
+                stop_waiter.cancel()
+            await asyncio.shield(finished)
+        if run.error is not None:
+            raise run.error
+
+    def start(self, fn: LeaderCoroutine | None = None) -> Elector:
+        """Run the loop as a task on the running event loop; returns this elector."""
+        if self._task is not None and not self._task.done():
+            raise RuntimeError(f"aio.Elector {self.config.name!r} is already running")
+        # Claim the run now, not when the task first runs, so a concurrent
+        # run() or start() right after this one raises as it should.
+        self._stop_event = asyncio.Event()
+        thread_stop = threading.Event()
+        run = self._core._claim(thread_stop)
+        assert run is not None
+        self._task = asyncio.ensure_future(self._drive(run, thread_stop, fn, self._stop_event))
+        return self
+
+    async def stop(self) -> None:
+        """End the run started by ``start()``: the term ends, the lock is released.
+
+        Re-raises the leader coroutine's exception when that ended the run.
+        """
+        task, self._task = self._task, None
+        if task is None:
+            return
+        if self._stop_event is not None:
+            self._stop_event.set()
+        await task
+
+    async def __aenter__(self) -> Elector:
+        if self._task is None:
+            self.start(None)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # -- fenced writes ----------------------------------------------------------
+
+    async def fence_set(self, token: int, key: str | bytes, value: EncodableT) -> bool:
+        """Fenced ``SET key value``: applied only when ``token`` is current (True)."""
+        return await self._write(self._core._set_request(token, key, value))
+
+    async def fence_hset(
+        self, token: int, key: str | bytes, field: str | bytes, value: EncodableT
+    ) -> bool:
+        """Fenced ``HSET key field value``; semantics as ``fence_set``."""
+        return await self._write(self._core._hset_request(token, key, field, value))
+
+    async def fence_eval(
+        self,
+        token: int,
+        body: str,
+        keys: Sequence[str | bytes] = (),
+        args: Sequence[EncodableT] = (),
+    ) -> bool:
+        """Fence an arbitrary Lua write; semantics as ``redlease.Elector.fence_eval``."""
+        return await self._write(self._core._eval_request(token, body, keys, args))
+
+    async def _write(self, request: FenceRequest | None) -> bool:
+        if request is None:
+            return False
+        script, keys, args = request
+        if self.engine == "native":
+            # The native round trip releases the GIL but blocks its caller:
+            # keep it off the event loop.
+            reply = await asyncio.get_running_loop().run_in_executor(
+                None, self._core._engine.write, script, keys, args
+            )
+        else:
+            try:
+                reply = await self._client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                reply = await self._client.eval(script.source, len(keys), *keys, *args)
+        return bool(reply == 1)
+
+
+class _LeaderBridge:
+    """Runs the leader coroutine on the event loop for the run thread.
+
+    Called on the elector's leader thread with each term: it starts the
+    coroutine as a task on the loop, cancels the task when the term ends, and
+    returns only once the task has really finished, so the run releases the
+    lock after the leader's work is done, never while it still runs.
+    """
+
+    def __init__(self, elector: Elector, fn: LeaderCoroutine, loop: asyncio.AbstractEventLoop):
+        self._elector = elector
+        self._fn = fn
+        self._loop = loop
+
+    def __call__(self, term: Term, _fencer: object) -> None:
+        finished = threading.Event()
+        outcome: list[BaseException] = []
+        tasks: list[asyncio.Task[None]] = []
+
+        async def drive() -> None:
+            try:
+                await self._fn(term, Fencer(self._elector, term.token))
+            except asyncio.CancelledError as exc:
+                if not term.ended():
+                    outcome.append(exc)  # cancelled by someone else: not a term end
+            except BaseException as exc:
+                outcome.append(exc)
+            finally:
+                finished.set()
+
+        def begin() -> None:
+            tasks.append(self._loop.create_task(drive()))
+
+        def cancel() -> None:
+            for task in tasks:
+                task.cancel()
+
+        self._loop.call_soon_threadsafe(begin)
+        term._on_end(lambda: self._loop.call_soon_threadsafe(cancel))
+        finished.wait()
+        if outcome:
+            raise outcome[0]
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
