@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import threading
@@ -487,3 +488,13 @@ def test_release_that_finds_the_lease_lost_sets_done_on_an_auto_renewed_lock(
     with pytest.raises(NotHeld):
         held.release()
     assert held.done.is_set()
+
+
+def test_an_abandoned_auto_renewed_lock_expires_instead_of_renewing_forever(
+    locker: Locker,
+) -> None:
+    held = locker.try_acquire("job", ttl=0.3, auto_renew=True)
+    del held
+    gc.collect()
+    successor = locker.acquire("job", wait=10.0, retry_interval=0.05)
+    successor.release()

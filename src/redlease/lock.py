@@ -31,6 +31,7 @@ import secrets
 import threading
 import time
 import warnings
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -180,6 +181,14 @@ def _watch(keeper: _Keeper, done: threading.Event, stopping: threading.Event) ->
         keeper.wait(None)
 
 
+def _stop_renewing(keeper: _Keeper, stopping: threading.Event) -> None:
+    """Stop the watchdog of a lock dropped without release: the lease then expires on its own."""
+    stopping.set()
+    keeper.end()
+    keeper.notify()
+    keeper.close()
+
+
 class Lock:
     """One acquisition of a lock: its name, its fencing token, and the means to end it.
 
@@ -188,7 +197,9 @@ class Lock:
     acquisition's (its random ownership token is checked atomically by the
     store), so a holder whose lease expired can never delete or extend a
     successor's lock: it gets ``NotHeld`` instead, the signal that mutual
-    exclusion may have been violated in the meantime. A forked child
+    exclusion may have been violated in the meantime. An auto-renewed lock
+    that is dropped without ``release()`` stops being renewed when it is
+    garbage-collected, so its lease still ends within one TTL. A forked child
     inherits the object but not the lease: there both raise ``NotHeld``
     without touching the store. Thread-safe.
     """
@@ -212,6 +223,7 @@ class Lock:
         self._keeper: _Keeper | None = None
         self._auto_renew = False
         self._watcher: threading.Thread | None = None
+        self._abandon: weakref.finalize[Any, Any] | None = None
         self._stopping = threading.Event()
         self.done = threading.Event()
         """Set once the lease is found lost while auto-renewed (never set without auto_renew).
@@ -312,12 +324,15 @@ class Lock:
             daemon=True,
         )
         self._watcher.start()
+        self._abandon = weakref.finalize(self, _stop_renewing, keeper, self._stopping)
 
     def _stop_watchdog(self) -> None:
         keeper, watcher = self._keeper, self._watcher
         self._keeper = self._watcher = None
         if keeper is None:
             return
+        if self._abandon is not None:
+            self._abandon.detach()
         self._stopping.set()
         keeper.end()
         keeper.notify()
