@@ -1,0 +1,114 @@
+"""The native engine: the ``Engine`` interface over the Cython core in ``_native``.
+
+Every round trip runs with the GIL released on the engine's own connections,
+opened like the user's client (address, db, credentials, client name) but
+never borrowed from it, so the client's retry and timeout settings cannot
+stretch a call. Leases are renewed by ``_native.Keeper`` threads that never
+take the GIL.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from . import _native
+from ._client import Endpoint
+from ._engine import EncodableT
+from ._scripts import Script
+
+DEFAULT_WRITE_TIMEOUT = 30.0
+"""Bound on one fenced write when the user's client sets no ``socket_timeout``.
+
+redis-py without a socket timeout would wait forever on a hung server; a
+fenced write here gives up after this many seconds with ``TimeoutError``.
+"""
+
+CALL_CONNECTIONS = 2
+"""Control-path connections (acquire, release, lock scripts); opened only under contention."""
+
+WRITE_CONNECTIONS = 4
+"""Fenced-write connections; a single-threaded writer only ever opens one."""
+
+
+class NativeEngine:
+    """Runs scripts and keeps leases with the native core (see ``_engine.Engine``).
+
+    ``call`` and ``write`` are safe from any number of threads: each takes a
+    free connection from a small pool (waiting for one counts against the
+    timeout), runs EVALSHA (EVAL once on NOSCRIPT) with the GIL released, and
+    raises redis-py's own exception types. ``write`` is bounded by
+    ``write_timeout`` seconds, or ``DEFAULT_WRITE_TIMEOUT`` when it is None.
+    """
+
+    name = "native"
+
+    def __init__(self, endpoint: Endpoint, write_timeout: float | None) -> None:
+        self.endpoint = endpoint
+        self.write_timeout = (
+            DEFAULT_WRITE_TIMEOUT if write_timeout is None else float(write_timeout)
+        )
+        self._target = _native.Target(
+            host=endpoint.host,
+            port=endpoint.port,
+            path=endpoint.path,
+            db=endpoint.db,
+            username=endpoint.username,
+            password=endpoint.password,
+            client_name=endpoint.client_name,
+        )
+        self._calls = _native.Pool(self._target, CALL_CONNECTIONS)
+        self._writes = _native.Pool(self._target, WRITE_CONNECTIONS)
+        self._refs: dict[str, _native.ScriptRef] = {}
+        self._keepers: weakref.WeakSet[_native.Keeper] = weakref.WeakSet()
+
+    def __repr__(self) -> str:
+        return f"<NativeEngine {self.endpoint.address} db={self.endpoint.db}>"
+
+    def _ref(self, script: Script) -> _native.ScriptRef:
+        ref = self._refs.get(script.sha)
+        if ref is None:
+            ref = self._refs.setdefault(script.sha, _native.ScriptRef(script.sha, script.source))
+        return ref
+
+    def call(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        timeout: float,
+    ) -> Any:
+        """Run ``script`` on a control connection, bounded by ``timeout`` seconds in all."""
+        return self._calls.execute(self._ref(script), keys, args, timeout)
+
+    def write(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+    ) -> Any:
+        """Run a fenced-write script on a write connection, bounded by ``write_timeout``."""
+        ref = self._refs.get(script.sha) or self._ref(script)
+        return self._writes.execute(ref, keys, args, self.write_timeout)
+
+    def keeper(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        *,
+        interval: float,
+        ttl: float,
+    ) -> _native.Keeper:
+        """A new native keeper renewing with ``script`` on its own connection and thread."""
+        keeper = _native.Keeper(self._target, self._ref(script), keys, args, interval, ttl)
+        self._keepers.add(keeper)
+        return keeper
+
+    def close(self) -> None:
+        """Close every connection of this engine, its keepers' included. Idempotent."""
+        for keeper in list(self._keepers):
+            keeper.close()
+        self._calls.close()
+        self._writes.close()
