@@ -80,9 +80,7 @@ def run(seconds: float, unix: bool, notes: list[str]) -> list[Result]:
     memory = MemoryLocker()
     results.append(measure("MemoryLocker", locker_cycle(memory, "m", auto_renew=False), seconds))
     results.append(
-        measure(
-            "MemoryLocker auto_renew", locker_cycle(memory, "m", auto_renew=True), seconds
-        )
+        measure("MemoryLocker auto_renew", locker_cycle(memory, "m", auto_renew=True), seconds)
     )
     engines = ["python"]
     native_ok, why = native_available()

@@ -181,8 +181,10 @@ def _watch(keeper: _Keeper, done: threading.Event, stopping: threading.Event) ->
         keeper.wait(None)
 
 
-def _stop_renewing(keeper: _Keeper, stopping: threading.Event) -> None:
+def _stop_renewing(keeper: _Keeper, stopping: threading.Event, pid: int) -> None:
     """Stop the watchdog of a lock dropped without release: the lease then expires on its own."""
+    if os.getpid() != pid:
+        return  # a forked child's copy: the keeper is the parent's business
     stopping.set()
     keeper.end()
     keeper.notify()
@@ -324,7 +326,7 @@ class Lock:
             daemon=True,
         )
         self._watcher.start()
-        self._abandon = weakref.finalize(self, _stop_renewing, keeper, self._stopping)
+        self._abandon = weakref.finalize(self, _stop_renewing, keeper, self._stopping, self._pid)
 
     def _stop_watchdog(self) -> None:
         keeper, watcher = self._keeper, self._watcher
