@@ -5,7 +5,10 @@ from __future__ import annotations
 import itertools
 import time
 
+import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from helpers import (
     APPLIED_KEY,
@@ -22,7 +25,10 @@ from redlease._server import RedisServer
 
 
 def loopback_client(port: int) -> redis.Redis:
-    return redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1)
+    return redis.Redis(
+        host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1,
+        retry=Retry(NoBackoff(), 0),
+    )
 
 
 def gaps(times: list[float]) -> list[float]:
@@ -220,3 +226,26 @@ def test_token_keeps_increasing_across_a_server_crash_with_aof(
         second = terms.wait_for(2, timeout=5.0)
     assert second.token > first.token
     assert client.get("k") == b"before the crash"
+
+
+def test_fenced_write_to_a_refusing_server_raises_connection_error(
+    engine: str, closed_port: ClosedPort
+) -> None:
+    e = make_elector(loopback_client(closed_port.port), engine)
+    with pytest.raises(redis.exceptions.ConnectionError):
+        e.fence_set(1, "k", "v")
+
+
+def test_fenced_write_to_a_server_that_never_answers_raises_timeout_error(
+    engine: str, black_hole: BlackHole
+) -> None:
+    client = redis.Redis(
+        host="127.0.0.1", port=black_hole.port, socket_timeout=0.3, socket_connect_timeout=0.3,
+        retry=Retry(NoBackoff(), 0),
+    )
+    e = make_elector(client, engine)
+    started = time.monotonic()
+    with pytest.raises(redis.exceptions.TimeoutError):
+        e.fence_set(1, "k", "v")
+    # Bounded by the client's own socket timeout: the write never hangs.
+    assert time.monotonic() - started < 3.0
