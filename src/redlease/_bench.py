@@ -135,7 +135,7 @@ def measure(
         result.kept_lease = elector.token() == token
 
         tick = progress.phase(f"{engine}: fenced writes, one thread", seconds)
-        token = elector.token() or token
+        token = _wait_for_token(elector)  # re-elected if the load cost the lease
         writes = 0
         start = time.monotonic()
         deadline = start + seconds
@@ -226,7 +226,7 @@ def render(results: list[Result], load: str, seconds: float, target: Target) -> 
         if r.unavailable is not None:
             lines.append("")
             lines.append(f"{r.engine}: unavailable: {r.unavailable}")
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def _ms(value: float | None) -> str:
