@@ -238,6 +238,21 @@ def test_auto_renew_survives_a_gil_holding_call_on_the_native_engine(
     held.release()
 
 
+def test_the_python_engine_loses_the_lock_through_a_gil_holding_call(
+    client: redis.Redis, locker: RedisLocker, engine: str
+) -> None:
+    if engine != "python":
+        pytest.skip("the limitation the native engine removes")
+    n = calibrate_gil_hold(1.0)
+    held = locker.try_acquire("job", ttl=0.3, auto_renew=True)
+    started = time.monotonic()
+    sum(range(n))
+    assert time.monotonic() - started > 0.6
+    assert held.done.wait(5.0)
+    with pytest.raises(NotHeld):
+        held.release()
+
+
 def calibrate_gil_hold(seconds: float) -> int:
     n = 1_000_000
     while True:
