@@ -31,12 +31,14 @@ def test_run_elects_and_releases_the_lock_when_stopped(client: redis.Redis, engi
     term = terms.wait_for(1)
     assert term.token >= 1
     assert not term.ended()
+    assert term.wait(0.05) is False
     assert term.reason is None
     assert client.get(LEADER_KEY) == e.instance_id.encode()
     runner.stop_event.set()
     assert runner.join(5.0), "run() did not return after stop was set"
     assert runner.error is None
     assert term.ended()
+    assert term.wait(0) is True
     assert term.reason == "stopped"
     assert client.exists(LEADER_KEY) == 0
     assert e.token() is None

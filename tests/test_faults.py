@@ -249,3 +249,19 @@ def test_fenced_write_to_a_server_that_never_answers_raises_timeout_error(
         e.fence_set(1, "k", "v")
     # Bounded by the client's own socket timeout: the write never hangs.
     assert time.monotonic() - started < 3.0
+
+
+def test_freeze_shorter_than_the_ttl_does_not_end_the_term(
+    redis_server: RedisServer, client: redis.Redis, engine: str
+) -> None:
+    e = make_elector(client, engine, ttl=2.0)
+    terms = Terms()
+    with e.start(terms):
+        term = terms.wait_for(1)
+        time.sleep(0.1)
+        redis_server.pause()
+        time.sleep(0.5)
+        redis_server.resume()
+        assert stays(lambda: not term.ended(), 2.0), f"term ended: {term.reason}"
+        assert e.token() == term.token
+        assert terms.fencers[0].set("k", "still leading")

@@ -160,3 +160,48 @@ def test_on_error_receives_connection_errors_of_acquire(engine: str, closed_port
     errors = events.values("error")
     assert all(isinstance(exc, redis.exceptions.ConnectionError) for exc in errors), errors
     assert "elected" not in events.kinds()
+
+
+def test_stepped_down_fires_after_the_token_is_cleared_and_the_lock_released(
+    redis_server: Any, engine: str
+) -> None:
+    probe = redis_server.client(socket_timeout=2)
+    seen: list[tuple[int | None, int]] = []
+    holder: list[redlease.Elector] = []
+
+    def on_stepped_down() -> None:
+        seen.append((holder[0].token(), probe.exists(LEADER_KEY)))
+
+    e = make_elector(
+        redis_server.client(socket_timeout=2), engine,
+        observer=redlease.Observer(on_stepped_down=on_stepped_down),
+    )
+    holder.append(e)
+    with e:
+        wait_until(e.token)
+    assert seen == [(None, 0)]
+
+
+def test_renewal_errors_reach_on_error_while_the_server_is_frozen(
+    redis_server: Any, engine: str
+) -> None:
+    events = Events()
+    e = make_elector(
+        redis_server.client(socket_timeout=2), engine, ttl=1.0, observer=events.observer()
+    )
+    terms = Terms()
+    with e.start(terms):
+        term = terms.wait_for(1)
+        redis_server.pause()
+        try:
+            assert term.wait(3.0)
+        finally:
+            redis_server.resume()
+    errors = events.values("error")
+    assert errors, "no renewal error was reported"
+    assert all(
+        isinstance(exc, (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError))
+        for exc in errors
+    ), errors
+    kinds = events.kinds()
+    assert kinds[:2] == ["elected", "stepped_down"]
