@@ -107,7 +107,12 @@ def test_demo_uses_redis_url_from_the_environment(redis_server: RedisServer) -> 
     assert f"Redis at {redis_server.url}" in result.stdout
 
 
-def test_demo_interrupted_with_ctrl_c_stops_everything() -> None:
+@pytest.mark.parametrize(
+    ("sig", "code", "message"),
+    [(signal.SIGINT, 130, "redlease: interrupted"), (signal.SIGTERM, 143, "redlease: terminated")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_an_interrupted_demo_stops_everything(sig: int, code: int, message: str) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "redlease", "demo", "--ttl", "1", "--duration", "30"],
         stdout=subprocess.PIPE,
@@ -120,11 +125,11 @@ def test_demo_interrupted_with_ctrl_c_stops_everything() -> None:
     deadline = time.monotonic() + 20
     while "ELECTED" not in header and time.monotonic() < deadline:
         header += proc.stdout.readline()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
 
-    assert proc.returncode == 130
-    assert err.strip() == "redlease: interrupted"
+    assert proc.returncode == code
+    assert err.strip() == message
     where = embedded_dir(header)
     assert not where.exists()
     assert wait_until(lambda: processes_mentioning(str(where)) == [], timeout=5)
@@ -227,6 +232,31 @@ def test_bench_on_the_python_engine_measures_renewals(redis_server: RedisServer)
     measured = re.search(r"renewals measured\s+(\d+)", result.stdout)
     assert measured and int(measured.group(1)) > 0
     assert re.search(r"fenced writes/s\s+[\d,]+", result.stdout)
+
+
+def test_bench_table_says_when_the_native_engine_is_unavailable() -> None:
+    from redlease._bench import Result, render
+    from redlease._cliredis import Target
+
+    results = [
+        Result(engine="native", unavailable="the native extension is not built"),
+        Result(engine="python", lateness=[0.001, 0.002, 0.010], kept_lease=True,
+               writes_per_second=9000.0),
+    ]
+    table = render(results, "idle", 1.0, Target("redis://x", "a server", embedded=False))
+
+    assert re.search(r"renew lateness p50\s+unavailable\s+2\.000 ms", table)
+    assert re.search(r"renew lateness max\s+unavailable\s+10\.0 ms", table)
+    assert "native: unavailable: the native extension is not built" in table
+
+
+def test_bench_percentiles_are_nearest_rank() -> None:
+    from redlease._bench import percentile
+
+    samples = [float(i) for i in range(1, 101)]
+    assert (percentile(samples, 50), percentile(samples, 99), percentile(samples, 100)) == (
+        50.0, 99.0, 100.0,
+    )
 
 
 # -- errors: one line, the right exit status, no traceback -----------------------------

@@ -2,7 +2,7 @@
 
 Every failure is one line on stderr and a non-zero exit status: 2 for bad
 arguments, 1 for everything else (a bad URL, an unreachable server, no
-redis-server binary), 130 for Ctrl-C. Never a traceback.
+redis-server binary), 130 for Ctrl-C, 143 for SIGTERM. Never a traceback.
 """
 
 from __future__ import annotations
@@ -122,10 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, unwound like Ctrl-C so embedded servers and demo contenders are cleaned up."""
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    # Turn SIGTERM into the same orderly unwinding as Ctrl-C, so embedded
-    # servers and demo contenders are cleaned up.
-    raise KeyboardInterrupt
+    raise _Terminated
 
 
 def run(args: argparse.Namespace) -> int:
@@ -166,6 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         print(f"redlease: {exc}", file=sys.stderr)
         return 1
+    except _Terminated:
+        print("redlease: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("redlease: interrupted", file=sys.stderr)
         return 130
