@@ -132,6 +132,11 @@ def run(url: str, name: str, as_json: bool) -> str:
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
         raise CliError(f"cannot reach Redis at {redact(url)}: {one_line(exc)}") from None
     except redis.ResponseError as exc:
+        if str(exc).startswith("MOVED"):
+            raise CliError(
+                f"Redis at {redact(url)} is a cluster node that does not own {name!r}'s slot "
+                f"({one_line(exc)}); point --redis at the node named there"
+            ) from None
         raise CliError(f"Redis at {redact(url)} answered with an error: {one_line(exc)}") from None
     finally:
         client.close()
