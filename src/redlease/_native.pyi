@@ -4,7 +4,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Final, TypeAlias
 
-_Encodable: TypeAlias = str | bytes | int | float | memoryview
+_Encodable: TypeAlias = str | bytes | bytearray | memoryview | int | float
 
 IDLE: Final[int]
 ACTIVE: Final[int]

@@ -389,7 +389,7 @@ cdef int put_arg_slow(rl_buf* b, object arg) except -1:
         data = float.__repr__(arg).encode("ascii")
     elif isinstance(arg, str):
         data = str(arg).encode("utf-8")
-    elif isinstance(arg, (bytes, memoryview)):
+    elif isinstance(arg, (bytes, bytearray, memoryview)):
         data = bytes(arg)
     else:
         raise _invalid_input(arg)
