@@ -9,6 +9,7 @@ holds the GIL for long: that is the limitation the native engine removes.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import time
@@ -252,6 +253,13 @@ class PythonKeeper:
                 os.close(fd)
         _live_keepers.discard(self)
 
+    def _next_slot(self, scheduled: float, sent: float) -> float:
+        # The first slot of the renewal grid after this send: a late renewal is
+        # not followed by a burst of catch-up renewals, and lateness is always
+        # measured against a slot that was still ahead when the last one went.
+        missed = max(0, math.floor((sent - scheduled) / self._interval))
+        return scheduled + (missed + 1) * self._interval
+
     def _lose(self) -> None:
         # Caller holds the condition. The token goes first so that readers on
         # other threads stop using it before anything else happens.
@@ -290,7 +298,7 @@ class PythonKeeper:
                 with self._cond:
                     if generation == self._generation:
                         self._errors.append(exc)
-                        self._next = scheduled + self._interval
+                        self._next = self._next_slot(scheduled, sent)
                         self.notify()
                 continue
             with self._cond:
@@ -298,7 +306,7 @@ class PythonKeeper:
                     continue
                 if reply == 1:
                     self._deadline = sent + self._ttl
-                    self._next = scheduled + self._interval
+                    self._next = self._next_slot(scheduled, sent)
                 else:
                     self._lose()
 

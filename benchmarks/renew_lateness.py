@@ -1,0 +1,157 @@
+"""Renew lateness per engine under three loads, seen from both ends.
+
+    python benchmarks/renew_lateness.py [--seconds S] [--interval S] [--redis URL]
+
+For each engine and each load (idle; a pure-Python busy loop; repeated
+~200 ms C calls that hold the GIL) an Elector leads with a short renew
+interval while the main thread runs the load. Lateness is measured twice:
+
+- by the renewer itself (send time minus scheduled time, its own clock);
+- by the server: MONITOR timestamps of the renewal commands as Redis received
+  them, against the ideal schedule first-arrival + k * interval.
+
+The server's view is the one that matters to the lease and cannot be
+flattered by the renewer's clock. Prints a table; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from itertools import pairwise
+
+import redis
+
+import redlease
+from redlease import _scripts
+from redlease._bench import gil_call_size, percentile, run_load
+from redlease._select import native_available
+from redlease._server import RedisServer
+
+LOADS = ("idle", "python", "gil")
+TTL = 2.0
+
+
+@dataclass
+class Row:
+    engine: str
+    load: str
+    own: list[float]
+    server: list[float]
+    kept: bool
+
+
+def _server_lateness(arrivals: list[float], interval: float) -> list[float]:
+    """How much later than one interval after the previous renewal each one arrived.
+
+    Gaps are what the lease feels: a renewal that arrives late leaves the
+    lease that much closer to expiry, whatever the renewer's own clock says.
+    """
+    return [max(0.0, (current - previous) - interval) for previous, current in pairwise(arrivals)]
+
+
+def _monitor(client: redis.Redis, sha: str, stop: threading.Event, out: list[float]) -> None:
+    with client.monitor() as mon:
+        conn = mon.connection
+        while not stop.is_set():
+            if not conn.can_read(timeout=0.1):
+                continue
+            cmd = mon.next_command()
+            if sha in cmd["command"]:
+                out.append(float(cmd["time"]))
+
+
+def measure(url: str, engine: str, load: str, seconds: float, interval: float, gil_n: int) -> Row:
+    client = redis.Redis.from_url(url)
+    name = f"bench-lateness-{engine}-{load}"
+    elector = redlease.Elector(client, name, ttl=TTL, renew_interval=interval, engine=engine)
+    arrivals: list[float] = []
+    stop = threading.Event()
+    watcher = threading.Thread(
+        target=_monitor,
+        args=(redis.Redis.from_url(url), _scripts.load("renew").sha, stop, arrivals),
+        daemon=True,
+    )
+    watcher.start()
+    with elector:
+        deadline = time.monotonic() + 5
+        while elector.token() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        token = elector.token()
+        run = elector._run
+        assert run is not None and token is not None
+        time.sleep(interval * 5)  # settle: the immediate first renewal is not a scheduled one
+        skip_own = len(run.keeper.lateness())
+        mark = time.time()
+        run_load(load, seconds, lambda _now: None, gil_n)
+        end = time.time()
+        own = run.keeper.lateness()[skip_own:]
+        kept = elector.token() == token
+    stop.set()
+    watcher.join(5)
+    window = [t for t in arrivals if mark <= t <= end]
+    return Row(engine, load, own, _server_lateness(window, interval), kept)
+
+
+def _fmt(samples: list[float]) -> str:
+    if not samples:
+        return f"{'-':>8} {'-':>8} {'-':>8}"
+    ms = [s * 1000 for s in samples]
+    return f"{percentile(ms, 50):8.2f} {percentile(ms, 99):8.2f} {max(ms):8.2f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--interval", type=float, default=0.01)
+    parser.add_argument("--redis", help="a Redis URL; default: a private redis-server")
+    args = parser.parse_args()
+
+    engines = ["python"] + (["native"] if native_available()[0] else [])
+    server = None
+    url = args.redis
+    if url is None:
+        server = RedisServer().start()
+        url = server.url
+    try:
+        gil_n = gil_call_size()
+        rows = [
+            measure(url, engine, load, args.seconds, args.interval, gil_n)
+            for load in LOADS
+            for engine in engines
+        ]
+    finally:
+        if server is not None:
+            server.stop()
+
+    print(
+        f"renew lateness in ms, renew interval {args.interval * 1000:g} ms, {args.seconds:g} s "
+        f"per cell (own = the renewer's clock, server = MONITOR arrival times)"
+    )
+    print(
+        f"{'load':<7} {'engine':<7} {'own p50':>8} {'own p99':>8} {'own max':>8}  "
+        f"{'srv p50':>8} {'srv p99':>8} {'srv max':>8}  lease"
+    )
+    for row in rows:
+        print(
+            f"{row.load:<7} {row.engine:<7} {_fmt(row.own)}  {_fmt(row.server)}  "
+            f"{'kept' if row.kept else 'LOST'}"
+        )
+    by = {(r.engine, r.load): r for r in rows}
+    if "native" in engines:
+        print("\nratio python/native under each load (server p50, server p99):")
+        for load in LOADS:
+            py, nat = by[("python", load)], by[("native", load)]
+            if py.server and nat.server:
+                # Below 50 us the gap is noise: floor the divisor there ("at least").
+                p50 = percentile(py.server, 50) / max(percentile(nat.server, 50), 5e-5)
+                p99 = percentile(py.server, 99) / max(percentile(nat.server, 99), 5e-5)
+                print(f"  {load:<7} p50 >= x{p50:,.0f}  p99 >= x{p99:,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
