@@ -5,6 +5,10 @@ strictly increasing fencing token per term; ``Fencer`` and the ``fence_*``
 writes reject a stale leader's writes at Redis. The lease is renewed by a
 native thread that never waits for the GIL when the extension is built
 (``engine="native"``), or by a Python thread (``engine="python"``).
+
+``RedisLocker`` / ``MemoryLocker`` are lease locks for an operation rather
+than a role, with the same fencing tokens; ``redlease.aio`` has both for
+asyncio.
 """
 
 from . import aio
@@ -19,20 +23,38 @@ from ._errors import (
     TooManyEvalBodies,
 )
 from ._version import __version__
+from .lock import (
+    DEFAULT_RETRY_INTERVAL,
+    MIN_AUTO_RENEW_TTL,
+    Lock,
+    Locker,
+    MemoryLocker,
+    RedisLocker,
+    default_locker,
+    with_lock,
+)
 
 __all__ = [
+    "DEFAULT_RETRY_INTERVAL",
     "DEFAULT_TTL",
+    "MIN_AUTO_RENEW_TTL",
     "AutoRenewTTLTooShort",
     "Config",
     "ConfigError",
     "Elector",
     "Fencer",
+    "Lock",
+    "Locker",
+    "MemoryLocker",
     "NotAcquired",
     "NotHeld",
     "Observer",
+    "RedisLocker",
     "RedleaseError",
     "Term",
     "TooManyEvalBodies",
     "__version__",
     "aio",
+    "default_locker",
+    "with_lock",
 ]

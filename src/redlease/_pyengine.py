@@ -204,6 +204,7 @@ class PythonKeeper:
                 self._state = ENDED
             self._generation += 1
             self._cond.notify_all()
+        self.notify()
 
     def wait(self, timeout: float | None) -> bool:
         woken = self._wakeup.wait(timeout)
