@@ -129,6 +129,11 @@ class RunThread:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def ident(self) -> int | None:
+        """The thread id that run() is called on."""
+        return self._thread.ident
+
 
 class Terms:
     """A leader function that records each term and holds it until it ends.

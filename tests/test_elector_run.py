@@ -265,3 +265,34 @@ def test_follower_takes_over_when_a_crashed_leaders_lease_expires(
         wait_until(e.token, timeout=3.0)
         took = time.monotonic() - started
     assert took < 1.5, f"took {took:.2f} s to take over an expired lock"
+
+
+def test_run_waits_for_the_leader_function_before_releasing_or_recontending(
+    client: redis.Redis, engine: str
+) -> None:
+    e = make_elector(client, engine, ttl=3.0, acquire_interval=0.05)
+    terms: list[redlease.Term] = []
+    returned = threading.Event()
+    slow_return = threading.Event()
+
+    def lead(term: redlease.Term, fencer: redlease.Fencer) -> None:
+        terms.append(term)
+        term.wait()
+        if len(terms) == 1:
+            slow_return.wait(5.0)  # keeps working a while after the term ended
+            returned.set()
+
+    with e.start(lead):
+        wait_until(lambda: terms, what="the first term")
+        e.resign()
+        assert terms[0].wait(5.0)
+        assert terms[0].reason == "resigned"
+        assert e.token() is None
+        # fn has not returned: no release, no new term yet.
+        assert stays(
+            lambda: len(terms) == 1 and client.get(LEADER_KEY) == e.instance_id.encode(), 0.4
+        )
+        slow_return.set()
+        wait_until(lambda: len(terms) == 2, what="the next term after fn returned")
+        assert returned.is_set()
+        assert terms[1].token > terms[0].token

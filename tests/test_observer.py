@@ -11,7 +11,7 @@ import pytest
 import redis
 
 import redlease
-from helpers import LEADER_KEY, Events, Terms, make_elector, stays, wait_until
+from helpers import LEADER_KEY, Events, RunThread, Terms, make_elector, stays, wait_until
 
 
 def test_follower_is_reported_once_however_many_attempts_lose(
@@ -205,3 +205,18 @@ def test_renewal_errors_reach_on_error_while_the_server_is_frozen(
     ), errors
     kinds = events.kinds()
     assert kinds[:2] == ["elected", "stepped_down"]
+
+
+def test_callbacks_run_on_the_run_thread(client: redis.Redis, engine: str) -> None:
+    idents: dict[str, int] = {}
+
+    def note(kind: str) -> Any:
+        return lambda *_: idents.setdefault(kind, threading.get_ident())
+
+    observer = redlease.Observer(on_elected=note("elected"), on_stepped_down=note("stepped_down"))
+    e = make_elector(client, engine, observer=observer)
+    runner = RunThread(e, Terms(returns_after=1))
+    wait_until(lambda: "stepped_down" in idents, what="a finished term")
+    runner.stop()
+    assert not runner.alive
+    assert idents["elected"] == idents["stepped_down"] == runner.ident
