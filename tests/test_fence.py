@@ -15,7 +15,8 @@ ZADD = "redis.call('zadd', KEYS[2], ARGV[2], ARGV[3])"
 
 
 def mark(client: redis.Redis) -> bytes | None:
-    value: bytes | None = client.get(APPLIED_KEY)
+    value = client.get(APPLIED_KEY)
+    assert value is None or isinstance(value, bytes)
     return value
 
 
