@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -22,7 +23,7 @@ def test_contenders_get_unique_increasing_tokens_and_applied_writes_never_go_bac
     lock = threading.Lock()
     minted: dict[str, list[int]] = {}
 
-    def leader(name: str):  # type: ignore[no-untyped-def]
+    def leader(name: str) -> Callable[[redlease.Term, redlease.Fencer], None]:
         def lead(term: redlease.Term, fencer: redlease.Fencer) -> None:
             with lock:
                 minted[name].append(term.token)
