@@ -86,12 +86,12 @@ def main() -> int:
         for replica in replicas:
             replica.elector.start(replica.lead)
 
-        time.sleep(1.2)
+        time.sleep(0.8)
         leader = next((r for r in replicas if r.elector.is_leader()), None)
         if leader is not None:
             leader.say("shutting down (rolling deploy): releases the lease")
             leader.elector.stop()
-        time.sleep(1.2)
+        time.sleep(0.8)
         for replica in replicas:
             replica.elector.stop()
 
