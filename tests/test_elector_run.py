@@ -296,3 +296,29 @@ def test_run_waits_for_the_leader_function_before_releasing_or_recontending(
         wait_until(lambda: len(terms) == 2, what="the next term after fn returned")
         assert returned.is_set()
         assert terms[1].token > terms[0].token
+
+
+def test_stop_called_by_the_leader_function_ends_the_run_without_deadlock(
+    client: redis.Redis, engine: str
+) -> None:
+    e = make_elector(client, engine)
+    outcome: list[str] = []
+    came_back = threading.Event()
+
+    def lead(term: redlease.Term, fencer: redlease.Fencer) -> None:
+        # The run cannot finish before fn returns, so stop() here must not wait for it:
+        # it may signal and return, or refuse with RuntimeError, but never hang.
+        try:
+            e.stop()
+            outcome.append("returned")
+        except RuntimeError:
+            outcome.append("refused")
+        finally:
+            came_back.set()
+
+    e.start(lead)
+    assert came_back.wait(3.0), "stop() called inside the leader function never returned"
+    assert outcome in (["returned"], ["refused"])
+    e.stop(timeout=3.0)
+    assert e.token() is None
+    assert client.exists(LEADER_KEY) == 0
