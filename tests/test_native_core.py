@@ -431,6 +431,51 @@ def test_a_paused_server_times_out_within_the_bound(server: Server, pool: Any) -
     assert pool.command(["PING"], 2.0) == b"PONG"
 
 
+class _Interrupted(Exception):
+    pass
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals")
+def test_a_signal_handler_can_interrupt_a_call_waiting_on_the_server(
+    server: Server, pool: Any
+) -> None:
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Interrupted
+
+    assert pool.command(["PING"], 2.0) == b"PONG"
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    server.pause()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        t0 = time.monotonic()
+        with pytest.raises(_Interrupted):
+            pool.command(["PING"], 10.0)
+        assert time.monotonic() - t0 < 3.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        server.resume()
+    assert pool.command(["ECHO", "in step"], 2.0) == b"in step"
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals")
+def test_a_signal_handler_that_returns_lets_the_call_go_on(server: Server, pool: Any) -> None:
+    calls: list[int] = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: calls.append(signum))
+    server.pause()
+    resumer = threading.Timer(0.5, server.resume)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        resumer.start()
+        assert pool.command(["PING"], 10.0) == b"PONG"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        resumer.join()
+        server.resume()
+    assert calls == [signal.SIGALRM]
+
+
 def test_a_closed_port_raises_connection_error() -> None:
     p = native.Pool(native.Target("127.0.0.1", _free_port()))
     t0 = time.monotonic()
@@ -479,6 +524,11 @@ def test_many_threads_share_a_pool(pool: Any, rc: redis.Redis) -> None:
 
 
 # ---------------------------------------------------------------- the keeper
+
+
+def test_native_clock_is_time_monotonic() -> None:
+    # begin() takes a time.monotonic() value; the keeper measures with CLOCK_MONOTONIC.
+    assert abs(native.monotonic() - time.monotonic()) < 0.01
 
 
 def test_keeper_renews_past_three_ttls(server: Server, rc: redis.Redis, keepers: Any) -> None:
@@ -623,6 +673,41 @@ def test_end_clears_the_token_and_stops_renewing(
     assert k.renewals == count
     k.end()
     assert k.state == ENDED
+
+
+def test_a_renewal_in_flight_cannot_revive_an_ended_term(
+    server: Server, rc: redis.Redis, keepers: Any
+) -> None:
+    k = keepers(server, ttl=3.0, interval=0.4)
+    _start(k, rc)
+    assert _wait_for(lambda: k.renewals >= 1, 2.0)
+    server.pause()
+    try:
+        time.sleep(0.6)  # the next renewal is now stuck in the paused server
+        count = k.renewals
+        k.end()
+    finally:
+        server.resume()
+    time.sleep(0.5)  # its reply (1: renewed) arrives for a term that is over
+    assert (k.state, k.token, k.renewals) == (ENDED, 0, count)
+
+
+def test_odd_renewal_replies_are_errors_until_the_deadline(
+    server: Server, rc: redis.Redis
+) -> None:
+    for body, cls in (
+        ("return 'yes'", rex.ResponseError),
+        ("return redis.call('INCR', KEYS[1])", rex.ResponseError),
+    ):
+        rc.set("lease", "not a number")
+        ref = _lua(body)
+        with native.Keeper(server.target(), ref, ["lease"], [], 0.05, 0.3) as k:
+            t0 = time.monotonic()
+            k.begin(1, t0)
+            seen = _wait_state(k, LOST, 2.0)
+            assert seen is not None and seen - t0 >= 0.29
+            errors = k.pop_errors()
+            assert errors and all(type(e) is cls for e in errors), errors
 
 
 def test_a_lost_term_stays_lost_after_end(server: Server, rc: redis.Redis, keepers: Any) -> None:

@@ -181,6 +181,12 @@ cdef extern from *:
         POLLOUT
 
 
+cdef extern from "Python.h":
+    # Declared without an exception clause: the exception it may set is left
+    # pending for the calling thread to raise once it is back in Python.
+    int check_signals_raw "PyErr_CheckSignals" () noexcept
+
+
 cdef extern from "<sys/socket.h>" nogil:
     ctypedef unsigned int socklen_t
     ctypedef unsigned short sa_family_t
@@ -266,6 +272,7 @@ cdef enum:
     RL_ENOMEM = 5
     RL_EUNEXPECTED = 6
     RL_ECANCELLED = 7
+    RL_EINTERRUPTED = 8
 
 cdef enum:
     MAX_ADDRS = 4
@@ -273,6 +280,7 @@ cdef enum:
     ERR_RING = 32
     LATE_MAX = 65536
     READ_CHUNK = 16384
+    READ_KEEP = 1048576
 
 # A connection idle for longer than this is probed (a zero-timeout poll)
 # before use, so a connection the server closed while idle (restart,
@@ -631,6 +639,7 @@ cdef struct rl_conn:
     int port
     int naddrs
     int keep_addrs        # the keeper never resolves again: getaddrinfo has no deadline
+    int python_signals    # a Python thread waits here: let signal handlers run on EINTR
     int cancel_fd         # readable -> abort the round trip (keeper close)
     int err_kind
     int hello_replies
@@ -715,6 +724,12 @@ cdef int conn_wait(rl_conn* c, short events, int64_t deadline, const char* what)
         rc = rl_ppoll(fds, nfds, deadline - now)
         if rc < 0:
             if errno == EINTR:
+                if c.python_signals and run_signal_handlers() < 0:
+                    # The handler raised (KeyboardInterrupt...): the round trip
+                    # is abandoned, and with it the connection's place in the stream.
+                    conn_fail(c, RL_EINTERRUPTED, "interrupted")
+                    conn_drop(c)
+                    return -1
                 continue
             return conn_io_error(c, errno, what)
         if rc == 0:
@@ -725,6 +740,13 @@ cdef int conn_wait(rl_conn* c, short events, int64_t deadline, const char* what)
             return -1
         if fds[0].revents != 0:
             return 0
+
+
+cdef int run_signal_handlers() noexcept nogil:
+    cdef int rc
+    with gil:
+        rc = check_signals_raw()
+    return rc
 
 
 cdef int conn_send(rl_conn* c, const char* data, size_t n, int64_t deadline) noexcept nogil:
@@ -789,6 +811,9 @@ cdef void conn_consume(rl_conn* c) noexcept nogil:
         memmove(c.r.data, c.r.data + c.reply_len, rest)
     c.r.len = rest
     c.reply_len = 0
+    if rest == 0 and c.r.cap > READ_KEEP:
+        # One huge reply should not pin its buffer for the connection's life.
+        buf_free(&c.r)
 
 
 cdef int conn_resolve(rl_conn* c) noexcept nogil:
@@ -974,7 +999,13 @@ cdef object make_exception(int kind, bytes message):
     return _RedisResponseError(text)
 
 
+cdef int reraise_pending() except -1:
+    return -1
+
+
 cdef object conn_exception(rl_conn* c):
+    if c.err_kind == RL_EINTERRUPTED:
+        reraise_pending()
     return make_exception(c.err_kind, PyBytes_FromString(c.err_msg))
 
 
@@ -1138,6 +1169,7 @@ cdef class Pool:
             pthread_mutex_init(&self.slots[i].mu, NULL)
             self.size = i + 1
             target.init_conn(&self.slots[i].conn)
+            self.slots[i].conn.python_signals = 1
         _live.add(self)
 
     def __dealloc__(self):
@@ -1341,27 +1373,24 @@ cdef enum:
     ROUND_CANCELLED = -3
 
 
-cdef int keeper_round(rl_keeper* k, uint64_t gen, int64_t deadline, int64_t* t_send) noexcept nogil:
-    """One renewal round trip, bounded by ``deadline``.
+cdef int keeper_send(rl_keeper* k, uint64_t gen, const char* data, size_t n,
+                     int64_t deadline, int64_t* t_send) noexcept nogil:
+    """Send one renewal command for term ``gen``, unless that term has ended.
 
-    The first send happens under the lock after re-checking the term, so once
-    end() has returned nothing more is ever sent for that term.
+    The first write happens under the lock right after re-checking the term,
+    so once end() has returned nothing more is ever sent for that term.
     """
     cdef rl_conn* c = &k.conn
     cdef ssize_t sent = 0
     cdef int err = 0
-    cdef rl_node* top
-    cdef size_t n
-    t_send[0] = 0
-    if conn_ready(c, deadline) < 0:
-        return ROUND_CANCELLED if c.err_kind == RL_ECANCELLED else ROUND_ERROR
     pthread_mutex_lock(&k.mu)
     if k.gen != gen or k.stop:
         pthread_mutex_unlock(&k.mu)
         return ROUND_SKIPPED
-    t_send[0] = rl_now_ns()
+    if t_send != NULL:
+        t_send[0] = rl_now_ns()
     while True:
-        sent = send(c.fd, k.cmd, k.cmd_len, MSG_NOSIGNAL | MSG_DONTWAIT)
+        sent = send(c.fd, data, n, MSG_NOSIGNAL | MSG_DONTWAIT)
         if sent >= 0 or errno != EINTR:
             break
     if sent < 0:
@@ -1372,13 +1401,31 @@ cdef int keeper_round(rl_keeper* k, uint64_t gen, int64_t deadline, int64_t* t_s
             conn_io_error(c, err, "writing to")
             return ROUND_ERROR
         sent = 0
-    if <size_t>sent < k.cmd_len and conn_send(c, k.cmd + sent, k.cmd_len - <size_t>sent, deadline) < 0:
+    if <size_t>sent < n and conn_send(c, data + sent, n - <size_t>sent, deadline) < 0:
         return ROUND_CANCELLED if c.err_kind == RL_ECANCELLED else ROUND_ERROR
+    return 0
+
+
+cdef int keeper_round(rl_keeper* k, uint64_t gen, int64_t deadline, int64_t* t_send) noexcept nogil:
+    """One renewal round trip (EVALSHA, EVAL on NOSCRIPT), bounded by ``deadline``."""
+    cdef rl_conn* c = &k.conn
+    cdef rl_node* top
+    cdef size_t n
+    cdef int rc
+    t_send[0] = 0
+    if conn_ready(c, deadline) < 0:
+        return ROUND_CANCELLED if c.err_kind == RL_ECANCELLED else ROUND_ERROR
+    rc = keeper_send(k, gen, k.cmd, k.cmd_len, deadline, t_send)
+    if rc < 0:
+        return rc
     if conn_read_reply(c, deadline) < 0:
         return ROUND_CANCELLED if c.err_kind == RL_ECANCELLED else ROUND_ERROR
     if reply_is_noscript(c):
         conn_consume(c)
-        if conn_send(c, k.eval_cmd, k.eval_len, deadline) < 0 or conn_read_reply(c, deadline) < 0:
+        rc = keeper_send(k, gen, k.eval_cmd, k.eval_len, deadline, NULL)
+        if rc < 0:
+            return rc
+        if conn_read_reply(c, deadline) < 0:
             return ROUND_CANCELLED if c.err_kind == RL_ECANCELLED else ROUND_ERROR
     c.last_used = rl_now_ns()
     top = &c.nodes.items[0]
