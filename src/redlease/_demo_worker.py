@@ -64,20 +64,26 @@ class Contender:
         writes = 0
         while True:
             time.sleep(self.write_every)  # the leader's work; a pause lands here
+            # Whether the term had ended is read before the write, never after:
+            # a leader frozen right after a write must still make the next one
+            # on waking (as a paused process does), and have it fenced out.
+            ended_before = term.ended()
+            if ended_before and term.reason != "lost":
+                return  # resigned or stopped: a deliberate end, nothing left to write
             writes += 1
             value = f"{self.instance_id}/term {fencer.token}/write {writes}"
             try:
                 applied = fencer.set(self.value_key, value)
             except redis.RedisError as exc:
                 emit("write-error", token=fencer.token, error=f"{type(exc).__name__}: {exc}")
-                if term.wait(self.write_every):
+                if ended_before or term.wait(self.write_every):
                     return
                 continue
             if not applied:
                 emit("write", token=fencer.token, value=value, applied=False, mark=self._mark())
                 return  # a newer term exists: stop working at once
             emit("write", token=fencer.token, value=value, applied=True)
-            if term.ended():
+            if ended_before:
                 return
 
     def _stepped_down(self) -> None:
