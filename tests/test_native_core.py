@@ -479,6 +479,31 @@ def test_a_signal_handler_that_returns_lets_the_call_go_on(server: Server, pool:
     assert calls == [signal.SIGALRM]
 
 
+def test_a_connect_that_hangs_times_out_within_the_bound() -> None:
+    # A listener that never accepts and whose queue is full drops new SYNs.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(4):
+            f = socket.socket()
+            f.setblocking(False)
+            f.connect_ex(("127.0.0.1", port))
+            fillers.append(f)
+        time.sleep(0.1)
+        p = native.Pool(native.Target("127.0.0.1", port))
+        t0 = time.monotonic()
+        with pytest.raises(rex.TimeoutError, match="connecting"):
+            p.command(["PING"], 0.3)
+        assert 0.25 <= time.monotonic() - t0 < 1.5
+    finally:
+        for f in fillers:
+            f.close()
+        listener.close()
+
+
 def test_a_closed_port_raises_connection_error() -> None:
     p = native.Pool(native.Target("127.0.0.1", _free_port()))
     t0 = time.monotonic()

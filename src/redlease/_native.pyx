@@ -902,10 +902,8 @@ cdef int conn_connect(rl_conn* c, int64_t deadline) noexcept nogil:
         if err == EINPROGRESS or err == EINTR:
             c.fd = fd
             if conn_wait(c, POLLOUT, deadline, "connecting to") < 0:
-                # Timed out or cancelled: the deadline is spent for every address.
-                snprintf(c.err_msg, ERR_MSG, "Timeout connecting to %s", c.address)
-                if c.err_kind != RL_ECANCELLED:
-                    c.err_kind = RL_ETIMEOUT
+                # Timed out, cancelled or interrupted: no other address gets a
+                # turn, the deadline is shared by all of them.
                 return -1
             c.fd = -1
             errlen = sizeof(err)
