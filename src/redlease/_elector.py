@@ -206,6 +206,10 @@ class _RunState:
         self.resign_requested = False
         self.done = threading.Event()
         self.error: BaseException | None = None
+        # The threads that must never wait for the run to end: the run thread
+        # (observer callbacks) and the leader function's thread. Waiting there
+        # would wait for themselves.
+        self.own_threads: set[threading.Thread] = set()
 
     def should_stop(self) -> bool:
         return self.stopping.is_set() or self.user_stop.is_set()
@@ -365,6 +369,10 @@ class Elector:
         if run is not None:
             run.stopping.set()
             run.keeper.notify()
+            if threading.current_thread() in run.own_threads:
+                # Called by the leader function or a callback: the run ends as
+                # soon as that returns; waiting here would wait for ourselves.
+                return
         thread, started = self._thread, self._started
         if thread is None or started is None:
             if run is not None:
@@ -414,6 +422,7 @@ class Elector:
         return run
 
     def _execute(self, run: _RunState, fn: Callable[[Term, Fencer], object] | None) -> None:
+        run.own_threads.add(threading.current_thread())
         try:
             self._contend(run, fn)
         except BaseException as exc:
@@ -488,13 +497,18 @@ class Elector:
         run.resign_requested = False
         run.term = term
         self._emit(self._observer.on_elected, token)
-        worker = _LeaderThread(fn, term, Fencer(self, token), keeper) if fn else None
+        worker = None
+        if fn is not None:
+            worker = _LeaderThread(fn, term, Fencer(self, token), keeper)
+            run.own_threads.add(worker.thread)
+            worker.thread.start()
         reason = self._hold(run, term, worker)
         keeper.end()
         term._end(reason)
         self._drain(keeper)
         if worker is not None:
             worker.join()
+            run.own_threads.discard(worker.thread)
         if reason != "lost":
             self._release()
         run.term = None
@@ -675,7 +689,7 @@ os.register_at_fork(after_in_child=_forget_runs_after_fork)
 
 
 class _LeaderThread:
-    """Runs the leader function on its own thread and wakes the run when it returns."""
+    """The leader function on a thread of its own; wakes the run when fn returns."""
 
     def __init__(
         self,
@@ -690,10 +704,9 @@ class _LeaderThread:
         self._term = term
         self._fencer = fencer
         self._keeper = keeper
-        self._thread = threading.Thread(
+        self.thread = threading.Thread(
             target=self._main, name=f"redlease-leader-{term.token}", daemon=True
         )
-        self._thread.start()
 
     def _main(self) -> None:
         try:
@@ -705,7 +718,7 @@ class _LeaderThread:
             self._keeper.notify()
 
     def join(self) -> None:
-        self._thread.join()
+        self.thread.join()
 
 
 class _Unraisable:
