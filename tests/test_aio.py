@@ -172,3 +172,25 @@ def test_concurrent_run_raises(redis_server: RedisServer) -> None:
         await client.aclose()
 
     run(scenario)
+
+
+def test_stop_awaited_by_the_leader_coroutine_ends_the_run(
+    redis_server: RedisServer, engine: str
+) -> None:
+    async def scenario() -> None:
+        client = async_client(redis_server)
+        e = redlease.aio.Elector(client, "aio", ttl=0.5, engine=engine)
+        came_back = asyncio.Event()
+
+        async def lead(term: redlease.Term, fencer: redlease.aio.Fencer) -> None:
+            await e.stop()
+            came_back.set()
+
+        e.start(lead)
+        await asyncio.wait_for(came_back.wait(), 3)
+        await asyncio.wait_for(e.stop(), 3)
+        assert e.token() is None
+        assert not await client.exists("aio:leader")
+        await client.aclose()
+
+    run(scenario)

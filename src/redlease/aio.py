@@ -166,6 +166,7 @@ class Elector:
         )
         self._stop_event: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._leader_tasks: set[asyncio.Task[None]] = set()
 
     @property
     def config(self) -> Config:
@@ -277,11 +278,16 @@ class Elector:
 
         Re-raises the leader coroutine's exception when that ended the run.
         """
-        task, self._task = self._task, None
+        task = self._task
         if task is None:
             return
         if self._stop_event is not None:
             self._stop_event.set()
+        if asyncio.current_task() in self._leader_tasks:
+            # Called by the leader coroutine: the run ends once it returns;
+            # awaiting the run here would await ourselves.
+            return
+        self._task = None
         await task
 
     async def __aenter__(self) -> Elector:
@@ -368,7 +374,10 @@ class _LeaderBridge:
                 finished.set()
 
         def begin() -> None:
-            tasks.append(self._loop.create_task(drive()))
+            task = self._loop.create_task(drive())
+            tasks.append(task)
+            self._elector._leader_tasks.add(task)
+            task.add_done_callback(self._elector._leader_tasks.discard)
 
         def cancel() -> None:
             for task in tasks:
