@@ -42,6 +42,7 @@ class Row:
     own: list[float]
     server: list[float]
     kept: bool
+    errors: int
 
 
 def _server_lateness(arrivals: list[float], interval: float) -> list[float]:
@@ -67,7 +68,15 @@ def _monitor(client: redis.Redis, sha: str, stop: threading.Event, out: list[flo
 def measure(url: str, engine: str, load: str, seconds: float, interval: float, gil_n: int) -> Row:
     client = redis.Redis.from_url(url)
     name = f"bench-lateness-{engine}-{load}"
-    elector = redlease.Elector(client, name, ttl=TTL, renew_interval=interval, engine=engine)
+    errors: list[Exception] = []
+    elector = redlease.Elector(
+        client,
+        name,
+        ttl=TTL,
+        renew_interval=interval,
+        engine=engine,
+        observer=redlease.Observer(on_error=errors.append),
+    )
     arrivals: list[float] = []
     stop = threading.Event()
     watcher = threading.Thread(
@@ -93,7 +102,7 @@ def measure(url: str, engine: str, load: str, seconds: float, interval: float, g
     stop.set()
     watcher.join(5)
     window = [t for t in arrivals if mark <= t <= end]
-    return Row(engine, load, own, _server_lateness(window, interval), kept)
+    return Row(engine, load, own, _server_lateness(window, interval), kept, len(errors))
 
 
 def _fmt(samples: list[float]) -> str:
@@ -133,13 +142,18 @@ def main() -> int:
     )
     print(
         f"{'load':<7} {'engine':<7} {'own p50':>8} {'own p99':>8} {'own max':>8}  "
-        f"{'srv p50':>8} {'srv p99':>8} {'srv max':>8}  lease"
+        f"{'srv p50':>8} {'srv p99':>8} {'srv max':>8}  {'arrived':>7} {'errors':>6}  lease"
     )
     for row in rows:
         print(
             f"{row.load:<7} {row.engine:<7} {_fmt(row.own)}  {_fmt(row.server)}  "
+            f"{len(row.server) + 1 if row.server else 0:>7} {row.errors:>6}  "
             f"{'kept' if row.kept else 'LOST'}"
         )
+    print(
+        "arrived = renewals the server received in the window; errors = renewals that "
+        "failed (a renewal's timeout is the renew interval); LOST = the term ended"
+    )
     by = {(r.engine, r.load): r for r in rows}
     if "native" in engines:
         print("\nratio python/native under each load (server p50, server p99):")

@@ -9,7 +9,6 @@ holds the GIL for long: that is the limitation the native engine removes.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import threading
 import time
@@ -254,12 +253,11 @@ class PythonKeeper:
                 os.close(fd)
         _live_keepers.discard(self)
 
-    def _next_slot(self, scheduled: float, sent: float) -> float:
-        # The first slot of the renewal grid after this send: a late renewal is
-        # not followed by a burst of catch-up renewals, and lateness is always
-        # measured against a slot that was still ahead when the last one went.
-        missed = max(0, math.floor((sent - scheduled) / self._interval))
-        return scheduled + (missed + 1) * self._interval
+    def _next_slot(self, scheduled: float) -> float:
+        # On schedule: the next absolute deadline. Behind schedule (a slow or
+        # failed round trip): go again at once; the lease deadline bounds us.
+        # The native keeper follows the same rule.
+        return max(scheduled + self._interval, time.monotonic())
 
     def _lose(self) -> None:
         # Caller holds the condition. The token goes first so that readers on
@@ -299,7 +297,7 @@ class PythonKeeper:
                 with self._cond:
                     if generation == self._generation:
                         self._errors.append(exc)
-                        self._next = self._next_slot(scheduled, sent)
+                        self._next = self._next_slot(scheduled)
                         self.notify()
                 continue
             with self._cond:
@@ -307,7 +305,7 @@ class PythonKeeper:
                     continue
                 if reply == 1:
                     self._deadline = sent + self._ttl
-                    self._next = self._next_slot(scheduled, sent)
+                    self._next = self._next_slot(scheduled)
                 else:
                     self._lose()
 
