@@ -215,3 +215,29 @@ def elected_token(elector: redlease.Elector, timeout: float = 5.0) -> int:
     """Wait until ``elector`` leads and return its token."""
     token: int = wait_until(elector.token, timeout, what="election")
     return token
+
+
+def gil_call_size(seconds: float) -> int:
+    """An ``n`` for which ``sum(range(n))`` holds the GIL for about ``seconds``.
+
+    ``sum`` over a range is one C call that never releases the GIL. The rate
+    is the best of three samples: a sample slowed by preemption would make the
+    call shorter than asked, and these tests need it at least that long.
+    """
+    n = 1_000_000
+    while True:
+        best = float("inf")
+        for _ in range(3):
+            started = time.perf_counter()
+            sum(range(n))
+            best = min(best, time.perf_counter() - started)
+        if best > 0.05:
+            return int(n * seconds / best)
+        n *= 4
+
+
+def hold_gil(n: int) -> float:
+    """Hold the GIL in one C call of size ``n``; return how long it took."""
+    started = time.monotonic()
+    sum(range(n))
+    return time.monotonic() - started

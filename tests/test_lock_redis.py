@@ -12,7 +12,7 @@ import pytest
 import redis
 
 import redlease
-from helpers import wait_until
+from helpers import gil_call_size, hold_gil, wait_until
 from redlease._server import RedisServer
 from redlease.lock import (
     DEFAULT_PREFIX,
@@ -226,12 +226,10 @@ def test_auto_renew_survives_a_gil_holding_call_on_the_native_engine(
 ) -> None:
     if engine != "native":
         pytest.skip("only the native renewer runs while another thread holds the GIL")
-    n = calibrate_gil_hold(1.0)
+    n = gil_call_size(1.5)
     held = locker.try_acquire("job", ttl=0.3, auto_renew=True)
     owner = owner_of(client)
-    started = time.monotonic()
-    sum(range(n))  # one C call: the GIL is not released until it returns
-    held_for = time.monotonic() - started
+    held_for = hold_gil(n)  # one C call: the GIL is not released until it returns
     assert held_for > 0.6, "calibration should hold the GIL for well over one TTL"
     assert owner_of(client) == owner
     assert not held.done.is_set()
@@ -243,25 +241,12 @@ def test_the_python_engine_loses_the_lock_through_a_gil_holding_call(
 ) -> None:
     if engine != "python":
         pytest.skip("the limitation the native engine removes")
-    n = calibrate_gil_hold(1.0)
+    n = gil_call_size(1.5)
     held = locker.try_acquire("job", ttl=0.3, auto_renew=True)
-    started = time.monotonic()
-    sum(range(n))
-    assert time.monotonic() - started > 0.6
+    assert hold_gil(n) > 0.6
     assert held.done.wait(5.0)
     with pytest.raises(NotHeld):
         held.release()
-
-
-def calibrate_gil_hold(seconds: float) -> int:
-    n = 1_000_000
-    while True:
-        started = time.perf_counter()
-        sum(range(n))
-        elapsed = time.perf_counter() - started
-        if elapsed > 0.05:
-            return int(n * seconds / elapsed)
-        n *= 4
 
 
 # -- failures --------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from redis.retry import Retry
 
 native = pytest.importorskip("redlease._native")
 
+from helpers import gil_call_size, hold_gil  # noqa: E402
 from redlease._client import Endpoint  # noqa: E402
 from redlease._engine import ACTIVE, ENDED, IDLE, LOST  # noqa: E402
 from redlease._native_engine import NativeEngine  # noqa: E402
@@ -648,10 +649,7 @@ def test_keeper_holds_the_lease_while_the_gil_is_held(
     k = keepers(server, ttl=0.3, interval=0.1)
     _start(k, rc, token=21)
     # One C call that never releases the GIL, calibrated to about 1.5 s.
-    n = 5_000_000
-    t0 = time.perf_counter()
-    sum(range(n))
-    n = int(n * 1.5 / max(time.perf_counter() - t0, 1e-3))
+    n = gil_call_size(1.5)
     monitor = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time, redis
@@ -673,9 +671,7 @@ def test_keeper_holds_the_lease_while_the_gil_is_held(
         before = k.renewals
         monitor.stdin.write("go\n")
         monitor.stdin.flush()
-        t0 = time.monotonic()
-        sum(range(n))
-        held = time.monotonic() - t0
+        held = hold_gil(n)
         during = k.renewals - before
         out, _ = monitor.communicate(timeout=30)
     finally:
