@@ -1,0 +1,68 @@
+"""Terms and runs come and go without leaking threads or file descriptors.
+
+Native renewer threads are OS threads: /proc/self/task counts them, where
+threading.active_count() would not.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+
+import redis
+
+import redlease
+from helpers import wait_until
+
+
+def threads_and_fds() -> tuple[int, int]:
+    gc.collect()
+    return len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
+
+
+def test_many_terms_leak_no_threads_or_fds(client: redis.Redis, engine: str) -> None:
+    terms: list[int] = []
+    gate = threading.Semaphore(0)
+    done = threading.Event()
+
+    def lead(term: redlease.Term, fencer: redlease.Fencer) -> None:
+        terms.append(term.token)
+        if len(terms) == 20:
+            gate.acquire()  # hold term 20 while the main thread counts
+        if len(terms) >= 300:
+            done.set()
+        if len(terms) > 300:
+            term.wait()  # stay in term 301 while the main thread counts
+
+    e = redlease.Elector(
+        client, "soak", ttl=0.1, renew_interval=0.03, acquire_interval=0.001, engine=engine
+    )
+    e.start(lead)
+    wait_until(lambda: len(terms) >= 20, timeout=30, what="20 terms")
+    early = threads_and_fds()
+    gate.release()
+    assert done.wait(60), f"only {len(terms)} terms in 60 s"
+    wait_until(lambda: len(terms) > 300, timeout=30, what="term 301")  # counted mid-term too
+    late = threads_and_fds()
+    e.stop()
+    assert terms == sorted(set(terms)), "tokens must be unique and increasing"
+    assert late == early, f"threads/fds went from {early} to {late} over 280 terms"
+
+
+def test_start_stop_cycles_leak_no_threads_or_fds(client: redis.Redis, engine: str) -> None:
+    e = redlease.Elector(client, "cycles", ttl=0.2, engine=engine)
+
+    def cycle() -> None:
+        e.start(None)
+        wait_until(e.token, timeout=5, what="election")
+        e.stop()
+
+    for _ in range(5):
+        cycle()
+    before = threads_and_fds()
+    for _ in range(100):
+        cycle()
+    time.sleep(0.05)
+    assert threads_and_fds() == before
