@@ -16,32 +16,15 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import redis
 
 import redlease
+from redlease._server import client_for
 
 NAME = "nightly-report"
 RUN_LOG = f"{NAME}:runs"
 TICK = 0.2
-
-
-@contextmanager
-def redis_client(url: str | None) -> Iterator[redis.Redis]:
-    """A client for ``url``, or for a private redis-server that is removed afterwards."""
-    if url:
-        client = redis.Redis.from_url(url)
-        try:
-            yield client
-        finally:
-            client.close()
-        return
-    from redlease._server import RedisServer
-
-    with RedisServer(unix=True) as server:
-        yield server.client()
 
 
 class Replica:
@@ -79,7 +62,7 @@ def main() -> int:
     parser.add_argument("--redis", default=os.environ.get("REDIS_URL") or None)
     args = parser.parse_args()
 
-    with redis_client(args.redis) as client:
+    with client_for(args.redis) as client:
         client.delete(RUN_LOG)
         t0 = time.monotonic()
         replicas = [Replica(client, f"replica-{i}", t0) for i in (1, 2, 3)]

@@ -24,31 +24,14 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import redis
 
 import redlease
+from redlease._server import client_for
 
 NAME = "invoice-numbers"
 NEXT_KEY = f"{NAME}:next"
-
-
-@contextmanager
-def redis_client(url: str | None) -> Iterator[redis.Redis]:
-    """A client for ``url``, or for a private redis-server that is removed afterwards."""
-    if url:
-        client = redis.Redis.from_url(url)
-        try:
-            yield client
-        finally:
-            client.close()
-        return
-    from redlease._server import RedisServer
-
-    with RedisServer(unix=True) as server:
-        yield server.client()
 
 
 class Allocator:
@@ -92,7 +75,7 @@ def main() -> int:
     args = parser.parse_args()
 
     handed_out: list[tuple[str, int]] = []
-    with redis_client(args.redis) as client:
+    with client_for(args.redis) as client:
         client.delete(NEXT_KEY)
         a, b = Allocator(client, "alloc-A"), Allocator(client, "alloc-B")
         a.elector.start()

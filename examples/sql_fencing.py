@@ -25,30 +25,12 @@ import argparse
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
-
-import redis
+from contextlib import closing
 
 import redlease
+from redlease._server import client_for
 
 NAME = "report-builder"
-
-
-@contextmanager
-def redis_client(url: str | None) -> Iterator[redis.Redis]:
-    """A client for ``url``, or for a private redis-server that is removed afterwards."""
-    if url:
-        client = redis.Redis.from_url(url)
-        try:
-            yield client
-        finally:
-            client.close()
-        return
-    from redlease._server import RedisServer
-
-    with RedisServer(unix=True) as server:
-        yield server.client()
 
 
 def fenced_update(db: sqlite3.Connection, token: int, report_id: int, status: str) -> bool:
@@ -80,7 +62,7 @@ def main() -> int:
     parser.add_argument("--redis", default=os.environ.get("REDIS_URL") or None)
     args = parser.parse_args()
 
-    with redis_client(args.redis) as client, closing(sqlite3.connect(":memory:")) as db:
+    with client_for(args.redis) as client, closing(sqlite3.connect(":memory:")) as db:
         db.execute("CREATE TABLE report (id INTEGER PRIMARY KEY, status TEXT, fence INTEGER)")
         db.execute("INSERT INTO report VALUES (1, 'pending', 0)")
         db.commit()

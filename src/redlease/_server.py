@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -385,3 +385,25 @@ class RedisServer:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def client_for(url: str | None) -> Iterator[redis.Redis]:
+    """A client for ``url``; with no URL, for a private redis-server removed afterwards.
+
+    What the examples and small tools want: a real Redis whether or not one
+    is running, and nothing left behind either way.
+    """
+    if url:
+        client = redis.Redis.from_url(url)
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    with RedisServer(unix=True) as server:
+        client = server.client()
+        try:
+            yield client
+        finally:
+            client.close()
