@@ -224,3 +224,19 @@ def test_native_engine_refuses_a_cluster_client(cluster: RedisCluster) -> None:
     pytest.importorskip("redlease._native")
     with pytest.raises(redlease.ConfigError, match="RedisCluster"):
         redlease.Elector(cluster, "{job}", engine="native")
+
+
+def test_cluster_locker_needs_a_hash_tag_and_then_works(cluster: RedisCluster) -> None:
+    with pytest.raises(redlease.ConfigError, match="hash tag"):
+        redlease.RedisLocker(cluster, prefix="locks:")
+    locker = redlease.RedisLocker(cluster, prefix="{locks}:")
+    assert locker.engine == "python"
+    with locker.hold("nightly", ttl=0.5) as held:
+        assert held.fencing_token >= 1
+        with pytest.raises(redlease.NotAcquired):
+            locker.try_acquire("nightly")
+        time.sleep(1.0)  # two TTLs: the watchdog keeps it through the cluster client
+        assert not held.done.is_set()
+    again = locker.try_acquire("nightly", ttl=0.5)
+    assert again.fencing_token > held.fencing_token
+    again.release()
