@@ -1,0 +1,76 @@
+"""pytest-benchmark suite: fenced writes and control round trips per engine.
+
+    pytest benchmarks/bench_engines_pytest.py --benchmark-group-by=func
+
+Fenced SET through an Elector on each engine, against redis-py + hiredis
+running the same script by EVALSHA, on one private redis-server. Renew
+lateness under load is not a per-call figure: see ``renew_lateness.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+import redlease
+from redlease import _scripts
+from redlease._select import native_available
+from redlease._server import RedisServer
+
+CASES = ("native", "python", "redis-py")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as redis_server:
+        yield redis_server
+
+
+@pytest.fixture(scope="module")
+def client(server: RedisServer) -> Iterator[redis.Redis]:
+    c = server.client()
+    yield c
+    c.close()
+
+
+def _engine_or_skip(case: str) -> None:
+    if case == "native" and not native_available()[0]:
+        pytest.skip(native_available()[1])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_fenced_set(benchmark: Any, client: redis.Redis, case: str) -> None:
+    if case == "redis-py":
+        script = _scripts.fenced_file("fence_set")
+        client.script_load(script.source)
+
+        def write() -> None:
+            client.evalsha(script.sha, 2, "bench:fence:applied", "bench:value", "1", "v")
+
+        benchmark(write)
+        return
+    _engine_or_skip(case)
+    e = redlease.Elector(client, "bench", engine=case)
+
+    def fenced() -> None:
+        assert e.fence_set(1, "bench:value", "v")
+
+    benchmark(fenced)
+
+
+@pytest.mark.parametrize("case", ("native", "python"))
+def test_election_cycle(benchmark: Any, client: redis.Redis, case: str) -> None:
+    """Start, win, stop (release): the control path end to end."""
+    _engine_or_skip(case)
+    e = redlease.Elector(client, f"bench-cycle-{case}", ttl=1.0, engine=case)
+
+    def cycle() -> None:
+        e.start(None)
+        while e.token() is None:
+            pass
+        e.stop()
+
+    benchmark(cycle)
