@@ -322,3 +322,29 @@ def test_stop_called_by_the_leader_function_ends_the_run_without_deadlock(
     e.stop(timeout=3.0)
     assert e.token() is None
     assert client.exists(LEADER_KEY) == 0
+
+
+def test_a_leader_function_that_is_not_callable_is_a_type_error(
+    client: redis.Redis, engine: str
+) -> None:
+    e = make_elector(client, engine)
+    with pytest.raises(TypeError, match="callable"):
+        e.run("not a function", stop=threading.Event())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="callable"):
+        e.start(42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"threading\.Event"):
+        e.run(None, stop=True)  # type: ignore[arg-type]
+    assert client.exists(LEADER_KEY) == 0, "bad input must not touch Redis"
+    with e:  # and the elector still works
+        assert wait_until(e.token, timeout=5)
+
+
+def test_a_resp3_client_is_served_by_the_native_engine(redis_server: RedisServer) -> None:
+    pytest.importorskip("redlease._native")
+    resp3 = redis_server.client(protocol=3)
+    e = redlease.Elector(resp3, "resp3", ttl=0.5, engine="native")
+    with e:
+        token = wait_until(e.token, timeout=5)
+        assert e.fence_set(token, "resp3:value", "v") is True
+        assert e.fence_set(token - 1, "resp3:value", "stale") is False
+    assert resp3.get("resp3:value") == b"v"

@@ -61,9 +61,9 @@ def native_endpoint(client: object) -> tuple[Endpoint | None, str]:
             None,
             "the client uses a credential_provider; the native engine needs a fixed password",
         )
-    protocol = kwargs.get("protocol")
-    if protocol not in (None, 2, "2"):
-        return None, f"the client speaks RESP{protocol}; the native engine speaks RESP2"
+    # The client's protocol (RESP2 or RESP3) does not matter: the native
+    # engine talks RESP2 on connections of its own, and every script it runs
+    # answers with integers, which both protocols encode alike.
     path = kwargs.get("path") if cls is UnixDomainSocketConnection else None
     endpoint = Endpoint(
         host=None if path else str(kwargs.get("host", "localhost")),

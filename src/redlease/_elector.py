@@ -187,6 +187,14 @@ class Fencer:
         return f"<redlease.Fencer {self._elector.config.name!r} token={self.token}>"
 
 
+def _check_leader_fn(fn: object) -> None:
+    if fn is not None and not callable(fn):
+        raise TypeError(
+            f"the leader function must be callable as fn(term, fencer) or None, "
+            f"got {type(fn).__name__} {fn!r}"
+        )
+
+
 def _has_hash_tag(name: str) -> bool:
     start = name.find("{")
     if start < 0:
@@ -336,8 +344,11 @@ class Elector:
         this instance elected (token-driven style). An exception from fn ends
         the term gracefully and the run: it is re-raised here, unchanged.
         """
+        _check_leader_fn(fn)
         if stop is None:
             stop = threading.Event()
+        elif not isinstance(stop, threading.Event):
+            raise TypeError(f"stop must be a threading.Event, got {type(stop).__name__}")
         run = self._claim(stop)
         if run is None:
             return
@@ -347,6 +358,7 @@ class Elector:
 
     def start(self, fn: Callable[[Term, Fencer], object] | None = None) -> Elector:
         """Run the same loop on a background thread; returns this elector."""
+        _check_leader_fn(fn)
         run = self._claim(threading.Event())
         assert run is not None
         thread = threading.Thread(

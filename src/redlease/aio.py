@@ -215,6 +215,7 @@ class Elector:
         re-contend until the task has finished. An exception from fn ends the
         term gracefully and the run, and is re-raised here.
         """
+        _elector._check_leader_fn(fn)
         if stop is not None and stop.is_set():
             return
         thread_stop = threading.Event()
@@ -264,6 +265,7 @@ class Elector:
         """Run the loop as a task on the running event loop; returns this elector."""
         if self._task is not None and not self._task.done():
             raise RuntimeError(f"aio.Elector {self.config.name!r} is already running")
+        _elector._check_leader_fn(fn)
         # Claim the run now, not when the task first runs, so a concurrent
         # run() or start() right after this one raises as it should.
         self._stop_event = asyncio.Event()
