@@ -289,6 +289,36 @@ def test_malformed_replies_are_rejected(data: bytes) -> None:
         native.parse_reply(data)
 
 
+def _in_child(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter: a crash there fails the test, not the whole run."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_array_counts_that_overflow_the_element_tally_are_rejected() -> None:
+    # Two huge counts used to wrap the count of elements still owed, so the
+    # reply "completed" with far fewer nodes than its arrays claim and turning
+    # it into Python objects read past the end of the node array.
+    child = _in_child(
+        """
+        from redlease import _native as native
+        for data in (
+            b"*2\\r\\n*9223372036854775807\\r\\n",
+            b"*3\\r\\n*4611686018427387904\\r\\n*4611686018427387904\\r\\n",
+        ):
+            try:
+                got = native.parse_reply(data)
+            except ValueError:
+                continue
+            assert got is None, got
+        print("fine")
+        """
+    )
+    assert child.returncode == 0 and child.stdout.strip() == "fine", child.stderr[-2000:]
+
+
 # ---------------------------------------------------------------- connections
 
 

@@ -33,6 +33,7 @@ from cpython.exc cimport PyErr_CheckSignals
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 from libc.errno cimport EINPROGRESS, EINTR, errno
+from libc.limits cimport LLONG_MAX
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdio cimport snprintf
 from libc.stdlib cimport calloc, free, realloc
@@ -594,6 +595,11 @@ cdef Py_ssize_t resp_parse(const char* p, size_t n, rl_nodes* out) noexcept nogi
             node.ival = v
             pos = eol + 2
             if v > 0:
+                # A count that would wrap the tally could end the reply with
+                # fewer nodes than its arrays claim; build_reply would then
+                # read past the node array.
+                if v > LLONG_MAX - need:
+                    return -1
                 need += v
         else:
             return -1
