@@ -221,11 +221,10 @@ def test_watchdog_keeps_the_key_alive(client: redis.Redis, locker: RedisLocker) 
     assert not client.exists(KEY)
 
 
+@pytest.mark.parametrize("engine", ["native"], indirect=True)
 def test_auto_renew_survives_a_gil_holding_call_on_the_native_engine(
-    client: redis.Redis, locker: RedisLocker, engine: str
+    client: redis.Redis, locker: RedisLocker
 ) -> None:
-    if engine != "native":
-        pytest.skip("only the native renewer runs while another thread holds the GIL")
     n = gil_call_size(1.5)
     held = locker.try_acquire("job", ttl=0.3, auto_renew=True)
     owner = owner_of(client)
@@ -236,11 +235,11 @@ def test_auto_renew_survives_a_gil_holding_call_on_the_native_engine(
     held.release()
 
 
+@pytest.mark.parametrize("engine", ["python"], indirect=True)
 def test_the_python_engine_loses_the_lock_through_a_gil_holding_call(
-    client: redis.Redis, locker: RedisLocker, engine: str
+    client: redis.Redis, locker: RedisLocker
 ) -> None:
-    if engine != "python":
-        pytest.skip("the limitation the native engine removes")
+    # The limitation the native engine removes: a Python renewer waits for the GIL.
     n = gil_call_size(1.5)
     held = locker.try_acquire("job", ttl=0.3, auto_renew=True)
     assert hold_gil(n) > 0.6
