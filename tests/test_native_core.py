@@ -319,6 +319,48 @@ def test_array_counts_that_overflow_the_element_tally_are_rejected() -> None:
     assert child.returncode == 0 and child.stdout.strip() == "fine", child.stderr[-2000:]
 
 
+def test_a_reply_nested_deeper_than_the_c_stack_does_not_crash() -> None:
+    # Only a broken or hostile server sends this, but it must not take the
+    # process down: the reply is built without recursing once per level.
+    child = _in_child(
+        """
+        import socket, threading
+        from redlease import _native as native
+        depth = 300000
+        data = b"*1\\r\\n" * depth + b":7\\r\\n"
+        value, used = native.parse_reply(data)
+        assert used == len(data)
+        for _ in range(depth):
+            (value,) = value
+        assert value == 7
+        # The same reply from a server, read on a thread with a small stack.
+        listener = socket.create_server(("127.0.0.1", 0))
+        def serve():
+            conn, _ = listener.accept()
+            conn.recv(1024)
+            conn.sendall(b"*1\\r\\n" * 20000 + b":7\\r\\n")
+            conn.recv(1024)
+            conn.close()
+        threading.Thread(target=serve, daemon=True).start()
+        threading.stack_size(256 * 1024)
+        out = []
+        def call():
+            pool = native.Pool(native.Target("127.0.0.1", listener.getsockname()[1]))
+            out.append(pool.command(["PING"], 5.0))
+            pool.close()
+        t = threading.Thread(target=call)
+        t.start()
+        t.join()
+        value = out[0]
+        for _ in range(20000):
+            (value,) = value
+        assert value == 7
+        print("fine")
+        """
+    )
+    assert child.returncode == 0 and child.stdout.strip() == "fine", child.stderr[-2000:]
+
+
 # ---------------------------------------------------------------- connections
 
 

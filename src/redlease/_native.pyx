@@ -613,11 +613,8 @@ cdef object error_from_reply(const char* p, Py_ssize_t n):
     return _parse_error(PyBytes_FromStringAndSize(<char*>p, n).decode("utf-8", "replace"))
 
 
-cdef object build_reply(const char* base, rl_node* nodes, size_t* i):
-    cdef rl_node* node = &nodes[i[0]]
-    cdef long long j
-    cdef list items
-    i[0] += 1
+cdef object build_value(const char* base, rl_node* node):
+    """One node that holds no elements: a scalar, a null, or an empty array."""
     if node.kind == c':':
         return node.ival
     if node.kind == c'$':
@@ -631,10 +628,41 @@ cdef object build_reply(const char* base, rl_node* nodes, size_t* i):
         return error_from_reply(base + node.off, <Py_ssize_t>node.ival)
     if node.ival < 0:
         return None
-    items = []
-    for j in range(node.ival):
-        items.append(build_reply(base, nodes, i))
-    return items
+    return []
+
+
+cdef object build_reply(const char* base, rl_node* nodes, size_t* i):
+    """The reply starting at ``nodes[i]`` as Python objects; ``i`` ends past its last node.
+
+    Iterative on purpose: how deep arrays nest is up to the server, and one C
+    frame per level lets a broken or hostile reply overflow the stack.
+    """
+    cdef rl_node* node
+    cdef object value
+    cdef long long left
+    cdef Py_ssize_t top
+    cdef list filling = []    # arrays still owed elements, innermost last
+    cdef list owed = []       # how many each of them is still owed
+    while True:
+        node = &nodes[i[0]]
+        i[0] += 1
+        if node.kind == c'*' and node.ival > 0:
+            filling.append([])
+            owed.append(node.ival)
+            continue
+        value = build_value(base, node)
+        while True:
+            if not filling:
+                return value
+            # No negative indexing: this module is compiled with wraparound off.
+            top = len(filling) - 1
+            (<list>filling[top]).append(value)
+            left = <long long>owed[top] - 1
+            if left > 0:
+                owed[top] = left
+                break
+            owed.pop()
+            value = filling.pop()
 
 
 # ---------------------------------------------------------------- connections (no GIL)
