@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 import time
 from dataclasses import dataclass
-from itertools import pairwise
 
 import redis
 
 import redlease
 from redlease import _scripts
-from redlease._bench import gil_call_size, percentile, run_load
+from redlease._bench import ArrivalRecorder, gaps_beyond, gil_call_size, percentile, run_load
 from redlease._select import native_available
 from redlease._server import RedisServer
 
@@ -45,26 +43,6 @@ class Row:
     errors: int
 
 
-def _server_lateness(arrivals: list[float], interval: float) -> list[float]:
-    """How much later than one interval after the previous renewal each one arrived.
-
-    Gaps are what the lease feels: a renewal that arrives late leaves the
-    lease that much closer to expiry, whatever the renewer's own clock says.
-    """
-    return [max(0.0, (current - previous) - interval) for previous, current in pairwise(arrivals)]
-
-
-def _monitor(client: redis.Redis, sha: str, stop: threading.Event, out: list[float]) -> None:
-    with client.monitor() as mon:
-        conn = mon.connection
-        while not stop.is_set():
-            if not conn.can_read(timeout=0.1):
-                continue
-            cmd = mon.next_command()
-            if sha in cmd["command"]:
-                out.append(float(cmd["time"]))
-
-
 def measure(url: str, engine: str, load: str, seconds: float, interval: float, gil_n: int) -> Row:
     client = redis.Redis.from_url(url)
     name = f"bench-lateness-{engine}-{load}"
@@ -77,15 +55,8 @@ def measure(url: str, engine: str, load: str, seconds: float, interval: float, g
         engine=engine,
         observer=redlease.Observer(on_error=errors.append),
     )
-    arrivals: list[float] = []
-    stop = threading.Event()
-    watcher = threading.Thread(
-        target=_monitor,
-        args=(redis.Redis.from_url(url), _scripts.load("renew").sha, stop, arrivals),
-        daemon=True,
-    )
-    watcher.start()
-    with elector:
+    recorder = ArrivalRecorder(redis.Redis.from_url(url), _scripts.load("renew").sha)
+    with recorder, elector:
         deadline = time.monotonic() + 5
         while elector.token() is None and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -99,10 +70,9 @@ def measure(url: str, engine: str, load: str, seconds: float, interval: float, g
         end = time.time()
         own = run.keeper.lateness()[skip_own:]
         kept = elector.token() == token
-    stop.set()
-    watcher.join(5)
-    window = [t for t in arrivals if mark <= t <= end]
-    return Row(engine, load, own, _server_lateness(window, interval), kept, len(errors))
+        recorder.catch_up(end)
+    window = recorder.between(mark, end)
+    return Row(engine, load, own, gaps_beyond(window, interval), kept, len(errors))
 
 
 def _fmt(samples: list[float]) -> str:

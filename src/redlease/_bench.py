@@ -10,15 +10,19 @@ Then one thread does fenced SETs in a loop for the same time.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import secrets
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
+from . import _scripts
 from ._cliredis import CliError, Target, one_line, redis_target
 from ._select import native_available
 
@@ -45,6 +49,7 @@ class Result:
     engine: str
     unavailable: str | None = None
     lateness: list[float] | None = None
+    server_lateness: list[float] | None = None
     kept_lease: bool = False
     writes_per_second: float = 0.0
 
@@ -109,6 +114,74 @@ def run_load(load: str, seconds: float, tick: Callable[[float], None], gil_n: in
             sum(range(gil_n))
 
 
+def gaps_beyond(arrivals: list[float], interval: float) -> list[float]:
+    """How much later than ``interval`` after the previous one each arrival came.
+
+    Gaps between renewals as the server received them are what the lease
+    feels, whatever the renewer's own clock says.
+    """
+    return [max(0.0, (b - a) - interval) for a, b in itertools.pairwise(arrivals)]
+
+
+class ArrivalRecorder:
+    """Server-side arrival times (MONITOR timestamps) of the commands naming ``marker``.
+
+    Runs on a connection and a thread of its own; if the server refuses
+    MONITOR (an ACL, a managed service) it records nothing and says why.
+    """
+
+    def __init__(self, client: redis.Redis, marker: str) -> None:
+        self._client = client
+        self._marker = marker
+        self._stop = threading.Event()
+        self.arrivals: list[float] = []
+        self.latest = 0.0  # server time of the newest command read, of any kind
+        self.error: str | None = None
+        self._thread = threading.Thread(
+            target=self._run, name="redlease-bench-monitor", daemon=True
+        )
+
+    def __enter__(self) -> ArrivalRecorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._client.close()
+
+    def catch_up(self, until: float, timeout: float = 2.0) -> None:
+        """Wait until the reader has read past server time ``until``.
+
+        The reader is a Python thread: under a GIL-holding load it falls
+        behind, and what it has not read yet would be missing from the window.
+        """
+        deadline = time.monotonic() + timeout
+        while self.latest <= until and self.error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def between(self, start: float, end: float) -> list[float]:
+        """Arrivals (server wall-clock seconds) within ``[start, end]``."""
+        return [t for t in list(self.arrivals) if start <= t <= end]
+
+    def _run(self) -> None:
+        try:
+            client: Any = self._client  # redis-py leaves monitor() untyped
+            with client.monitor() as monitor:
+                connection = monitor.connection
+                assert connection is not None
+                while not self._stop.is_set():
+                    if not connection.can_read(timeout=0.1):
+                        continue
+                    command = monitor.next_command()
+                    at = float(command["time"])
+                    if self._marker in command["command"]:
+                        self.arrivals.append(at)
+                    self.latest = at
+        except (redis.RedisError, OSError) as exc:
+            self.error = one_line(exc)
+
+
 def measure(
     target: Target, engine: str, load: str, seconds: float, progress: Progress, gil_n: int
 ) -> Result:
@@ -128,7 +201,16 @@ def measure(
         keeper = run.keeper
         before = len(keeper.lateness())
         tick = progress.phase(f"{engine}: renew lateness, {load} load", seconds)
-        run_load(load, seconds, tick, gil_n)
+        with ArrivalRecorder(target.client(), _scripts.load("renew").sha) as recorder:
+            time.sleep(RENEW_INTERVAL * 3)  # let MONITOR attach before the window opens
+            window_start = time.time()
+            run_load(load, seconds, tick, gil_n)
+            window_end = time.time()
+            recorder.catch_up(window_end)
+        if recorder.error is None:
+            result.server_lateness = gaps_beyond(
+                recorder.between(window_start, window_end), RENEW_INTERVAL
+            )
         samples = keeper.lateness()
         expected = max(1, int(seconds / RENEW_INTERVAL))
         result.lateness = samples[before:] if len(samples) > before else samples[-expected:]
@@ -210,9 +292,19 @@ def render(results: list[Result], load: str, seconds: float, target: Target) -> 
         return f"{python / native:,.1f}x"
 
     by_engine = {r.engine: r for r in results}
-    row("renewals measured", cells(lambda r: str(len(r.lateness or []))))
-    for label, q in (("renew lateness p50", 50.0), ("renew lateness p99", 99.0),
-                     ("renew lateness max", 100.0)):
+    row("renewals sent", cells(lambda r: str(len(r.lateness or []))))
+    row("renewals at the server", cells(
+        lambda r: str(len(r.server_lateness) + 1) if r.server_lateness is not None else "-"))
+    for label, q in (("late at the server p50", 50.0), ("late at the server p99", 99.0),
+                     ("late at the server max", 100.0)):
+        def at_server(r: Result, q: float = q) -> float | None:
+            return percentile(r.server_lateness, q) if r.server_lateness else None
+
+        row(label, cells(lambda r: _ms(at_server(r))),
+            ratio(*(at_server(by_engine[e]) if e in by_engine else None
+                    for e in ("python", "native"))))
+    for label, q in (("late by own clock p50", 50.0), ("late by own clock p99", 99.0),
+                     ("late by own clock max", 100.0)):
         def at(r: Result, q: float = q) -> float | None:
             return percentile(r.lateness, q) if r.lateness else None
 
@@ -222,6 +314,12 @@ def render(results: list[Result], load: str, seconds: float, target: Target) -> 
     row("fenced writes/s", cells(lambda r: f"{r.writes_per_second:,.0f}"),
         ratio(*(by_engine[e].writes_per_second if e in by_engine else None
                 for e in ("python", "native"))))
+    lines.append("")
+    lines.append(
+        "late at the server: how much more than one renew interval passed between two "
+        "renewals as Redis received them (MONITOR); own clock: send time minus the "
+        "renewer's schedule."
+    )
     for r in results:
         if r.unavailable is not None:
             lines.append("")
