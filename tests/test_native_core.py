@@ -903,6 +903,37 @@ def test_close_joins_the_thread_and_frees_every_fd(server: Server, rc: redis.Red
     assert _open_fds() == fds
 
 
+def test_close_wakes_every_waiter_and_frees_the_fds_after_them(
+    server: Server, rc: redis.Redis, keepers: Any
+) -> None:
+    # close() used to signal the eventfd once and close it at once: one
+    # waiter consumed the wake-up, the others went back to polling a closed
+    # descriptor (forever, for wait(None)), or read from whatever file reused
+    # its number.
+    for _ in range(5):
+        k = keepers(server)
+        _start(k, rc)
+        assert k.wait(1.0) is True
+        fd = k.fileno()
+        returned: list[bool] = []
+        waiters = [
+            threading.Thread(
+                target=lambda k=k, out=returned: out.append(k.wait(None)), daemon=True
+            )
+            for _ in range(4)
+        ]
+        for t in waiters:
+            t.start()
+        time.sleep(0.2)
+        k.close()
+        for t in waiters:
+            t.join(3.0)
+        assert returned == [True] * 4
+        assert k.fileno() == -1
+        with pytest.raises(OSError):
+            os.fstat(fd)
+
+
 def test_a_dropped_keeper_stops_its_thread_and_frees_its_fds(
     server: Server, rc: redis.Redis
 ) -> None:

@@ -1567,6 +1567,9 @@ cdef class Keeper:
     cdef rl_keeper* k
     cdef bint _closed
     cdef bint _forked
+    # Threads inside wait(): close() leaves the eventfds to the last of them,
+    # so none polls or reads a descriptor number that may already be reused.
+    cdef int _waiters
     cdef readonly double interval
     cdef readonly double ttl
     cdef object __weakref__
@@ -1575,6 +1578,7 @@ cdef class Keeper:
         self.k = NULL
         self._closed = False
         self._forked = False
+        self._waiters = 0
 
     def __init__(self, Target target not None, ScriptRef ref not None, keys, args,
                  double interval, double ttl):
@@ -1744,7 +1748,7 @@ cdef class Keeper:
         cdef int64_t deadline = -1
         cdef int64_t now
         cdef int64_t left
-        cdef pollfd pfd
+        cdef pollfd pfd[2]
         cdef int rc
         cdef int err
         cdef uint64_t value
@@ -1753,33 +1757,44 @@ cdef class Keeper:
             return True
         if timeout is not None:
             deadline = deadline_after(timeout)
-        pfd.fd = k.wake_fd
-        pfd.events = POLLIN
-        while True:
-            pfd.revents = 0
-            with nogil:
-                if deadline < 0:
-                    left = -1
-                else:
-                    now = rl_now_ns()
-                    left = deadline - now if deadline > now else 0
-                rc = rl_ppoll(&pfd, 1, left)
-                err = errno
-                got = -1
+        pfd[0].fd = k.wake_fd
+        pfd[0].events = POLLIN
+        # close() signals ctl_fd and nothing ever drains it, so every waiter
+        # sees it, not just the one that would consume the wake-up.
+        pfd[1].fd = k.ctl_fd
+        pfd[1].events = POLLIN
+        self._waiters += 1
+        try:
+            while True:
+                pfd[0].revents = 0
+                pfd[1].revents = 0
+                with nogil:
+                    if deadline < 0:
+                        left = -1
+                    else:
+                        now = rl_now_ns()
+                        left = deadline - now if deadline > now else 0
+                    rc = rl_ppoll(pfd, 2, left)
+                    err = errno
+                    got = -1
+                    if rc > 0 and pfd[1].revents == 0:
+                        got = read(pfd[0].fd, &value, 8)
                 if rc > 0:
-                    got = read(pfd.fd, &value, 8)
-            if rc > 0:
-                if got == 8 or self._closed:
-                    return True
-                continue  # another waiter took it
-            if rc == 0:
-                if deadline >= 0 and rl_now_ns() >= deadline:
-                    return False
-                continue
-            if err == EINTR:
-                PyErr_CheckSignals()
-                continue
-            raise OSError(err, strerror(err).decode("utf-8", "replace"))
+                    if got == 8 or self._closed:
+                        return True
+                    continue  # another waiter took it
+                if rc == 0:
+                    if deadline >= 0 and rl_now_ns() >= deadline:
+                        return False
+                    continue
+                if err == EINTR:
+                    PyErr_CheckSignals()
+                    continue
+                raise OSError(err, strerror(err).decode("utf-8", "replace"))
+        finally:
+            self._waiters -= 1
+            if self._closed and self._waiters == 0:
+                self.close_fds()
 
     def notify(self):
         """Wake the waiter."""
@@ -1788,7 +1803,7 @@ cdef class Keeper:
 
     def fileno(self):
         """An eventfd that is readable while a wake-up is pending (-1 once closed)."""
-        if self.k == NULL:
+        if self.k == NULL or self._closed:
             return -1
         return self.k.wake_fd
 
@@ -1860,6 +1875,14 @@ cdef class Keeper:
                 pthread_join(k.thread, NULL)
             k.thread_started = 0
         conn_drop(&k.conn)
+        if self._waiters == 0:
+            self.close_fds()
+
+    cdef void close_fds(self) noexcept:
+        """Close both eventfds; only once closed and no thread is inside wait()."""
+        cdef rl_keeper* k = self.k
+        if k == NULL:
+            return
         if k.ctl_fd >= 0:
             close(k.ctl_fd)
             k.ctl_fd = -1
@@ -1888,6 +1911,8 @@ cdef class Keeper:
         if rl_load(&k.state) == ST_ACTIVE:
             rl_store(&k.state, ST_ENDED)
         self._forked = True
+        # Threads that were waiting in the parent do not exist here.
+        self._waiters = 0
         conn_drop(&k.conn)
         if k.ctl_fd >= 0:
             close(k.ctl_fd)
