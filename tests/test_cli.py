@@ -214,8 +214,8 @@ def test_bench_prints_both_engines_side_by_side() -> None:
     lines = result.stdout.splitlines()
     header = next(line for line in lines if "native" in line and "python" in line)
     assert header.split()[:2] == ["native", "python"]
-    for row in ("renew lateness p50", "renew lateness p99", "renew lateness max",
-                "fenced writes/s"):
+    for row in ("late at the server p50", "late at the server p99", "late at the server max",
+                "late by own clock p50", "renewals at the server", "fenced writes/s"):
         assert row in result.stdout
 
 
@@ -226,8 +226,10 @@ def test_bench_on_the_python_engine_measures_renewals(redis_server: RedisServer)
     )
 
     assert result.returncode == 0, result.stderr
-    measured = re.search(r"renewals measured\s+(\d+)", result.stdout)
-    assert measured and int(measured.group(1)) > 0
+    sent = re.search(r"renewals sent\s+(\d+)", result.stdout)
+    assert sent and int(sent.group(1)) > 0
+    received = re.search(r"renewals at the server\s+(\d+)", result.stdout)
+    assert received and int(received.group(1)) > 0
     assert re.search(r"fenced writes/s\s+[\d,]+", result.stdout)
 
 
@@ -237,13 +239,16 @@ def test_bench_table_says_when_the_native_engine_is_unavailable() -> None:
 
     results = [
         Result(engine="native", unavailable="the native extension is not built"),
-        Result(engine="python", lateness=[0.001, 0.002, 0.010], kept_lease=True,
-               writes_per_second=9000.0),
+        Result(engine="python", lateness=[0.001, 0.002, 0.010],
+               server_lateness=[0.0, 0.003, 0.020], kept_lease=True, writes_per_second=9000.0),
     ]
     table = render(results, "idle", 1.0, Target("redis://x", "a server", embedded=False))
 
-    assert re.search(r"renew lateness p50\s+unavailable\s+2\.000 ms", table)
-    assert re.search(r"renew lateness max\s+unavailable\s+10\.0 ms", table)
+    assert re.search(r"late at the server p50\s+unavailable\s+3\.000 ms", table)
+    assert re.search(r"late at the server max\s+unavailable\s+20\.0 ms", table)
+    assert re.search(r"renewals at the server\s+unavailable\s+4", table)
+    assert re.search(r"late by own clock p50\s+unavailable\s+2\.000 ms", table)
+    assert re.search(r"late by own clock max\s+unavailable\s+10\.0 ms", table)
     assert "native: unavailable: the native extension is not built" in table
 
 
