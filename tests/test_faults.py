@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 import time
+from typing import Any
 
 import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+import redlease
 from helpers import (
     APPLIED_KEY,
     LEADER_KEY,
@@ -265,3 +267,52 @@ def test_freeze_shorter_than_the_ttl_does_not_end_the_term(
         assert stays(lambda: not term.ended(), 2.0), f"term ended: {term.reason}"
         assert e.token() == term.token
         assert terms.fencers[0].set("k", "still leading")
+
+
+def test_an_unexpected_acquire_failure_is_reported_and_retried(
+    client: redis.Redis, engine: str
+) -> None:
+    errors: list[Exception] = []
+    e = make_elector(client, engine, ttl=0.4, observer=redlease.Observer(on_error=errors.append))
+    real_call = e._engine.call
+    failures = [RuntimeError("malformed reply"), ValueError("bad value")]
+
+    def flaky_call(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop(0)
+        return real_call(*args, **kwargs)
+
+    e._engine.call = flaky_call  # type: ignore[method-assign]
+    with e:
+        wait_until(e.token, timeout=10, what="election after the failures")
+    assert [type(x) for x in errors[:2]] == [RuntimeError, ValueError]
+
+
+# The dying thread's exception is re-raised on purpose (threading.excepthook
+# reports it): a renewer must never die silently.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dying_python_renewer_ends_the_term_instead_of_leaving_it_unguarded(
+    client: redis.Redis,
+) -> None:
+    e = make_elector(client, "python", ttl=0.5)
+    terms: list[redlease.Term] = []
+
+    class Crash(BaseException):
+        pass
+
+    def lead(term: redlease.Term, fencer: redlease.Fencer) -> None:
+        terms.append(term)
+        term.wait()
+
+    with e.start(lead):
+        wait_until(lambda: terms, timeout=5, what="election")
+        run = e._run
+        assert run is not None
+
+        def crash(*args: Any, **kwargs: Any) -> Any:
+            raise Crash("renewer thread killed")
+
+        run.keeper._conn.eval_script = crash  # type: ignore[attr-defined]
+        assert terms[0].wait(3), "the term must end when its renewer dies"
+        assert terms[0].reason == "lost"
+        assert e.token() is None or e.token() != terms[0].token

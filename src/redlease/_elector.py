@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
 
-from redis.exceptions import RedisError
-
 from . import _scripts
 from ._client import is_cluster
 from ._config import Config, Duration
@@ -455,7 +453,11 @@ class Elector:
             sent = time.monotonic()
             try:
                 token, pttl_ms = self._acquire()
-            except RedisError as exc:
+            except Exception as exc:
+                # Redis errors above all, but anything that fails an acquire
+                # (a malformed reply, a broken connection class) is handled
+                # the same way: reported, backed off, retried. The run thread
+                # never dies of it silently.
                 self._report(exc)
                 errors_in_row += 1
                 self._sleep(run, min(cfg.acquire_interval * 2**errors_in_row, cfg.ttl))
@@ -547,7 +549,7 @@ class Elector:
             self._engine.call(
                 _RELEASE, (self._lock_key,), (self.instance_id,), self.config.renew_interval
             )
-        except RedisError as exc:
+        except Exception as exc:  # as in _contend: reported, never fatal
             self._report(exc)
 
     def _sleep(self, run: _RunState, seconds: float) -> None:

@@ -194,7 +194,7 @@ class PythonKeeper:
             self._state = ACTIVE
             if self._thread is None:
                 self._thread = threading.Thread(
-                    target=self._loop, name="redlease-renewer", daemon=True
+                    target=self._main, name="redlease-renewer", daemon=True
                 )
                 self._thread.start()
             self._cond.notify_all()
@@ -270,6 +270,17 @@ class PythonKeeper:
         self._generation += 1
         self.notify()
 
+    def _main(self) -> None:
+        try:
+            self._loop()
+        except BaseException:
+            # This thread also enforces the lease deadline: if it dies, the
+            # term must not outlive it with a token nobody keeps valid.
+            with self._cond:
+                if self._state == ACTIVE:
+                    self._lose()
+            raise
+
     def _loop(self) -> None:
         while True:
             with self._cond:
@@ -296,7 +307,7 @@ class PythonKeeper:
                     self._args,
                     max(min(self._interval, deadline - sent), 0.001),
                 )
-            except RedisError as exc:
+            except Exception as exc:  # any failure at all is a failed renewal
                 with self._cond:
                     if generation == self._generation:
                         self._errors.append(exc)
