@@ -534,6 +534,43 @@ def test_a_signal_handler_can_interrupt_a_call_waiting_on_the_server(
     assert pool.command(["ECHO", "in step"], 2.0) == b"in step"
 
 
+def test_a_signal_handler_may_close_the_pool_its_thread_is_calling(server: Server) -> None:
+    # A cleanup handler (say, SIGTERM -> locker.close()) runs on the main
+    # thread while that thread is inside a call holding a connection. close()
+    # used to wait for that connection's lock, held by its own thread: a
+    # deadlock no timeout ends.
+    code = textwrap.dedent(
+        f"""
+        import signal, time
+        from redlease import _native as native
+        pool = native.Pool(native.Target("127.0.0.1", {server.port}), 1)
+        assert pool.command(["PING"], 2.0) == b"PONG"
+        closed = []
+        def close_pool(signum, frame):
+            pool.close()
+            closed.append(True)
+        signal.signal(signal.SIGALRM, close_pool)
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        t0 = time.monotonic()
+        # The server answers after a second; the handler runs meanwhile.
+        assert pool.command(["BLPOP", "nothing", 1], 5.0) is None
+        assert closed == [True]
+        assert time.monotonic() - t0 < 3.0
+        # The connection the handler could not close went once the call was done.
+        assert pool.connections == 0
+        assert pool.command(["PING"], 2.0) == b"PONG"
+        print("fine")
+        """
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=15
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("close() from a signal handler deadlocked its own call")
+    assert done.returncode == 0 and done.stdout.strip() == "fine", done.stderr[-2000:]
+
+
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals")
 def test_a_signal_handler_that_returns_lets_the_call_go_on(server: Server, pool: Any) -> None:
     calls: list[int] = []

@@ -103,6 +103,18 @@ cdef extern from *:
         return pthread_cond_timedwait(cv, m, &ts);
     }
 
+    /* Pool slots: a thread that already holds one (a signal handler running
+       inside that thread's own call) gets EDEADLK instead of hanging. */
+    static int rl_mutex_init_errorcheck(pthread_mutex_t *m) {
+        pthread_mutexattr_t attr;
+        int rc;
+        pthread_mutexattr_init(&attr);
+        pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ERRORCHECK);
+        rc = pthread_mutex_init(m, &attr);
+        pthread_mutexattr_destroy(&attr);
+        return rc;
+    }
+
     static int rl_mutex_lock_until(pthread_mutex_t *m, int64_t deadline) {
     #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 30))
         struct timespec ts = rl_ts(deadline);
@@ -163,6 +175,7 @@ cdef extern from *:
     int rl_cond_init(pthread_cond_t* cv) noexcept nogil
     int rl_cond_wait_until(pthread_cond_t* cv, pthread_mutex_t* m, int64_t deadline) noexcept nogil
     int rl_mutex_lock_until(pthread_mutex_t* m, int64_t deadline) noexcept nogil
+    int rl_mutex_init_errorcheck(pthread_mutex_t* m) noexcept nogil
     int rl_spawn(pthread_t* t, void* (*fn)(void*) noexcept nogil, void* arg) noexcept nogil
     int rl_ppoll(pollfd* fds, int n, int64_t timeout_ns) noexcept nogil
     bint rl_would_block(int e) noexcept nogil
@@ -674,6 +687,7 @@ cdef struct rl_conn:
     int naddrs
     int keep_addrs        # the keeper never resolves again: getaddrinfo has no deadline
     int python_signals    # a Python thread waits here: let signal handlers run on EINTR
+    int drop_when_done    # Pool.close() ran inside this connection's call: drop it after
     int cancel_fd         # readable -> abort the round trip (keeper close)
     int err_kind
     int hello_replies
@@ -1167,6 +1181,13 @@ cdef struct rl_slot:
     rl_conn conn
 
 
+cdef inline void release_slot(rl_slot* slot) noexcept:
+    if slot.conn.drop_when_done:
+        slot.conn.drop_when_done = 0
+        conn_drop(&slot.conn)
+    pthread_mutex_unlock(&slot.mu)
+
+
 cdef class Pool:
     """A few native connections to one server, lazily opened, safe from any thread.
 
@@ -1198,7 +1219,7 @@ cdef class Pool:
         if self.slots == NULL:
             raise MemoryError()
         for i in range(size):
-            pthread_mutex_init(&self.slots[i].mu, NULL)
+            rl_mutex_init_errorcheck(&self.slots[i].mu)
             self.size = i + 1
             target.init_conn(&self.slots[i].conn)
             self.slots[i].conn.python_signals = 1
@@ -1247,7 +1268,7 @@ cdef class Pool:
                 raise conn_exception(c)
             return take_reply(c)
         finally:
-            pthread_mutex_unlock(&slot.mu)
+            release_slot(slot)
 
     def command(self, args, double timeout):
         """Run one plain command, e.g. ``["PING"]``; the reply as redis-py gives it."""
@@ -1264,7 +1285,7 @@ cdef class Pool:
                 raise conn_exception(c)
             return take_reply(c)
         finally:
-            pthread_mutex_unlock(&slot.mu)
+            release_slot(slot)
 
     @property
     def connections(self):
@@ -1279,19 +1300,26 @@ cdef class Pool:
     def close(self):
         """Close every connection (waiting for calls in flight); later calls reconnect."""
         cdef int i
+        cdef int rc
         if self.slots == NULL:
             return
         for i in range(self.size):
             with nogil:
-                pthread_mutex_lock(&self.slots[i].mu)
-                conn_drop(&self.slots[i].conn)
-                pthread_mutex_unlock(&self.slots[i].mu)
+                rc = pthread_mutex_lock(&self.slots[i].mu)
+                if rc == 0:
+                    conn_drop(&self.slots[i].conn)
+                    pthread_mutex_unlock(&self.slots[i].mu)
+            if rc != 0:
+                # EDEADLK: this thread's own call holds it (we run in a signal
+                # handler inside that call). Waiting would never end, and the
+                # socket is in use below us: the call drops it when done.
+                self.slots[i].conn.drop_when_done = 1
 
     cdef void after_fork_in_child(self) noexcept:
         cdef int i
         for i in range(self.size):
             # The thread that held it does not exist in the child.
-            pthread_mutex_init(&self.slots[i].mu, NULL)
+            rl_mutex_init_errorcheck(&self.slots[i].mu)
             conn_drop(&self.slots[i].conn)
 
 
