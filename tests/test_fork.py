@@ -6,12 +6,19 @@ import json
 import os
 import time
 
+import pytest
 import redis
 
 import redlease
 from helpers import elected_token, make_elector, wait_until
 
 LEADER_KEY = "fork:leader"
+
+# Forking a process that runs threads is exactly what these tests check is
+# safe; Python 3.12+ warns about it in general.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:This process .* is multi-threaded:DeprecationWarning"
+)
 
 
 def in_child(fn: object) -> dict[str, object]:

@@ -1003,6 +1003,7 @@ def test_close_aborts_a_renewal_in_flight(server: Server, rc: redis.Redis, keepe
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_cannot_renew_or_use_the_parents_sockets(
     server: Server, rc: redis.Redis, pool: Any, keepers: Any
 ) -> None:
