@@ -312,7 +312,7 @@ def test_a_dying_python_renewer_ends_the_term_instead_of_leaving_it_unguarded(
         def crash(*args: Any, **kwargs: Any) -> Any:
             raise Crash("renewer thread killed")
 
-        run.keeper._conn.eval_script = crash  # type: ignore[attr-defined]
+        run.keeper._renew = crash  # type: ignore[attr-defined]
         assert terms[0].wait(3), "the term must end when its renewer dies"
         assert terms[0].reason == "lost"
         assert e.token() is None or e.token() != terms[0].token

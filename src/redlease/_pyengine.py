@@ -140,25 +140,31 @@ class BoundedConnection:
                 conn.disconnect()
 
 
+Renew = Callable[[float], Any]
+"""One renewal bounded by the given seconds: returns 1 (renewed) or 0 (lost), or raises."""
+
+
 class PythonKeeper:
-    """The Keeper protocol on a Python thread (see ``_engine.Keeper``)."""
+    """The Keeper protocol on a Python thread (see ``_engine.Keeper``).
+
+    What a renewal is comes from ``renew``: a script on a connection of its
+    own for the Python engine, an in-memory refresh for ``MemoryLocker``. The
+    state machine, the deadline, the schedule and the bookkeeping are the
+    same for both. ``on_close`` frees what ``renew`` uses.
+    """
 
     def __init__(
         self,
-        client: Any,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
+        renew: Renew,
         *,
         interval: float,
         ttl: float,
+        on_close: Callable[[], object] | None = None,
     ) -> None:
-        self._script = script
-        self._keys = tuple(keys)
-        self._args = tuple(args)
+        self._renew: Renew | None = renew
+        self._on_close = on_close
         self._interval = interval
         self._ttl = ttl
-        self._conn = BoundedConnection(client, self._keys[0] if self._keys else None)
         self._cond = threading.Condition()
         self._state = IDLE
         self._token = 0
@@ -250,7 +256,8 @@ class PythonKeeper:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
-        self._conn.drop()
+        if self._on_close is not None:
+            self._on_close()
         for fd in (self._rfd, self._wfd):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -300,13 +307,11 @@ class PythonKeeper:
                 deadline = self._deadline
             sent = time.monotonic()
             self._lateness.append(sent - scheduled)
+            renew = self._renew
             try:
-                reply = self._conn.eval_script(
-                    self._script,
-                    self._keys,
-                    self._args,
-                    max(min(self._interval, deadline - sent), 0.001),
-                )
+                if renew is None:
+                    raise RuntimeError("keeper is closed")
+                reply = renew(max(min(self._interval, deadline - sent), 0.001))
             except Exception as exc:  # any failure at all is a failed renewal
                 with self._cond:
                     if generation == self._generation:
@@ -332,8 +337,7 @@ class PythonKeeper:
         if self._state == ACTIVE:
             self._state = ENDED
         self._thread = None
-        self._conn = BoundedConnection.__new__(BoundedConnection)
-        self._conn._conn = None
+        self._renew = self._on_close = None
 
 
 _live_keepers: weakref.WeakSet[PythonKeeper] = weakref.WeakSet()
@@ -399,7 +403,13 @@ class PythonEngine:
         interval: float,
         ttl: float,
     ) -> PythonKeeper:
-        return PythonKeeper(self._client, script, keys, args, interval=interval, ttl=ttl)
+        keys, args = tuple(keys), tuple(args)
+        conn = BoundedConnection(self._client, keys[0] if keys else None)
+
+        def renew(timeout: float) -> Any:
+            return conn.eval_script(script, keys, args, timeout)
+
+        return PythonKeeper(renew, interval=interval, ttl=ttl, on_close=conn.drop)
 
     def close(self) -> None:
         with self._lock:

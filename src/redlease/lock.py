@@ -42,7 +42,8 @@ from ._client import is_cluster
 from ._config import Duration, to_seconds
 from ._engine import ENDED, LOST, Engine
 from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
-from ._memlock import MemoryKeeper, MemoryStore
+from ._memlock import MemoryStore
+from ._pyengine import PythonKeeper
 from ._scripts import load
 from ._select import make_engine
 
@@ -671,7 +672,13 @@ class MemoryLocker(Locker):
         return self._store.release(name, owner)
 
     def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> _Keeper:
-        return MemoryKeeper(self._store, name, owner, interval=interval, ttl=ttl_ms / 1000)
+        store, ttl = self._store, ttl_ms / 1000
+
+        def renew(_timeout: float) -> int:
+            return 1 if store.refresh(name, owner, ttl) else 0
+
+        # The same keeper as the Python engine's, renewing in memory.
+        return PythonKeeper(renew, interval=interval, ttl=ttl)
 
     def _pause(self, seconds: float) -> None:
         # Wake as soon as any lock is released instead of sleeping the interval out.
