@@ -9,7 +9,6 @@ lateness under load is not a per-call figure: see ``renew_lateness.py``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,22 +17,8 @@ import redis
 import redlease
 from redlease import _scripts
 from redlease._select import native_available
-from redlease._server import RedisServer
 
 CASES = ("native", "python", "redis-py")
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as redis_server:
-        yield redis_server
-
-
-@pytest.fixture(scope="module")
-def client(server: RedisServer) -> Iterator[redis.Redis]:
-    c = server.client()
-    yield c
-    c.close()
 
 
 def _engine_or_skip(case: str) -> None:

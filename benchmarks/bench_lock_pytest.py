@@ -9,30 +9,15 @@ redis-server started for the session.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
 from redlease._select import native_available
-from redlease._server import RedisServer
 from redlease.lock import MemoryLocker, RedisLocker
 
 CASES = ("memory", "redis-python", "redis-native", "redis-py")
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as redis_server:
-        yield redis_server
-
-
-@pytest.fixture(scope="module")
-def client(server: RedisServer) -> Iterator[redis.Redis]:
-    c = server.client()
-    yield c
-    c.close()
 
 
 @pytest.mark.parametrize("case", CASES)
