@@ -3,7 +3,9 @@ and databases, Sentinel-managed masters and Redis Cluster."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,9 +47,7 @@ def test_elector_respects_the_clients_acl_user_and_database(
     redis_server: RedisServer, engine: str
 ) -> None:
     admin = redis_server.client()
-    admin.acl_setuser(
-        "svc", enabled=True, passwords=["+s3cret"], keys=["~*"], commands=["+@all"]
-    )
+    admin.acl_setuser("svc", enabled=True, passwords=["+s3cret"], keys=["~*"], commands=["+@all"])
     user_client = redis.Redis(
         host="127.0.0.1", port=redis_server.port, db=3, username="svc", password="s3cret"
     )
@@ -98,9 +98,7 @@ def sentinel(redis_server: RedisServer, tmp_path: Path) -> Iterator[Sentinel]:
     )
     try:
         manager = Sentinel([("127.0.0.1", port)], socket_timeout=1)
-        wait_until(
-            lambda: _master_known(manager), timeout=10, what="sentinel to know the master"
-        )
+        wait_until(lambda: _master_known(manager), timeout=10, what="sentinel to know the master")
         yield manager
     finally:
         proc.terminate()
@@ -240,3 +238,43 @@ def test_cluster_locker_needs_a_hash_tag_and_then_works(cluster: RedisCluster) -
     again = locker.try_acquire("nightly", ttl=0.5)
     assert again.fencing_token > held.fencing_token
     again.release()
+
+
+def test_status_on_a_cluster_node_reports_the_lease_or_names_the_owner(
+    cluster: RedisCluster,
+) -> None:
+    e = redlease.Elector(cluster, "{status}", ttl=2.0)
+    with e:
+        token = elected_token(e)
+        owner = cluster.get_node_from_key("{status}:leader")
+        others = [n for n in cluster.get_nodes() if n.name != owner.name]
+
+        def status(node: ClusterNode) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "redlease",
+                    "status",
+                    "{status}",
+                    "--json",
+                    "--redis",
+                    f"redis://{node.host}:{node.port}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+
+        right = status(owner)
+        assert right.returncode == 0, right.stderr
+        report = json.loads(right.stdout)
+        assert report["leader"] == e.instance_id
+        assert report["fence"] == token
+        assert report["applied"] == token
+        wrong = status(others[0])
+        assert wrong.returncode == 1
+        assert "MOVED" in wrong.stderr or (
+            owner.port is not None and str(owner.port) in wrong.stderr
+        )
+        assert "Traceback" not in wrong.stderr
