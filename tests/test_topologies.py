@@ -3,6 +3,7 @@ and databases, Sentinel-managed masters and Redis Cluster."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -12,10 +13,14 @@ from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.sentinel
 from redis.cluster import ClusterNode, RedisCluster
 from redis.sentinel import Sentinel
 
 import redlease
+import redlease.aio
 from helpers import elected_token, wait_until
 from redlease._server import RedisServer, find_redis_server
 
@@ -278,3 +283,52 @@ def test_status_on_a_cluster_node_reports_the_lease_or_names_the_owner(
             owner.port is not None and str(owner.port) in wrong.stderr
         )
         assert "Traceback" not in wrong.stderr
+
+
+# -- asyncio clients of every kind ------------------------------------------------------
+
+
+async def _aio_lead_and_fence(elector: redlease.aio.Elector, key: str) -> int:
+    async with elector:
+        deadline = time.monotonic() + 10
+        while (token := elector.token()) is None:
+            assert time.monotonic() < deadline, "no election"
+            await asyncio.sleep(0.01)
+        assert await elector.fence_set(token, key, "v1")
+        assert not await elector.fence_set(token - 1, key, "stale")
+    return token
+
+
+def test_aio_elector_on_a_sentinel_master(sentinel: Sentinel) -> None:
+    port = sentinel.sentinels[0].connection_pool.connection_kwargs["port"]
+
+    async def scenario() -> int:
+        manager = redis.asyncio.sentinel.Sentinel([("127.0.0.1", port)], socket_timeout=1)
+        client = manager.master_for("svc", socket_timeout=2)
+        e = redlease.aio.Elector(client, "aio-sentinel", ttl=0.5)
+        assert e.engine == "python"
+        token = await _aio_lead_and_fence(e, "aio-sentinel:state")
+        assert await client.get("aio-sentinel:state") == b"v1"
+        await client.aclose()
+        return token
+
+    assert asyncio.run(scenario()) >= 1
+
+
+def test_aio_elector_on_a_cluster(cluster: RedisCluster) -> None:
+    nodes = [(n.host, n.port) for n in cluster.get_nodes()]
+
+    async def scenario() -> int:
+        client = redis.asyncio.RedisCluster(
+            startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in nodes],
+            socket_timeout=2,
+        )
+        with pytest.raises(redlease.ConfigError, match="hash tag"):
+            redlease.aio.Elector(client, "untagged")
+        e = redlease.aio.Elector(client, "{aio}", ttl=0.5)
+        token = await _aio_lead_and_fence(e, "{aio}:state")
+        assert await client.get("{aio}:state") == b"v1"
+        await client.aclose()
+        return token
+
+    assert asyncio.run(scenario()) >= 1
