@@ -1,0 +1,108 @@
+"""Which engine runs: engine=, REDLEASE_ENGINE, and what each client allows."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import redis
+
+import redlease
+from redlease._server import RedisServer
+
+
+def native_built() -> bool:
+    try:
+        import redlease._native  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_native = pytest.mark.skipif(not native_built(), reason="the native extension is not built")
+
+
+@needs_native
+def test_auto_picks_native_for_a_plain_tcp_or_unix_client(redis_server: RedisServer) -> None:
+    assert redlease.Elector(redis_server.client(), "sel").engine == "native"
+    with RedisServer(unix=True) as unix_server:
+        assert redlease.Elector(unix_server.client(), "sel").engine == "native"
+
+
+def test_explicit_python_engine_is_honoured(client: redis.Redis) -> None:
+    assert redlease.Elector(client, "sel", engine="python").engine == "python"
+
+
+def test_unknown_engine_name_is_a_config_error(client: redis.Redis) -> None:
+    with pytest.raises(redlease.ConfigError, match=r"auto, native, python.*'turbo'"):
+        redlease.Elector(client, "sel", engine="turbo")
+
+
+@pytest.mark.parametrize("value", ["python", "native"])
+def test_redlease_engine_sets_what_auto_means(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    if value == "native" and not native_built():
+        pytest.skip("the native extension is not built")
+    monkeypatch.setenv("REDLEASE_ENGINE", value)
+    assert redlease.Elector(client, "sel").engine == value
+    assert redlease.RedisLocker(client).engine == value
+
+
+@needs_native
+def test_an_explicit_engine_overrides_redlease_engine(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REDLEASE_ENGINE", "python")
+    assert redlease.Elector(client, "sel", engine="native").engine == "native"
+
+
+def test_a_bad_redlease_engine_value_is_a_config_error_naming_the_variable(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REDLEASE_ENGINE", "fast")
+    with pytest.raises(redlease.ConfigError, match=r"REDLEASE_ENGINE.*'fast'"):
+        redlease.Elector(client, "sel")
+
+
+@needs_native
+def test_native_refuses_a_tls_client_and_auto_falls_back(redis_server: RedisServer) -> None:
+    tls = redis.Redis(host="127.0.0.1", port=redis_server.port, ssl=True)
+    with pytest.raises(redlease.ConfigError, match="TLS"):
+        redlease.Elector(tls, "sel", engine="native")
+    assert redlease.Elector(tls, "sel").engine == "python"
+
+
+def test_without_the_extension_auto_runs_python_and_native_says_why(
+    redis_server: RedisServer,
+) -> None:
+    # A fresh interpreter in which the extension cannot be imported, as on a
+    # machine where it was never built.
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["redlease._native"] = None  # import now raises ImportError
+        import redis, redlease
+        client = redis.Redis(host="127.0.0.1", port={redis_server.port})
+        e = redlease.Elector(client, "sel", ttl=0.5)
+        print("auto", e.engine)
+        with e:
+            import time
+            deadline = time.monotonic() + 5
+            while e.token() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            print("elected", e.token() is not None)
+        try:
+            redlease.Elector(client, "sel", engine="native")
+        except redlease.ConfigError as exc:
+            print("native", exc)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "auto python"
+    assert lines[1] == "elected True"
+    assert lines[2].startswith("native ") and "not built" in lines[2]
