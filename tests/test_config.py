@@ -1,4 +1,4 @@
-"""Elector settings: validated up front (DESIGN §4), with messages that name the rule."""
+"""Elector settings: validated up front, with messages that name the rule."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Elections (DESIGN §3): monotonic tokens, takeover, healing, the fence moved on election, PX."""
+"""Elections: monotonic tokens, takeover, healing, the fence moved on election, PX."""
 
 from __future__ import annotations
 

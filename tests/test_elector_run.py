@@ -1,4 +1,4 @@
-"""The run loop (DESIGN §4): run/start/stop, terms and their reasons, resign, failover."""
+"""The run loop: run/start/stop, terms and their reasons, resign, failover."""
 
 from __future__ import annotations
 

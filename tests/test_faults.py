@@ -1,4 +1,4 @@
-"""Faults (DESIGN §4 run loop): refused, hung, frozen and crashed servers, theft, SCRIPT FLUSH."""
+"""Faults: refused, hung, frozen and crashed servers, theft, SCRIPT FLUSH."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fenced writes (DESIGN §3, §4): one high-water mark, checked and advanced atomically at Redis."""
+"""Fenced writes: one high-water mark, checked and advanced atomically at Redis."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Lease locks (DESIGN §5): the same behaviour from MemoryLocker and RedisLocker on each engine."""
+"""Lease locks: the same behaviour from MemoryLocker and RedisLocker on each engine."""
 
 from __future__ import annotations
 

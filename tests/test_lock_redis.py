@@ -1,4 +1,4 @@
-"""RedisLocker specifics (DESIGN §5): key layout, replay-safe scripts, failures, native renewal."""
+"""RedisLocker specifics: key layout, replay-safe scripts, failures, native renewal."""
 
 from __future__ import annotations
 

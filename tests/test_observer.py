@@ -1,4 +1,4 @@
-"""Observer callbacks (DESIGN §4): order, counts, and callbacks that raise."""
+"""Observer callbacks: order, counts, and callbacks that raise."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Elector on every kind of client DESIGN.md names: unix sockets, ACL users
+"""The Elector on every kind of client it accepts: unix sockets, ACL users
 and databases, Sentinel-managed masters and Redis Cluster."""
 
 from __future__ import annotations
