@@ -75,3 +75,13 @@ def native_endpoint(client: object) -> tuple[Endpoint | None, str]:
         client_name=kwargs.get("client_name"),
     )
     return endpoint, ""
+
+
+def socket_timeout(client: object) -> float | None:
+    """The client's ``socket_timeout`` in seconds, or None when it has none."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    value = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None

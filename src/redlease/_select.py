@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ._client import native_endpoint
+from ._client import native_endpoint, socket_timeout
 from ._engine import Engine
 from ._errors import ConfigError
 
@@ -53,14 +53,7 @@ def make_engine(client: object, engine: str | None) -> Engine:
 
         endpoint, _ = native_endpoint(client)
         assert endpoint is not None
-        return NativeEngine(endpoint, write_timeout=_socket_timeout(client))
+        return NativeEngine(endpoint, write_timeout=socket_timeout(client))
     from ._pyengine import PythonEngine
 
     return PythonEngine(client)
-
-
-def _socket_timeout(client: object) -> float | None:
-    pool = getattr(client, "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", {}) or {}
-    value = kwargs.get("socket_timeout")
-    return float(value) if value else None

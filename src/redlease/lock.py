@@ -38,7 +38,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-from ._client import is_cluster
+from ._client import is_cluster, socket_timeout
 from ._config import Duration, to_seconds
 from ._engine import ENDED, LOST, Engine
 from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
@@ -571,7 +571,7 @@ class RedisLocker(Locker):
             )
         self._prefix = prefix
         self._fencing_key = prefix + "fencing"
-        self._timeout = _call_timeout(client)
+        self._timeout = socket_timeout(client) or _DEFAULT_CALL_TIMEOUT
         self._ack_ttl_ms = max(_MIN_ACK_TTL_MS, math.ceil(2000 * self._timeout))
         self._acquire_script = load("lock_acquire")
         self._refresh_script = load("lock_refresh")
@@ -632,15 +632,6 @@ class RedisLocker(Locker):
 
     def __repr__(self) -> str:
         return f"<redlease.RedisLocker prefix={self._prefix!r} engine={self.engine!r}>"
-
-
-def _call_timeout(client: object) -> float:
-    pool = getattr(client, "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", None) or {}
-    value = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    return _DEFAULT_CALL_TIMEOUT
 
 
 class MemoryLocker(Locker):
