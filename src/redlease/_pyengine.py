@@ -95,9 +95,10 @@ class BoundedConnection:
                 self._reroute()
             raise
         except (RedisError, OSError) as exc:
-            self.drop()
             if self._cluster:
-                self._reroute()
+                self._reroute()  # drops too; the slot may have moved
+            else:
+                self.drop()
             if isinstance(exc, RedisError):
                 raise
             raise ConnectionError(str(exc)) from exc
@@ -311,7 +312,7 @@ class PythonKeeper:
             try:
                 if renew is None:
                     raise RuntimeError("keeper is closed")
-                reply = renew(max(min(self._interval, deadline - sent), 0.001))
+                reply = renew(max(min(self._interval, deadline - sent), _MIN_STEP))
             except Exception as exc:  # any failure at all is a failed renewal
                 with self._cond:
                     if generation == self._generation:
