@@ -59,7 +59,7 @@ class OptionalBuildExt(build_ext):
 
 
 def extensions() -> list[Extension]:
-    pyx = HERE / "src" / "redlease" / "_native.pyx"
+    pyx = HERE / "src" / "redlease" / "_engine" / "_native" / "_core.pyx"
     if not pyx.exists():
         return []
     try:
@@ -69,7 +69,7 @@ def extensions() -> list[Extension]:
             raise
         return []
     ext = Extension(
-        "redlease._native",
+        "redlease._engine._native._core",
         sources=[str(pyx.relative_to(HERE))],
         extra_compile_args=["-O2", "-pthread"],
         extra_link_args=["-pthread"],

@@ -17,7 +17,7 @@ import redis
 
 import redlease
 from redlease import _scripts
-from redlease._select import native_available
+from redlease._engine.select import native_available
 
 CASES = ("native", "python", "redis-py")
 

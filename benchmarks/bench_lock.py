@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import redis
 
-from redlease._select import native_available
-from redlease._server import RedisServer
+from redlease._engine.select import native_available
+from redlease._testing import RedisServer
 from redlease.lock import Locker, MemoryLocker, RedisLocker
 
 Cycle = Callable[[], None]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from redlease._select import native_available
+from redlease._engine.select import native_available
 from redlease.lock import MemoryLocker, RedisLocker
 
 CASES = ("memory", "redis-python", "redis-native", "redis-py")

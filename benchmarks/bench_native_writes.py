@@ -29,11 +29,11 @@ from dataclasses import dataclass
 import redis
 import redis.utils
 
-from redlease import _native
-from redlease._client import Endpoint
-from redlease._native_engine import NativeEngine
+from redlease._engine._native import _core as _native
+from redlease._engine.client import Endpoint
+from redlease._engine.native import NativeEngine
 from redlease._scripts import fenced_file
-from redlease._server import RedisServer
+from redlease._testing import RedisServer
 
 
 @dataclass
@@ -126,7 +126,7 @@ def main() -> None:
             ("redis-py", lambda i: client.evalsha(script.sha, 2, *keys, *args)),
         ]
         try:
-            from redlease._pyengine import PythonEngine
+            from redlease._engine.python import PythonEngine
 
             python = PythonEngine(client)
             contenders.append(("python engine", lambda i: python.write(script, keys, args)))

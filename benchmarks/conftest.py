@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from redlease._server import RedisServer
+from redlease._testing import RedisServer
 
 
 @pytest.fixture(scope="module")

@@ -25,9 +25,9 @@ import redis
 
 import redlease
 from redlease import _scripts
-from redlease._bench import ArrivalRecorder, gaps_beyond, gil_call_size, percentile, run_load
-from redlease._select import native_available
-from redlease._server import RedisServer
+from redlease._cli.bench import ArrivalRecorder, gaps_beyond, gil_call_size, percentile, run_load
+from redlease._engine.select import native_available
+from redlease._testing import RedisServer
 
 LOADS = ("idle", "python", "gil")
 TTL = 2.0

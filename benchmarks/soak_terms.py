@@ -22,8 +22,8 @@ import time
 import redis
 
 import redlease
-from redlease._select import native_available
-from redlease._server import RedisServer
+from redlease._engine.select import native_available
+from redlease._testing import RedisServer
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

@@ -20,7 +20,7 @@ import time
 import redis
 
 import redlease
-from redlease._server import client_for
+from redlease._testing import client_for
 
 NAME = "nightly-report"
 RUN_LOG = f"{NAME}:runs"

@@ -28,7 +28,7 @@ import time
 import redis
 
 import redlease
-from redlease._server import client_for
+from redlease._testing import client_for
 
 NAME = "invoice-numbers"
 NEXT_KEY = f"{NAME}:next"

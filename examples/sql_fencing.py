@@ -28,7 +28,7 @@ import time
 from contextlib import closing
 
 import redlease
-from redlease._server import client_for
+from redlease._testing import client_for
 
 NAME = "report-builder"
 

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from helpers import BlackHole, ClosedPort
-from redlease._server import RedisServer
+from redlease._testing import RedisServer
 
 ENGINES = ("python", "native")
 
@@ -54,9 +54,9 @@ def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 def _native_missing_reason() -> str | None:
     try:
-        import redlease._native  # noqa: F401
+        import redlease._engine._native._core  # noqa: F401
     except ImportError as exc:
-        return f"the native extension redlease._native is not built ({exc})"
+        return f"the native extension redlease._engine._native._core is not built ({exc})"
     return None
 
 

@@ -13,7 +13,7 @@ import redis.asyncio
 
 import redlease
 import redlease.aio
-from redlease._server import RedisServer
+from redlease._testing import RedisServer
 
 
 def run(coro_fn: Callable[[], Awaitable[Any]]) -> Any:

@@ -13,7 +13,7 @@ import redis.asyncio
 
 import redlease
 import redlease.aio
-from redlease._server import RedisServer
+from redlease._testing import RedisServer
 
 PREFIX = "t:lock:"
 
@@ -28,7 +28,7 @@ def run(coro_fn: Callable[[], Awaitable[Any]]) -> Any:
 @pytest.fixture(params=["memory", "python", "native"])
 def store(request: pytest.FixtureRequest, redis_server: RedisServer) -> str:
     if request.param == "native":
-        pytest.importorskip("redlease._native")
+        pytest.importorskip("redlease._engine._native._core")
     return str(request.param)
 
 
@@ -96,7 +96,7 @@ def test_lost_lease_cancels_the_block_with_not_held(redis_server: RedisServer) -
 
     for engine in ("python", "native"):
         if engine == "native":
-            pytest.importorskip("redlease._native")
+            pytest.importorskip("redlease._engine._native._core")
         run(lambda engine=engine: scenario(engine))
 
 

@@ -15,7 +15,7 @@ import pytest
 
 import redlease
 from helpers import ClosedPort, wait_until
-from redlease._server import RedisServer
+from redlease._testing import RedisServer
 
 # Short enough for the suite, long enough that the freeze scenario plays out.
 DEMO_FAST = ["--ttl", "0.5", "--duration", "2"]
@@ -234,8 +234,8 @@ def test_bench_on_the_python_engine_measures_renewals(redis_server: RedisServer)
 
 
 def test_bench_table_says_when_the_native_engine_is_unavailable() -> None:
-    from redlease._bench import Result, render
-    from redlease._cliredis import Target
+    from redlease._cli.bench import Result, render
+    from redlease._cli.redisurl import Target
 
     results = [
         Result(engine="native", unavailable="the native extension is not built"),
@@ -253,7 +253,7 @@ def test_bench_table_says_when_the_native_engine_is_unavailable() -> None:
 
 
 def test_bench_percentiles_are_nearest_rank() -> None:
-    from redlease._bench import percentile
+    from redlease._cli.bench import percentile
 
     samples = [float(i) for i in range(1, 101)]
     assert (percentile(samples, 50), percentile(samples, 99), percentile(samples, 100)) == (
@@ -326,7 +326,7 @@ def test_bad_arguments_are_one_line_and_exit_2(args: list[str]) -> None:
 
 
 def test_console_script_and_module_share_one_entry_point() -> None:
-    from redlease.cli import main
+    from redlease._cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(["--version"])

@@ -17,7 +17,7 @@ from helpers import (
     stays,
     wait_until,
 )
-from redlease._server import RedisServer
+from redlease._testing import RedisServer
 
 
 class Boom(Exception):
@@ -340,7 +340,7 @@ def test_a_leader_function_that_is_not_callable_is_a_type_error(
 
 
 def test_a_resp3_client_is_served_by_the_native_engine(redis_server: RedisServer) -> None:
-    pytest.importorskip("redlease._native")
+    pytest.importorskip("redlease._engine._native._core")
     resp3 = redis_server.client(protocol=3)
     e = redlease.Elector(resp3, "resp3", ttl=0.5, engine="native")
     with e:

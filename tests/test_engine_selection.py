@@ -10,12 +10,12 @@ import pytest
 import redis
 
 import redlease
-from redlease._server import RedisServer
+from redlease._testing import RedisServer
 
 
 def native_built() -> bool:
     try:
-        import redlease._native  # noqa: F401
+        import redlease._engine._native._core  # noqa: F401
     except ImportError:
         return False
     return True
@@ -83,7 +83,7 @@ def test_without_the_extension_auto_runs_python_and_native_says_why(
     script = textwrap.dedent(
         f"""
         import sys
-        sys.modules["redlease._native"] = None  # import now raises ImportError
+        sys.modules["redlease._engine._native._core"] = None  # import now raises ImportError
         import redis, redlease
         client = redis.Redis(host="127.0.0.1", port={redis_server.port})
         e = redlease.Elector(client, "sel", ttl=0.5)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from redlease._server import RedisServer
+from redlease._testing import RedisServer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

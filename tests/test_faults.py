@@ -23,7 +23,7 @@ from helpers import (
     stays,
     wait_until,
 )
-from redlease._server import RedisServer
+from redlease._testing import RedisServer
 
 
 def loopback_client(port: int) -> redis.Redis:

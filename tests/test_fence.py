@@ -9,7 +9,7 @@ import redis
 
 import redlease
 from helpers import APPLIED_KEY, FENCE_KEY, make_elector, wait_until
-from redlease._server import RedisServer
+from redlease._testing import RedisServer
 
 ZADD = "redis.call('zadd', KEYS[2], ARGV[2], ARGV[3])"
 

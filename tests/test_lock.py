@@ -45,11 +45,11 @@ def locker(request: pytest.FixtureRequest) -> Iterator[Locker]:
     engine = kind.split("-", 1)[1]
     if engine == "native":
         try:
-            import redlease._native  # noqa: F401
+            import redlease._engine._native._core  # noqa: F401
         except ImportError as exc:
             if os.environ.get("REDLEASE_REQUIRE_NATIVE") == "1":
                 pytest.fail(f"REDLEASE_REQUIRE_NATIVE=1 but the native extension is missing: {exc}")
-            pytest.skip(f"the native extension redlease._native is not built ({exc})")
+            pytest.skip(f"the native extension redlease._engine._native._core is not built ({exc})")
     client: redis.Redis = request.getfixturevalue("client")
     redis_locker = RedisLocker(client, engine=engine)
     _clients[id(redis_locker)] = client

@@ -13,7 +13,7 @@ import redis
 
 import redlease
 from helpers import gil_call_size, hold_gil, wait_until
-from redlease._server import RedisServer
+from redlease._testing import RedisServer
 from redlease.lock import (
     DEFAULT_PREFIX,
     MemoryLocker,

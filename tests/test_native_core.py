@@ -28,14 +28,14 @@ import redis.exceptions as rex
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-native = pytest.importorskip("redlease._native")
+native = pytest.importorskip("redlease._engine._native._core")
 
 from helpers import gil_call_size, hold_gil  # noqa: E402
-from redlease._client import Endpoint  # noqa: E402
 from redlease._engine import ACTIVE, ENDED, IDLE, LOST  # noqa: E402
-from redlease._native_engine import NativeEngine  # noqa: E402
+from redlease._engine.client import Endpoint  # noqa: E402
+from redlease._engine.native import NativeEngine  # noqa: E402
 from redlease._scripts import Script, fenced_file, load  # noqa: E402
-from redlease._server import RedisServer  # noqa: E402
+from redlease._testing import RedisServer  # noqa: E402
 
 RENEW = load("renew")
 RENEW_REF = native.ScriptRef(RENEW.sha, RENEW.source)
@@ -271,7 +271,7 @@ def test_array_counts_that_overflow_the_element_tally_are_rejected() -> None:
     # it into Python objects read past the end of the node array.
     child = _in_child(
         """
-        from redlease import _native as native
+        from redlease._engine._native import _core as native
         for data in (
             b"*2\\r\\n*9223372036854775807\\r\\n",
             b"*3\\r\\n*4611686018427387904\\r\\n*4611686018427387904\\r\\n",
@@ -293,7 +293,7 @@ def test_a_reply_nested_deeper_than_the_c_stack_does_not_crash() -> None:
     child = _in_child(
         """
         import socket, threading
-        from redlease import _native as native
+        from redlease._engine._native import _core as native
         depth = 300000
         data = b"*1\\r\\n" * depth + b":7\\r\\n"
         value, used = native.parse_reply(data)
@@ -510,7 +510,7 @@ def test_a_signal_handler_may_close_the_pool_its_thread_is_calling(server: Serve
     code = textwrap.dedent(
         f"""
         import signal, time
-        from redlease import _native as native
+        from redlease._engine._native import _core as native
         pool = native.Pool(native.Target("127.0.0.1", {server.port}), 1)
         assert pool.command(["PING"], 2.0) == b"PONG"
         closed = []

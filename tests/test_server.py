@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from redlease import RedleaseError
-from redlease._server import RedisServer, RedisServerError, RedisServerNotFound, find_redis_server
+from redlease._testing import RedisServer, RedisServerError, RedisServerNotFound, find_redis_server
 
 
 def alive(pid: int) -> bool:

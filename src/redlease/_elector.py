@@ -14,11 +14,9 @@ from types import TracebackType
 from typing import Any, Literal
 
 from . import _scripts
-from ._client import is_cluster
 from ._config import Config, Duration
-from ._engine import ACTIVE, EncodableT, Engine, Keeper
+from ._engine import ACTIVE, EncodableT, Engine, Keeper, is_cluster, make_engine
 from ._errors import ConfigError, TooManyEvalBodies
-from ._select import make_engine
 
 MAX_EVAL_BODIES = 256
 """Distinct ``fence_eval`` bodies one Elector caches before TooManyEvalBodies."""

@@ -38,14 +38,12 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-from ._client import is_cluster, socket_timeout
 from ._config import Duration, to_seconds
-from ._engine import ENDED, LOST, Engine
+from ._engine import ENDED, LOST, Engine, is_cluster, make_engine, socket_timeout
+from ._engine.keeper import PythonKeeper
 from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
 from ._memlock import MemoryStore
-from ._pyengine import PythonKeeper
 from ._scripts import load
-from ._select import make_engine
 
 __all__ = [
     "DEFAULT_PREFIX",

@@ -1,6 +1,6 @@
 """One contender of ``redlease demo``, run as a child process so the demo can freeze it.
 
-``python -m redlease._demo_worker URL NAME INSTANCE_ID TTL`` runs an Elector
+``python -m redlease._cli.demo_worker URL NAME INSTANCE_ID TTL`` runs an Elector
 until a line ``stop`` (or end of file) arrives on stdin, so a contender never
 outlives the demo that started it; a line ``resign`` hands leadership over.
 It reports what happens as JSON lines on stdout; the demo turns them into
@@ -126,7 +126,8 @@ class Contender:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 4:
-        print("usage: python -m redlease._demo_worker URL NAME INSTANCE_ID TTL", file=sys.stderr)
+        usage = "usage: python -m redlease._cli.demo_worker URL NAME INSTANCE_ID TTL"
+        print(usage, file=sys.stderr)
         return 2
     url, name, instance_id, ttl = argv
     try:

@@ -7,7 +7,7 @@ from typing import Any
 
 import redis
 
-from ._cliredis import CliError, connect, one_line, redact
+from .redisurl import CliError, connect, one_line, redact
 
 
 def collect(client: redis.Redis, name: str, url: str) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import NoReturn
 
-from ._cliredis import DEFAULT_STATUS_URL, CliError, one_line, url_from
-from ._version import __version__
+from .._version import __version__
+from .redisurl import DEFAULT_STATUS_URL, CliError, one_line, url_from
 
 
 class _Parser(argparse.ArgumentParser):
@@ -133,12 +133,12 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 def run(args: argparse.Namespace) -> int:
     """Dispatch a parsed command line; CliError for reportable failures."""
     if args.command == "status":
-        from . import _status
+        from . import status as _status
 
         print(_status.run(url_from(args.redis) or DEFAULT_STATUS_URL, args.name, args.json))
         return 0
     if args.command == "demo":
-        from . import _demo
+        from . import demo as _demo
 
         return _demo.main(
             url_from(args.redis),
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
             duration=args.duration,
         )
     if args.command == "bench":
-        from . import _bench
+        from . import bench as _bench
 
         return _bench.main(
             url_from(args.redis), engine=args.engine, load=args.load, seconds=args.seconds

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from ._client import native_endpoint, socket_timeout
-from ._engine import Engine
-from ._errors import ConfigError
+from .._errors import ConfigError
+from .base import Engine
+from .client import native_endpoint, socket_timeout
 
 ENGINES = ("auto", "native", "python")
 
@@ -14,7 +14,7 @@ ENGINES = ("auto", "native", "python")
 def native_available() -> tuple[bool, str]:
     """Whether the compiled extension imports, and why not when it does not."""
     try:
-        from . import _native  # noqa: F401
+        from ._native import _core  # noqa: F401
     except ImportError as exc:
         return False, f"the native extension is not built ({exc})"
     return True, ""
@@ -49,11 +49,11 @@ def make_engine(client: object, engine: str | None) -> Engine:
     """Build the engine ``engine`` names for ``client`` (see ``resolve_engine_name``)."""
     name = resolve_engine_name(client, engine)
     if name == "native":
-        from ._native_engine import NativeEngine
+        from .native import NativeEngine
 
         endpoint, _ = native_endpoint(client)
         assert endpoint is not None
         return NativeEngine(endpoint, write_timeout=socket_timeout(client))
-    from ._pyengine import PythonEngine
+    from .python import PythonEngine
 
     return PythonEngine(client)

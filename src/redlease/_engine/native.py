@@ -13,10 +13,10 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from . import _native
-from ._client import Endpoint
-from ._engine import EncodableT
-from ._scripts import Script
+from .._scripts import Script
+from ._native import _core as _native
+from .base import EncodableT
+from .client import Endpoint
 
 DEFAULT_WRITE_TIMEOUT = 30.0
 """Bound on one fenced write when the user's client sets no ``socket_timeout``.

@@ -1,7 +1,7 @@
 """Where the command line's Redis comes from: a URL the user gave, or an embedded server.
 
 Every failure here is a ``CliError`` whose message is one line a person can act
-on; ``redlease.cli`` prints it and exits 1, never with a traceback.
+on; ``redlease._cli`` prints it and exits 1, never with a traceback.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def redis_target(url: str | None) -> Iterator[Target]:
 @contextmanager
 def embedded_server() -> Iterator[Target]:
     """Start a throwaway redis-server on a unix socket; stop it and remove its files after."""
-    from . import _server
+    from .. import _testing as _server
 
     try:
         binary = _server.find_redis_server()

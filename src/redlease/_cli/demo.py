@@ -1,6 +1,6 @@
 """``redlease demo``: contenders elect a leader, the leader freezes, the fence stops its write.
 
-The contenders are child processes (``redlease._demo_worker``) so one of
+The contenders are child processes (``redlease._cli.demo_worker``) so one of
 them can be frozen for real with SIGSTOP, the way a long GC pause or a
 stalled VM freezes a leader: every thread stops, the lease runs out, a
 successor is elected with a greater token. On SIGCONT the frozen leader
@@ -26,7 +26,7 @@ from typing import IO, Any
 
 import redis
 
-from ._cliredis import CliError, Target, one_line, redis_target
+from .redisurl import CliError, Target, one_line, redis_target
 
 
 @dataclass
@@ -112,7 +112,7 @@ class Demo:
             label = f"c{i}"
             proc = subprocess.Popen(
                 [
-                    sys.executable, "-m", "redlease._demo_worker",
+                    sys.executable, "-m", "redlease._cli.demo_worker",
                     self.target.url, self.name, label, repr(self.ttl),
                 ],
                 stdin=subprocess.PIPE,

@@ -22,9 +22,9 @@ from typing import Any
 
 import redis
 
-from . import _scripts
-from ._cliredis import CliError, Target, one_line, redis_target
-from ._select import native_available
+from .. import _scripts
+from .._engine import native_available
+from .redisurl import CliError, Target, one_line, redis_target
 
 TTL = 2.0
 """Lease TTL of the benchmark's electors: long enough to survive a 200 ms GIL hold."""
@@ -186,7 +186,7 @@ def measure(
     target: Target, engine: str, load: str, seconds: float, progress: Progress, gil_n: int
 ) -> Result:
     """Renew lateness under ``load``, then fenced-write throughput, for one engine."""
-    from ._elector import Elector
+    from .._elector import Elector
 
     name = f"redlease-bench-{secrets.token_hex(3)}"
     client = target.client()
@@ -243,7 +243,7 @@ def measure(
 
 
 def _wait_for_token(elector: object) -> int:
-    from ._elector import Elector
+    from .._elector import Elector
 
     assert isinstance(elector, Elector)
     deadline = time.monotonic() + TTL + 5.0

@@ -19,9 +19,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ._scripts import Script
+from .._scripts import Script
 
 EncodableT = str | bytes | int | float
+
+MIN_STEP = 0.002
+"""The shortest wait a round-trip step gets, even past its deadline (seconds).
+
+Time spent waiting for the GIL between steps is not a slow server: each step
+still gets this long instead of failing unsent. A hung server still costs at
+most the deadline plus a few of these.
+"""
 
 # Keeper states, shared by both engines (the native one keeps them in C atomics).
 IDLE = 0

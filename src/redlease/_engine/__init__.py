@@ -1,0 +1,26 @@
+"""Engines: what an Elector or a locker needs from Redis, and the two that provide it.
+
+``base`` holds the Engine and Keeper protocols and the keeper states;
+``select`` picks an engine for a client; ``keeper`` is the Python keeper
+(shared by the Python engine and ``MemoryLocker``); ``python`` and
+``native`` are the engines; ``_native`` is the Cython core.
+"""
+
+from .base import ACTIVE, ENDED, IDLE, LOST, EncodableT, Engine, Keeper
+from .client import is_cluster, socket_timeout
+from .select import make_engine, native_available, resolve_engine_name
+
+__all__ = [
+    "ACTIVE",
+    "ENDED",
+    "IDLE",
+    "LOST",
+    "EncodableT",
+    "Engine",
+    "Keeper",
+    "is_cluster",
+    "make_engine",
+    "native_available",
+    "resolve_engine_name",
+    "socket_timeout",
+]
