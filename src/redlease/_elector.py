@@ -317,6 +317,17 @@ class Elector:
         """A Fencer for the current term, or an inert one (token 0) when not leading."""
         return Fencer(self, self.token() or 0)
 
+    def renew_lateness(self) -> list[float]:
+        """How late each renewal of the current run was sent, in seconds, oldest first.
+
+        Measured by the keeper itself: the time between a renewal's scheduled
+        moment and its send. Read-only figures for benchmarks and monitoring;
+        empty when the elector is not running. The keeper keeps the most
+        recent samples only (tens of thousands).
+        """
+        run = self._run
+        return run.keeper.lateness() if run is not None else []
+
     def resign(self) -> None:
         """End the current term (lock released); the run re-contends. No-op when not leading."""
         run = self._run

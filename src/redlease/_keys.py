@@ -1,0 +1,71 @@
+"""The key schema, in one place (wire-compatible with the Go library).
+
+An elector named ``N`` uses ``N:leader`` (the lease: instance id, PX = TTL),
+``N:fence`` (the token counter) and ``N:fence:applied`` (the fence's
+high-water mark). A ``RedisLocker`` with prefix ``P`` keeps each lock in
+``P key:<name>``, one fencing counter in ``P fencing`` and short-lived release
+acknowledgements in ``P ack:<owner>``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ElectionKeys:
+    """The three keys of an elector named ``name``."""
+
+    name: str
+
+    @property
+    def leader(self) -> str:
+        """The lease: the leader's instance id, expiring after the TTL."""
+        return f"{self.name}:leader"
+
+    @property
+    def fence(self) -> str:
+        """The fencing-token counter (no TTL)."""
+        return f"{self.name}:fence"
+
+    @property
+    def applied(self) -> str:
+        """The fence's high-water mark: the greatest token elected or written (no TTL)."""
+        return f"{self.name}:fence:applied"
+
+    def all(self) -> tuple[str, str, str]:
+        """``(leader, fence, applied)``: the order the acquire script takes them in."""
+        return self.leader, self.fence, self.applied
+
+
+@dataclass(frozen=True)
+class LockKeys:
+    """The keys of a ``RedisLocker`` with key prefix ``prefix``."""
+
+    prefix: str
+
+    def lock(self, name: str) -> str:
+        """The expiring hash of the lock ``name``."""
+        return f"{self.prefix}key:{name}"
+
+    @property
+    def fencing(self) -> str:
+        """The fencing counter shared by every lock of the prefix."""
+        return f"{self.prefix}fencing"
+
+    def ack(self, owner: str) -> str:
+        """The short-lived acknowledgement of ``owner``'s release."""
+        return f"{self.prefix}ack:{owner}"
+
+
+def has_hash_tag(text: str) -> bool:
+    """Whether ``text`` carries a Redis Cluster hash tag: a non-empty ``{...}``.
+
+    Cluster hashes only the part between the first ``{`` and the next ``}``
+    when that part is not empty, so keys that share it share a slot.
+    """
+    start = text.find("{")
+    if start < 0:
+        return False
+    end = text.find("}", start + 1)
+    return end > start + 1
