@@ -61,14 +61,13 @@ def measure(url: str, engine: str, load: str, seconds: float, interval: float, g
         while elector.token() is None and time.monotonic() < deadline:
             time.sleep(0.005)
         token = elector.token()
-        run = elector._run
-        assert run is not None and token is not None
+        assert token is not None
         time.sleep(interval * 5)  # settle: the immediate first renewal is not a scheduled one
-        skip_own = len(run.keeper.lateness())
+        skip_own = len(elector.renew_lateness())
         mark = time.time()
         run_load(load, seconds, lambda _now: None, gil_n)
         end = time.time()
-        own = run.keeper.lateness()[skip_own:]
+        own = elector.renew_lateness()[skip_own:]
         kept = elector.token() == token
         recorder.catch_up(end)
     window = recorder.between(mark, end)

@@ -13,7 +13,7 @@ asyncio.
 
 from . import aio
 from ._config import DEFAULT_TTL, Config
-from ._elector import Elector, Fencer, Observer, Term
+from ._elector import Elector
 from ._errors import (
     AutoRenewTTLTooShort,
     ConfigError,
@@ -22,6 +22,8 @@ from ._errors import (
     RedleaseError,
     TooManyEvalBodies,
 )
+from ._fence import Fencer
+from ._term import Observer, Term
 from ._version import __version__
 from .lock import (
     DEFAULT_RETRY_INTERVAL,

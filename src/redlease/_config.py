@@ -47,6 +47,14 @@ def to_seconds(value: object, what: str) -> float:
     return seconds
 
 
+def whole_ms(seconds: float) -> int:
+    """Seconds as the whole milliseconds Redis applies (``PX``), truncated.
+
+    The small epsilon keeps values like 0.3 (0.29999... in binary) at 300 ms.
+    """
+    return math.floor(seconds * 1000 + 1e-9)
+
+
 def default_instance_id() -> str:
     """hostname + "-" + 16 random hex digits: unique per live process."""
     return f"{socket.gethostname()}-{os.urandom(8).hex()}"
@@ -88,7 +96,7 @@ class Config:
             raise ConfigError("name must not be empty")
 
         raw_ttl = DEFAULT_TTL if ttl is None else to_seconds(ttl, "ttl")
-        ttl_ms = math.floor(raw_ttl * 1000 + 1e-9)
+        ttl_ms = whole_ms(raw_ttl)
         ttl_s = ttl_ms / 1000
         if ttl_s < MIN_TTL:
             raise ConfigError(

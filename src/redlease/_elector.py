@@ -1,4 +1,17 @@
-"""The Elector: contend, lead, hold, release — and the fenced writes of a term."""
+"""The election loop: contend, lead, hold, release; and the threaded Elector over it.
+
+``Election`` is the core one name's run needs — settings, engine, keys, fence,
+observer — and the loop itself, read top to bottom as ``_contend``, ``_lead``,
+``_hold``, ``_release``. It is the internal API the public shells drive:
+
+* ``Election(client, name, ...)`` validates everything up front;
+* ``claim(stop)`` reserves the one run an election may have (a ``Run``);
+* ``execute(run, fn)`` runs the loop on the calling thread until the run ends;
+* ``Run.request_stop()`` ends it from anywhere; ``token()``, ``resign()``,
+  ``renew_lateness()`` and ``fence`` (a ``_fence.Fence``) serve the rest.
+
+``Elector`` (threaded) and ``aio.Elector`` (asyncio) are thin shells over it.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +22,16 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 from . import _scripts
 from ._config import Config, Duration
 from ._engine import ACTIVE, EncodableT, Engine, Keeper, is_cluster, make_engine
-from ._errors import ConfigError, TooManyEvalBodies
-
-MAX_EVAL_BODIES = 256
-"""Distinct ``fence_eval`` bodies one Elector caches before TooManyEvalBodies."""
-
-MAX_TOKEN = 2**53
-"""Tokens at or above this cannot be compared exactly by Redis' Lua (doubles)."""
+from ._errors import ConfigError
+from ._fence import Fence, Fencer
+from ._keys import ElectionKeys, has_hash_tag
+from ._term import Observer, Reason, Term, end_term
 
 # How often a waiting run thread looks at a caller's stop event: a plain
 # threading.Event cannot wake anybody, so it is polled at this period.
@@ -31,159 +40,12 @@ _STOP_POLL = 0.05
 _ACQUIRE = _scripts.load("acquire")
 _RENEW = _scripts.load("renew")
 _RELEASE = _scripts.load("release")
-_FENCE_SET = _scripts.fenced_file("fence_set")
-_FENCE_HSET = _scripts.fenced_file("fence_hset")
 
-Reason = Literal["lost", "returned", "resigned", "stopped"]
+LeaderFn = Callable[[Term, Fencer], object]
 
 
-@dataclass(frozen=True)
-class Observer:
-    """Optional callbacks on leadership transitions; a None field is not called.
-
-    - ``on_elected(token)``: this instance won a term; fires before the leader
-      function starts.
-    - ``on_stepped_down()``: the term ended; fires after the leader function
-      returned and the release was tried.
-    - ``on_follower()``: an acquire found the lock held by another instance;
-      once per transition into the follower role, not on every retry.
-    - ``on_error(exc)``: a Redis error during acquire, renewal or release, as
-      the redis-py exception it was. Already handled (retried, backed off or
-      stepped down from): for logs and metrics, never requires action.
-
-    Callbacks run on the run thread and must not block. An exception from a
-    callback neither kills the elector nor ends the term: it is passed to
-    ``on_error`` (or, from ``on_error`` itself, to ``sys.unraisablehook``).
-    """
-
-    on_elected: Callable[[int], object] | None = None
-    on_stepped_down: Callable[[], object] | None = None
-    on_follower: Callable[[], object] | None = None
-    on_error: Callable[[Exception], object] | None = None
-
-
-class Term:
-    """One leadership term: its fencing token, and whether and why it ended.
-
-    ``reason`` is None while the term is active, then one of ``"lost"``
-    (the lease could not be kept), ``"returned"`` (the leader function
-    returned or raised), ``"resigned"`` (``Elector.resign()``) or
-    ``"stopped"`` (the run was stopped).
-    """
-
-    __slots__ = ("_callbacks", "_ended", "_guard", "_reason", "token")
-
-    def __init__(self, token: int) -> None:
-        self.token = token
-        self._ended = threading.Event()
-        self._reason: Reason | None = None
-        self._guard = threading.Lock()
-        self._callbacks: list[Callable[[], object]] = []
-
-    @property
-    def reason(self) -> Reason | None:
-        """Why the term ended, or None while it is active."""
-        return self._reason
-
-    def ended(self) -> bool:
-        """True once the term has ended: stop working for it."""
-        return self._ended.is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the term ends or ``timeout`` passes; True once it has ended."""
-        return self._ended.wait(timeout)
-
-    def _end(self, reason: Reason) -> None:
-        with self._guard:
-            if self._reason is None:
-                self._reason = reason
-            self._ended.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
-
-    def _on_end(self, callback: Callable[[], object]) -> None:
-        """Call ``callback`` once the term ends (at once if it already has)."""
-        with self._guard:
-            if not self._ended.is_set():
-                self._callbacks.append(callback)
-                return
-        callback()
-
-    def __repr__(self) -> str:
-        state = self._reason or "active"
-        return f"<redlease.Term token={self.token} {state}>"
-
-
-def check_token(token: object) -> int:
-    """A fencing token as an int: TypeError for non-ints (bools included),
-    ValueError at or above 2**53, where Redis' comparison stops being exact."""
-    if isinstance(token, bool) or not isinstance(token, int):
-        raise TypeError(f"fencing token must be an int, got {type(token).__name__} {token!r}")
-    if token >= MAX_TOKEN:
-        raise ValueError(
-            f"fencing token must be below 2**53 (Redis compares tokens as doubles), got {token}"
-        )
-    return token
-
-
-def _check_key(key: object, what: str = "key") -> str | bytes:
-    if not isinstance(key, (str, bytes)):
-        raise TypeError(f"{what} must be str or bytes, got {type(key).__name__} {key!r}")
-    return key
-
-
-def _check_value(value: object, what: str = "value") -> EncodableT:
-    if isinstance(value, bool) or not isinstance(value, (str, bytes, int, float)):
-        raise TypeError(
-            f"{what} must be str, bytes, int or float, got {type(value).__name__} {value!r}"
-        )
-    return value
-
-
-class Fencer:
-    """A term's fencing token bound to the Elector that minted it.
-
-    Every write applies only when the token is at least the fence high-water
-    mark, checked and written in one atomic script, and returns ``applied``:
-    False means the token is stale (a newer term was elected or has written)
-    and the caller should stop. All writes share one mark. A Fencer with token
-    0 is inert: falsy, and every write is rejected.
-    """
-
-    __slots__ = ("_elector", "token")
-
-    def __init__(self, elector: Elector, token: int) -> None:
-        if not isinstance(elector, Elector):
-            raise TypeError(f"elector must be a redlease.Elector, got {type(elector).__name__}")
-        self._elector = elector
-        self.token = check_token(token)
-
-    def set(self, key: str | bytes, value: EncodableT) -> bool:
-        """Fenced ``SET key value``; see ``Elector.fence_set``."""
-        return self._elector.fence_set(self.token, key, value)
-
-    def hset(self, key: str | bytes, field: str | bytes, value: EncodableT) -> bool:
-        """Fenced ``HSET key field value``; see ``Elector.fence_hset``."""
-        return self._elector.fence_hset(self.token, key, field, value)
-
-    def eval(
-        self,
-        body: str,
-        keys: Sequence[str | bytes] = (),
-        args: Sequence[EncodableT] = (),
-    ) -> bool:
-        """Fenced Lua write; see ``Elector.fence_eval``."""
-        return self._elector.fence_eval(self.token, body, keys, args)
-
-    def __bool__(self) -> bool:
-        return self.token > 0
-
-    def __repr__(self) -> str:
-        return f"<redlease.Fencer {self._elector.config.name!r} token={self.token}>"
-
-
-def _check_leader_fn(fn: object) -> None:
+def check_leader_fn(fn: object) -> None:
+    """TypeError unless ``fn`` is callable or None: caught before Redis is touched."""
     if fn is not None and not callable(fn):
         raise TypeError(
             f"the leader function must be callable as fn(term, fencer) or None, "
@@ -191,16 +53,8 @@ def _check_leader_fn(fn: object) -> None:
         )
 
 
-def _has_hash_tag(name: str) -> bool:
-    start = name.find("{")
-    if start < 0:
-        return False
-    end = name.find("}", start + 1)
-    return end > start + 1
-
-
-class _RunState:
-    """What one run shares between its thread and the Elector's other methods."""
+class Run:
+    """What one run shares between its thread and the rest of the program."""
 
     def __init__(self, stop: threading.Event, keeper: Keeper) -> None:
         self.user_stop = stop
@@ -218,21 +72,14 @@ class _RunState:
     def should_stop(self) -> bool:
         return self.stopping.is_set() or self.user_stop.is_set()
 
+    def request_stop(self) -> None:
+        """Ask the run to end: the term steps down, the lease is released. Returns at once."""
+        self.stopping.set()
+        self.keeper.notify()
 
-class Elector:
-    """Lease-based leader election on Redis, with a fencing token per term.
 
-    One instance at a time holds ``<name>:leader`` with a TTL and runs the
-    caller's work while it leads; if it cannot renew within the TTL it steps
-    down so another instance takes over. Every term gets a strictly greater
-    fencing token, and the ``fence_*`` writes reject any token below the
-    newest elected term or applied write, so a paused or partitioned leader
-    that still believes it leads cannot overwrite newer state.
-
-    The lease is renewed by the engine's keeper: on the native engine a
-    native thread that never waits for the GIL. ``is_leader()`` is advisory;
-    carry the token through a fenced write for anything that must be safe.
-    """
+class Election:
+    """One name's election on one engine: the loop and what it needs (see the module doc)."""
 
     def __init__(
         self,
@@ -245,6 +92,7 @@ class Elector:
         instance_id: str | None = None,
         observer: Observer | None = None,
         engine: str | None = "auto",
+        fencer: Callable[[int], Any] | None = None,
     ) -> None:
         if client is None:
             raise ConfigError(
@@ -257,7 +105,7 @@ class Elector:
             acquire_interval=acquire_interval,
             instance_id=instance_id,
         )
-        if is_cluster(client) and not _has_hash_tag(self.config.name):
+        if is_cluster(client) and not has_hash_tag(self.config.name):
             raise ConfigError(
                 f"with a RedisCluster client the name needs a hash tag so its keys share one "
                 f"slot, e.g. '{{{self.config.name}}}'; got {self.config.name!r}"
@@ -266,181 +114,63 @@ class Elector:
             raise ConfigError(
                 f"observer must be a redlease.Observer, got {type(observer).__name__}"
             )
-        self._engine: Engine = make_engine(client, engine)
+        self.engine: Engine = make_engine(client, engine)
         self._observer = observer or Observer()
-        name = self.config.name
-        self._lock_key = f"{name}:leader"
-        self._fence_key = f"{name}:fence"
-        self._applied_key = f"{name}:fence:applied"
+        self.keys = ElectionKeys(self.config.name)
+        self.fence = Fence(self.engine, self.keys.applied, self.config.name)
+        # What the leader function gets as its second argument, for a token.
+        self._fencer: Callable[[int], Any] = fencer or (lambda _token: None)
         self._mutex = threading.Lock()
-        self._run: _RunState | None = None
-        self._thread: threading.Thread | None = None
-        self._started: _RunState | None = None
-        self._eval_scripts: dict[str, _scripts.Script] = {}
-        _live_electors.add(self)
-
-    # -- identity -----------------------------------------------------------
+        self.run: Run | None = None
+        _live_elections.add(self)
 
     @property
     def instance_id(self) -> str:
-        """This elector's identity: the lock's value while it leads."""
         return self.config.instance_id
 
-    @property
-    def engine(self) -> str:
-        """The engine that runs this elector: ``"native"`` or ``"python"``."""
-        return self._engine.name
-
-    def __repr__(self) -> str:
-        return (
-            f"<redlease.Elector {self.config.name!r} id={self.instance_id!r} "
-            f"engine={self.engine} token={self.token()}>"
-        )
-
-    # -- leadership state -----------------------------------------------------
-
     def token(self) -> int | None:
-        """The current term's fencing token while this instance leads, else None.
-
-        A snapshot: leadership can change right after. Acting on it is safe
-        because a stale token is rejected by the fenced writes.
-        """
-        run = self._run
+        """The running term's token, or None (a snapshot)."""
+        run = self.run
         token = run.keeper.token if run is not None else 0
         return token or None
 
-    def is_leader(self) -> bool:
-        """Whether this instance leads right now. Advisory: never gate a write on it."""
-        return self.token() is not None
-
-    def fencer(self) -> Fencer:
-        """A Fencer for the current term, or an inert one (token 0) when not leading."""
-        return Fencer(self, self.token() or 0)
-
-    def renew_lateness(self) -> list[float]:
-        """How late each renewal of the current run was sent, in seconds, oldest first.
-
-        Measured by the keeper itself: the time between a renewal's scheduled
-        moment and its send. Read-only figures for benchmarks and monitoring;
-        empty when the elector is not running. The keeper keeps the most
-        recent samples only (tens of thousands).
-        """
-        run = self._run
-        return run.keeper.lateness() if run is not None else []
-
     def resign(self) -> None:
         """End the current term (lock released); the run re-contends. No-op when not leading."""
-        run = self._run
+        run = self.run
         if run is not None and run.term is not None and not run.term.ended():
             run.resign_requested = True
             run.keeper.notify()
 
-    # -- running --------------------------------------------------------------
+    def renew_lateness(self) -> list[float]:
+        run = self.run
+        return run.keeper.lateness() if run is not None else []
 
-    def run(
-        self,
-        fn: Callable[[Term, Fencer], object] | None = None,
-        stop: threading.Event | None = None,
-    ) -> None:
-        """Contend for leadership until ``stop`` is set.
+    def claim(self, stop: threading.Event) -> Run | None:
+        """Reserve this election's one run; None when ``stop`` is already set.
 
-        Each time this instance wins, ``fn(term, fencer)`` runs on its own
-        thread; the term ends when leadership is lost, fn returns, ``resign()``
-        is called or the run is stopped, and the run does not release or
-        re-contend until fn has returned. With ``fn=None`` the run only keeps
-        this instance elected (token-driven style). An exception from fn ends
-        the term gracefully and the run: it is re-raised here, unchanged.
+        RuntimeError when a run is already going: one run at a time.
         """
-        _check_leader_fn(fn)
-        if stop is None:
-            stop = threading.Event()
-        elif not isinstance(stop, threading.Event):
-            raise TypeError(f"stop must be a threading.Event, got {type(stop).__name__}")
-        run = self._claim(stop)
-        if run is None:
-            return
-        self._execute(run, fn)
-        if run.error is not None:
-            raise run.error
-
-    def start(self, fn: Callable[[Term, Fencer], object] | None = None) -> Elector:
-        """Run the same loop on a background thread; returns this elector."""
-        _check_leader_fn(fn)
-        run = self._claim(threading.Event())
-        assert run is not None
-        thread = threading.Thread(
-            target=self._execute,
-            args=(run, fn),
-            name=f"redlease-run-{self.config.name}",
-            daemon=True,
-        )
-        self._thread, self._started = thread, run
-        thread.start()
-        return self
-
-    def stop(self, timeout: float | None = None) -> None:
-        """End the run: the term ends, the lock is released, the thread joined.
-
-        Re-raises the leader function's exception when that is what ended a
-        run started with ``start()``. No-op when nothing runs.
-        """
-        run = self._run
-        if run is not None:
-            run.stopping.set()
-            run.keeper.notify()
-            if threading.current_thread() in run.own_threads:
-                # Called by the leader function or a callback: the run ends as
-                # soon as that returns; waiting here would wait for ourselves.
-                return
-        thread, started = self._thread, self._started
-        if thread is None or started is None:
-            if run is not None:
-                run.done.wait(timeout)
-            return
-        if thread is threading.current_thread():
-            return
-        thread.join(timeout)
-        if thread.is_alive():
-            return
-        self._thread = self._started = None
-        if started.error is not None:
-            error, started.error = started.error, None
-            raise error
-
-    def __enter__(self) -> Elector:
-        if self._thread is None:
-            self.start(None)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def _claim(self, stop: threading.Event) -> _RunState | None:
         with self._mutex:
-            if self._run is not None:
+            if self.run is not None:
                 raise RuntimeError(
                     f"Elector {self.config.name!r} is already running; one run at a time per "
                     "Elector (use one Elector per concurrent run)"
                 )
             if stop.is_set():
                 return None
-            keeper = self._engine.keeper(
+            keeper = self.engine.keeper(
                 _RENEW,
-                (self._lock_key,),
+                (self.keys.leader,),
                 (self.instance_id, self.config.ttl_ms),
                 interval=self.config.renew_interval,
                 ttl=self.config.ttl,
             )
-            run = _RunState(stop, keeper)
-            self._run = run
+            run = Run(stop, keeper)
+            self.run = run
         return run
 
-    def _execute(self, run: _RunState, fn: Callable[[Term, Fencer], object] | None) -> None:
+    def execute(self, run: Run, fn: LeaderFn | None) -> None:
+        """Run the loop on this thread until ``run`` ends; its error lands in ``run.error``."""
         run.own_threads.add(threading.current_thread())
         try:
             self._contend(run, fn)
@@ -449,12 +179,12 @@ class Elector:
         finally:
             run.keeper.close()
             with self._mutex:
-                self._run = None
+                self.run = None
             run.done.set()
 
     # -- the loop: contend, lead, hold, release -----------------------------------
 
-    def _contend(self, run: _RunState, fn: Callable[[Term, Fencer], object] | None) -> None:
+    def _contend(self, run: Run, fn: LeaderFn | None) -> None:
         cfg = self.config
         errors_in_row = 0
         follower = False
@@ -485,9 +215,9 @@ class Elector:
             self._sleep(run, self._jittered(cfg.acquire_interval))
 
     def _acquire(self) -> tuple[int, int]:
-        reply = self._engine.call(
+        reply = self.engine.call(
             _ACQUIRE,
-            (self._lock_key, self._fence_key, self._applied_key),
+            self.keys.all(),
             (self.instance_id, self.config.ttl_ms),
             self.config.renew_interval,
         )
@@ -509,8 +239,8 @@ class Elector:
 
     def _lead(
         self,
-        run: _RunState,
-        fn: Callable[[Term, Fencer], object] | None,
+        run: Run,
+        fn: LeaderFn | None,
         token: int,
         acquired_at: float,
     ) -> None:
@@ -522,12 +252,12 @@ class Elector:
         self._emit(self._observer.on_elected, token)
         worker = None
         if fn is not None:
-            worker = _LeaderThread(fn, term, Fencer(self, token), keeper)
+            worker = _LeaderThread(fn, term, self._fencer(token), keeper)
             run.own_threads.add(worker.thread)
             worker.thread.start()
         reason = self._hold(run, term, worker)
         keeper.end()
-        term._end(reason)
+        end_term(term, reason)
         self._drain(keeper)
         if worker is not None:
             worker.join()
@@ -539,7 +269,7 @@ class Elector:
         if worker is not None and worker.error is not None:
             run.error = worker.error
 
-    def _hold(self, run: _RunState, term: Term, worker: _LeaderThread | None) -> Reason:
+    def _hold(self, run: Run, term: Term, worker: _LeaderThread | None) -> Reason:
         keeper = run.keeper
         while True:
             self._drain(keeper)
@@ -555,13 +285,13 @@ class Elector:
 
     def _release(self) -> None:
         try:
-            self._engine.call(
-                _RELEASE, (self._lock_key,), (self.instance_id,), self.config.renew_interval
+            self.engine.call(
+                _RELEASE, (self.keys.leader,), (self.instance_id,), self.config.renew_interval
             )
         except Exception as exc:  # as in _contend: reported, never fatal
             self._report(exc)
 
-    def _sleep(self, run: _RunState, seconds: float) -> None:
+    def _sleep(self, run: Run, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while not run.should_stop():
             remaining = deadline - time.monotonic()
@@ -594,6 +324,185 @@ class Elector:
         except Exception as exc:
             self._report(exc)
 
+
+class Elector:
+    """Lease-based leader election on Redis, with a fencing token per term.
+
+    One instance at a time holds ``<name>:leader`` with a TTL and runs the
+    caller's work while it leads; if it cannot renew within the TTL it steps
+    down so another instance takes over. Every term gets a strictly greater
+    fencing token, and the ``fence_*`` writes reject any token below the
+    newest elected term or applied write, so a paused or partitioned leader
+    that still believes it leads cannot overwrite newer state.
+
+    The lease is renewed by the engine's keeper: on the native engine a
+    native thread that never waits for the GIL. ``is_leader()`` is advisory;
+    carry the token through a fenced write for anything that must be safe.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        *,
+        ttl: Duration | None = None,
+        renew_interval: Duration | None = None,
+        acquire_interval: Duration | None = None,
+        instance_id: str | None = None,
+        observer: Observer | None = None,
+        engine: str | None = "auto",
+    ) -> None:
+        self._election = Election(
+            client,
+            name,
+            ttl=ttl,
+            renew_interval=renew_interval,
+            acquire_interval=acquire_interval,
+            instance_id=instance_id,
+            observer=observer,
+            engine=engine,
+            fencer=lambda token: Fencer(self, token),
+        )
+        self.config: Config = self._election.config
+        self._fence = self._election.fence
+        self._thread: threading.Thread | None = None
+        self._started: Run | None = None
+        _live_electors.add(self)
+
+    # -- identity -----------------------------------------------------------
+
+    @property
+    def instance_id(self) -> str:
+        """This elector's identity: the lock's value while it leads."""
+        return self.config.instance_id
+
+    @property
+    def engine(self) -> str:
+        """The engine that runs this elector: ``"native"`` or ``"python"``."""
+        return self._election.engine.name
+
+    def __repr__(self) -> str:
+        return (
+            f"<redlease.Elector {self.config.name!r} id={self.instance_id!r} "
+            f"engine={self.engine} token={self.token()}>"
+        )
+
+    # -- leadership state -----------------------------------------------------
+
+    def token(self) -> int | None:
+        """The current term's fencing token while this instance leads, else None.
+
+        A snapshot: leadership can change right after. Acting on it is safe
+        because a stale token is rejected by the fenced writes.
+        """
+        return self._election.token()
+
+    def is_leader(self) -> bool:
+        """Whether this instance leads right now. Advisory: never gate a write on it."""
+        return self.token() is not None
+
+    def fencer(self) -> Fencer:
+        """A Fencer for the current term, or an inert one (token 0) when not leading."""
+        return Fencer(self, self.token() or 0)
+
+    def resign(self) -> None:
+        """End the current term (lock released); the run re-contends. No-op when not leading."""
+        self._election.resign()
+
+    def renew_lateness(self) -> list[float]:
+        """How late each renewal of the current run was sent, in seconds, oldest first.
+
+        Measured by the keeper itself: the time between a renewal's scheduled
+        moment and its send. Read-only figures for benchmarks and monitoring;
+        empty when the elector is not running. The keeper keeps the most
+        recent samples only (tens of thousands).
+        """
+        return self._election.renew_lateness()
+
+    # -- running --------------------------------------------------------------
+
+    def run(
+        self,
+        fn: LeaderFn | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Contend for leadership until ``stop`` is set.
+
+        Each time this instance wins, ``fn(term, fencer)`` runs on its own
+        thread; the term ends when leadership is lost, fn returns, ``resign()``
+        is called or the run is stopped, and the run does not release or
+        re-contend until fn has returned. With ``fn=None`` the run only keeps
+        this instance elected (token-driven style). An exception from fn ends
+        the term gracefully and the run: it is re-raised here, unchanged.
+        """
+        check_leader_fn(fn)
+        if stop is None:
+            stop = threading.Event()
+        elif not isinstance(stop, threading.Event):
+            raise TypeError(f"stop must be a threading.Event, got {type(stop).__name__}")
+        run = self._election.claim(stop)
+        if run is None:
+            return
+        self._election.execute(run, fn)
+        if run.error is not None:
+            raise run.error
+
+    def start(self, fn: LeaderFn | None = None) -> Elector:
+        """Run the same loop on a background thread; returns this elector."""
+        check_leader_fn(fn)
+        run = self._election.claim(threading.Event())
+        assert run is not None
+        thread = threading.Thread(
+            target=self._election.execute,
+            args=(run, fn),
+            name=f"redlease-run-{self.config.name}",
+            daemon=True,
+        )
+        self._thread, self._started = thread, run
+        thread.start()
+        return self
+
+    def stop(self, timeout: float | None = None) -> None:
+        """End the run: the term ends, the lock is released, the thread joined.
+
+        Re-raises the leader function's exception when that is what ended a
+        run started with ``start()``. No-op when nothing runs.
+        """
+        run = self._election.run
+        if run is not None:
+            run.request_stop()
+            if threading.current_thread() in run.own_threads:
+                # Called by the leader function or a callback: the run ends as
+                # soon as that returns; waiting here would wait for ourselves.
+                return
+        thread, started = self._thread, self._started
+        if thread is None or started is None:
+            if run is not None:
+                run.done.wait(timeout)
+            return
+        if thread is threading.current_thread():
+            return
+        thread.join(timeout)
+        if thread.is_alive():
+            return
+        self._thread = self._started = None
+        if started.error is not None:
+            error, started.error = started.error, None
+            raise error
+
+    def __enter__(self) -> Elector:
+        if self._thread is None:
+            self.start(None)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
     # -- fenced writes -----------------------------------------------------------------
 
     def fence_set(self, token: int, key: str | bytes, value: EncodableT) -> bool:
@@ -603,14 +512,17 @@ class Elector:
         newest elected term or applied write) or not positive. The check and
         the write are one atomic script; an applied write advances the fence
         high-water mark to ``token``. Works whether or not this elector runs.
+        The write is sent at most once: when its outcome is unknown (the
+        connection broke, the deadline passed) it raises redis-py's
+        ConnectionError or TimeoutError, and it may or may not have landed.
         """
-        return self._write(self._set_request(token, key, value))
+        return self._fence.write(self._fence.set_request(token, key, value))
 
     def fence_hset(
         self, token: int, key: str | bytes, field: str | bytes, value: EncodableT
     ) -> bool:
         """Fenced ``HSET key field value``; semantics as ``fence_set``."""
-        return self._write(self._hset_request(token, key, field, value))
+        return self._fence.write(self._fence.hset_request(token, key, field, value))
 
     def fence_eval(
         self,
@@ -628,84 +540,21 @@ class Elector:
         Elector, and the 257th raises TooManyEvalBodies. A body that errors
         raises ResponseError and does not move the mark.
         """
-        return self._write(self._eval_request(token, body, keys, args))
-
-    # Each fenced write is validated into a request first, so the threaded and
-    # the asyncio front ends share every check and differ only in the I/O.
-
-    def _set_request(self, token: object, key: object, value: object) -> FenceRequest | None:
-        return self._request(_FENCE_SET, token, (_check_key(key),), (_check_value(value),))
-
-    def _hset_request(
-        self, token: object, key: object, field: object, value: object
-    ) -> FenceRequest | None:
-        return self._request(
-            _FENCE_HSET,
-            token,
-            (_check_key(key),),
-            (_check_value(field, "field"), _check_value(value)),
-        )
-
-    def _eval_request(
-        self, token: object, body: object, keys: object, args: object
-    ) -> FenceRequest | None:
-        check_token(token)
-        if not isinstance(body, str):
-            raise TypeError(f"body must be a str of Lua, got {type(body).__name__}")
-        if not isinstance(keys, Sequence) or isinstance(keys, (str, bytes)):
-            raise TypeError(f"keys must be a sequence of str/bytes, got {type(keys).__name__}")
-        if not isinstance(args, Sequence) or isinstance(args, (str, bytes)):
-            raise TypeError(f"args must be a sequence of values, got {type(args).__name__}")
-        checked_keys = tuple(_check_key(k, "each key") for k in keys)
-        checked_args = tuple(_check_value(a, "each arg") for a in args)
-        return self._request(self._eval_script(body), token, checked_keys, checked_args)
-
-    def _eval_script(self, body: str) -> _scripts.Script:
-        with self._mutex:
-            script = self._eval_scripts.get(body)
-            if script is None:
-                if len(self._eval_scripts) >= MAX_EVAL_BODIES:
-                    raise TooManyEvalBodies(
-                        f"more than {MAX_EVAL_BODIES} distinct fence_eval bodies on Elector "
-                        f"{self.config.name!r}; keep bodies constant and pass variable data "
-                        "through keys and args"
-                    )
-                script = _scripts.fenced("fence_eval", body)
-                self._eval_scripts[body] = script
-        return script
-
-    def _request(
-        self,
-        script: _scripts.Script,
-        token: object,
-        keys: tuple[str | bytes, ...],
-        args: tuple[EncodableT, ...],
-    ) -> FenceRequest | None:
-        """The script, keys and args of a fenced write; None when the token can never write."""
-        checked = check_token(token)
-        if checked < 1:
-            return None  # the inert and non-positive tokens never write
-        return script, (self._applied_key, *keys), (str(checked), *args)
-
-    def _write(self, request: FenceRequest | None) -> bool:
-        if request is None:
-            return False
-        return bool(self._engine.write(*request) == 1)
+        return self._fence.write(self._fence.eval_request(token, body, keys, args))
 
 
-FenceRequest = tuple[_scripts.Script, tuple["str | bytes", ...], tuple[EncodableT, ...]]
-
-
+_live_elections: weakref.WeakSet[Election] = weakref.WeakSet()
 _live_electors: weakref.WeakSet[Elector] = weakref.WeakSet()
 
 
 def _forget_runs_after_fork() -> None:
     # A forked child has none of the parent's threads and must never act on
-    # the parent's lease: its electors are simply not running.
+    # the parent's lease: its elections are simply not running.
+    for election in list(_live_elections):
+        election._mutex = threading.Lock()
+        election.run = None
     for elector in list(_live_electors):
-        elector._mutex = threading.Lock()
-        elector._run = elector._started = None
-        elector._thread = None
+        elector._thread = elector._started = None
 
 
 os.register_at_fork(after_in_child=_forget_runs_after_fork)

@@ -22,18 +22,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-import redis
-import redis.asyncio
-import redis.asyncio.sentinel
-import redis.cluster
-import redis.sentinel
-from redis.exceptions import NoScriptError
-
-from . import _elector, lock
+from . import lock
 from ._config import Config, Duration
-from ._elector import FenceRequest, Observer, Term, check_token
+from ._elector import Election, Run, check_leader_fn
 from ._engine import EncodableT
-from ._errors import ConfigError, NotHeld
+from ._engine.aioclient import sync_twin
+from ._errors import NotHeld
+from ._fence import check_token
+from ._lock import release_after_failure
+from ._term import Observer, Term, when_ended
 
 __all__ = [
     "Elector",
@@ -48,87 +45,6 @@ __all__ = [
 
 LeaderCoroutine = Callable[[Term, "Fencer"], Awaitable[object]]
 T = TypeVar("T")
-
-
-def sync_twin(client: object) -> Any:
-    """A threaded client (``redis.Redis`` or ``RedisCluster``) that reaches what ``client`` does.
-
-    The election loop and the native engine run off the event loop, so they
-    need a blocking client with the async client's address, database,
-    credentials, timeouts and TLS settings.
-    """
-    if client is None:
-        raise ConfigError("client must be a redis.asyncio.Redis, got None")
-    cluster_cls = getattr(redis.asyncio, "RedisCluster", None)
-    if cluster_cls is not None and isinstance(client, cluster_cls):
-        return _sync_cluster(client)
-    if not isinstance(client, redis.asyncio.Redis):
-        raise ConfigError(
-            "redlease.aio needs a redis.asyncio.Redis or RedisCluster client; got "
-            f"{type(client).__name__} (use redlease.Elector for threaded clients)"
-        )
-    pool = client.connection_pool
-    if isinstance(pool, redis.asyncio.sentinel.SentinelConnectionPool):
-        return _sync_sentinel_master(pool)
-    if type(pool) is not redis.asyncio.ConnectionPool and type(pool) is not (
-        redis.asyncio.BlockingConnectionPool
-    ):
-        raise ConfigError(
-            f"redlease.aio supports plain, Sentinel and Cluster clients; this one uses a "
-            f"{type(pool).__name__} (use the threaded redlease.Elector with a matching client)"
-        )
-    kw: dict[str, Any] = pool.connection_kwargs
-    common: dict[str, Any] = {
-        "db": kw.get("db", 0),
-        "username": kw.get("username"),
-        "password": kw.get("password"),
-        "client_name": kw.get("client_name"),
-        "socket_timeout": kw.get("socket_timeout"),
-        "credential_provider": kw.get("credential_provider"),
-    }
-    cls = pool.connection_class
-    if issubclass(cls, redis.asyncio.UnixDomainSocketConnection):
-        return redis.Redis(unix_socket_path=kw["path"], **common)
-    common.update(
-        host=kw.get("host", "localhost"),
-        port=kw.get("port", 6379),
-        socket_connect_timeout=kw.get("socket_connect_timeout"),
-    )
-    if issubclass(cls, redis.asyncio.SSLConnection):
-        ssl_kwargs = {key: value for key, value in kw.items() if key.startswith("ssl_")}
-        return redis.Redis(ssl=True, **ssl_kwargs, **common)
-    return redis.Redis(**common)
-
-
-_COMMON = ("db", "username", "password", "client_name", "socket_timeout", "socket_connect_timeout")
-
-
-def _common(kwargs: dict[str, Any]) -> dict[str, Any]:
-    return {key: kwargs[key] for key in _COMMON if kwargs.get(key) is not None}
-
-
-def _sync_sentinel_master(pool: Any) -> redis.Redis:
-    """The same Sentinel-managed master, through a threaded Sentinel client."""
-    manager = pool.sentinel_manager
-    sentinels = []
-    for sentinel in manager.sentinels:
-        kw = sentinel.connection_pool.connection_kwargs
-        sentinels.append((kw.get("host", "localhost"), kw.get("port", 26379)))
-    # redis-py leaves Sentinel and ClusterNode untyped.
-    sentinel_cls: Any = redis.sentinel.Sentinel
-    threaded = sentinel_cls(sentinels, sentinel_kwargs=dict(manager.sentinel_kwargs or {}))
-    master: redis.Redis = threaded.master_for(pool.service_name, **_common(pool.connection_kwargs))
-    return master
-
-
-def _sync_cluster(client: Any) -> Any:
-    """A threaded RedisCluster over the same nodes, credentials and timeouts."""
-    nodes = client.get_nodes() or list(client.nodes_manager.startup_nodes.values())
-    node_cls: Any = redis.cluster.ClusterNode
-    return redis.cluster.RedisCluster(
-        startup_nodes=[node_cls(n.host, n.port) for n in nodes],
-        **{k: v for k, v in _common(client.connection_kwargs).items() if k != "db"},
-    )
 
 
 class Fencer:
@@ -193,7 +109,7 @@ class Elector:
         engine: str | None = "auto",
     ) -> None:
         self._client = client
-        self._core = _elector.Elector(
+        self._core = Election(
             sync_twin(client),
             name,
             ttl=ttl,
@@ -203,6 +119,7 @@ class Elector:
             observer=observer,
             engine=engine,
         )
+        self._fence = self._core.fence
         self._stop_event: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._leader_tasks: set[asyncio.Task[None]] = set()
@@ -220,7 +137,7 @@ class Elector:
     @property
     def engine(self) -> str:
         """The engine that keeps the lease: ``"native"`` or ``"python"``."""
-        return self._core.engine
+        return self._core.engine.name
 
     def token(self) -> int | None:
         """The current term's fencing token while leading, else None (a snapshot)."""
@@ -228,7 +145,7 @@ class Elector:
 
     def is_leader(self) -> bool:
         """Whether this instance leads right now. Advisory: never gate a write on it."""
-        return self._core.is_leader()
+        return self._core.token() is not None
 
     def fencer(self) -> Fencer:
         """A Fencer for the current term, or an inert one (token 0) when not leading."""
@@ -237,6 +154,10 @@ class Elector:
     def resign(self) -> None:
         """End the current term (its task is cancelled, the lock released); re-contend."""
         self._core.resign()
+
+    def renew_lateness(self) -> list[float]:
+        """How late each renewal of the current run was sent, in seconds (see the threaded one)."""
+        return self._core.renew_lateness()
 
     def __repr__(self) -> str:
         return f"<redlease.aio.Elector {self.config.name!r} engine={self.engine}>"
@@ -254,18 +175,16 @@ class Elector:
         re-contend until the task has finished. An exception from fn ends the
         term gracefully and the run, and is re-raised here.
         """
-        _elector._check_leader_fn(fn)
+        check_leader_fn(fn)
         if stop is not None and stop.is_set():
             return
-        thread_stop = threading.Event()
-        run = self._core._claim(thread_stop)
+        run = self._core.claim(threading.Event())
         assert run is not None
-        await self._drive(run, thread_stop, fn, stop)
+        await self._drive(run, fn, stop)
 
     async def _drive(
         self,
-        run: _elector._RunState,
-        thread_stop: threading.Event,
+        run: Run,
         fn: LeaderCoroutine | None,
         stop: asyncio.Event | None,
     ) -> None:
@@ -276,7 +195,7 @@ class Elector:
 
         def execute() -> None:
             try:
-                core._execute(run, bridge)
+                core.execute(run, bridge)
             finally:
                 loop.call_soon_threadsafe(_resolve, finished)
 
@@ -292,8 +211,7 @@ class Elector:
         finally:
             # Stopped, cancelled or finished: the run ends, the term steps down
             # and the lock is released before this coroutine returns.
-            thread_stop.set()
-            run.keeper.notify()
+            run.request_stop()
             if stop_waiter is not None:
                 stop_waiter.cancel()
             await asyncio.shield(finished)
@@ -304,14 +222,13 @@ class Elector:
         """Run the loop as a task on the running event loop; returns this elector."""
         if self._task is not None and not self._task.done():
             raise RuntimeError(f"aio.Elector {self.config.name!r} is already running")
-        _elector._check_leader_fn(fn)
+        check_leader_fn(fn)
         # Claim the run now, not when the task first runs, so a concurrent
         # run() or start() right after this one raises as it should.
         self._stop_event = asyncio.Event()
-        thread_stop = threading.Event()
-        run = self._core._claim(thread_stop)
+        run = self._core.claim(threading.Event())
         assert run is not None
-        self._task = asyncio.ensure_future(self._drive(run, thread_stop, fn, self._stop_event))
+        self._task = asyncio.ensure_future(self._drive(run, fn, self._stop_event))
         return self
 
     async def stop(self) -> None:
@@ -348,13 +265,15 @@ class Elector:
 
     async def fence_set(self, token: int, key: str | bytes, value: EncodableT) -> bool:
         """Fenced ``SET key value``: applied only when ``token`` is current (True)."""
-        return await self._write(self._core._set_request(token, key, value))
+        return await self._fence.write_async(self._fence.set_request(token, key, value))
 
     async def fence_hset(
         self, token: int, key: str | bytes, field: str | bytes, value: EncodableT
     ) -> bool:
         """Fenced ``HSET key field value``; semantics as ``fence_set``."""
-        return await self._write(self._core._hset_request(token, key, field, value))
+        return await self._fence.write_async(
+            self._fence.hset_request(token, key, field, value)
+        )
 
     async def fence_eval(
         self,
@@ -364,24 +283,9 @@ class Elector:
         args: Sequence[EncodableT] = (),
     ) -> bool:
         """Fence an arbitrary Lua write; semantics as ``redlease.Elector.fence_eval``."""
-        return await self._write(self._core._eval_request(token, body, keys, args))
-
-    async def _write(self, request: FenceRequest | None) -> bool:
-        if request is None:
-            return False
-        script, keys, args = request
-        if self.engine == "native":
-            # The native round trip releases the GIL but blocks its caller:
-            # keep it off the event loop.
-            reply = await asyncio.get_running_loop().run_in_executor(
-                None, self._core._engine.write, script, keys, args
-            )
-        else:
-            try:
-                reply = await self._client.evalsha(script.sha, len(keys), *keys, *args)
-            except NoScriptError:
-                reply = await self._client.eval(script.source, len(keys), *keys, *args)
-        return bool(reply == 1)
+        return await self._fence.write_async(
+            self._fence.eval_request(token, body, keys, args)
+        )
 
 
 class _LeaderBridge:
@@ -425,7 +329,7 @@ class _LeaderBridge:
                 task.cancel()
 
         self._loop.call_soon_threadsafe(begin)
-        term._on_end(lambda: self._loop.call_soon_threadsafe(cancel))
+        when_ended(term, lambda: self._loop.call_soon_threadsafe(cancel))
         finished.wait()
         if outcome:
             raise outcome[0]
@@ -652,7 +556,7 @@ class _Hold:
                 f"lock {held.name!r} (fencing token {held.fencing_token}) was lost while held; "
                 "the block was cancelled"
             ) from exc
-        await _off_loop(lock._release_after_failure, held._inner, exc)
+        await _off_loop(release_after_failure, held._inner, exc)
 
 
 async def with_lock(

@@ -23,25 +23,24 @@ one Redis server (or one cluster shard); it is not a Redlock implementation.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import random
-import secrets
-import threading
-import time
 import warnings
-import weakref
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from datetime import timedelta
-from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from ._config import Duration, to_seconds
-from ._engine import ENDED, LOST, Engine, is_cluster, make_engine, socket_timeout
+from ._config import Duration
+from ._engine import Engine, call_timeout, is_cluster, make_engine
 from ._engine.keeper import PythonKeeper
 from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
+from ._keys import LockKeys, has_hash_tag
+from ._lock import (
+    DEFAULT_RETRY_INTERVAL,
+    DEFAULT_TTL,
+    MIN_AUTO_RENEW_TTL,
+    Lock,
+    Locker,
+    LockKeeper,
+)
 from ._memlock import MemoryStore
 from ._scripts import load
 
@@ -62,471 +61,13 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-_LockerT = TypeVar("_LockerT", bound="Locker")
-
-DEFAULT_TTL = 30.0
-"""Default lease of a lock, in seconds: how long a crashed holder can block others."""
-
-DEFAULT_RETRY_INTERVAL = 0.1
-"""Default polling cadence of a waiting ``acquire``, in seconds."""
-
-MIN_AUTO_RENEW_TTL = 0.03
-"""The shortest TTL (seconds) auto-renewal accepts: the watchdog refreshes at TTL/3."""
 
 DEFAULT_PREFIX = "redlease:lock:"
 """Key prefix of ``RedisLocker``: locks live at ``<prefix>key:<name>``."""
 
-_DEFAULT_CALL_TIMEOUT = 5.0
 # A replayed release must still find its acknowledgement: it lives a few
 # seconds, and at least two round-trip timeouts, then disappears on its own.
 _MIN_ACK_TTL_MS = 5_000
-# Waiting acquirers poll a little early, at random, so they do not move in step.
-_RETRY_JITTER = 0.1
-_WATCHER_JOIN_TIMEOUT = 2.0
-
-
-# -- validation ----------------------------------------------------------------
-
-
-def _check_name(name: object) -> str:
-    if not isinstance(name, str):
-        raise ConfigError(f"lock name must be a str, got {type(name).__name__} {name!r}")
-    if not name:
-        raise ConfigError("lock name must not be empty")
-    return name
-
-
-def _ttl_ms(ttl: object, auto_renew: object) -> int:
-    if not isinstance(auto_renew, bool):
-        raise ConfigError(
-            f"auto_renew must be a bool, got {type(auto_renew).__name__} {auto_renew!r}"
-        )
-    seconds = to_seconds(ttl, "ttl")
-    ttl_ms = math.floor(seconds * 1000 + 1e-9)
-    if ttl_ms < 1:
-        raise ConfigError(
-            f"ttl must be at least 1 ms (Redis expires keys in whole milliseconds), got {ttl!r} s"
-        )
-    if auto_renew and ttl_ms < round(MIN_AUTO_RENEW_TTL * 1000):
-        raise AutoRenewTTLTooShort(
-            f"auto_renew needs a ttl of at least MIN_AUTO_RENEW_TTL ({MIN_AUTO_RENEW_TTL} s) "
-            f"so that a refresh every ttl/3 can land in time, got {ttl!r} s"
-        )
-    return ttl_ms
-
-
-def _wait_seconds(wait: object) -> float:
-    """A wait window: zero (one attempt), positive, or ``math.inf`` (wait until acquired)."""
-    if wait is None:
-        return 0.0
-    if isinstance(wait, bool) or not isinstance(wait, (int, float, timedelta)):
-        raise ConfigError(
-            f"wait must be a duration in seconds (int or float) or a timedelta, "
-            f"got {type(wait).__name__} {wait!r}"
-        )
-    seconds = wait.total_seconds() if isinstance(wait, timedelta) else float(wait)
-    if math.isnan(seconds):
-        raise ConfigError("wait must be a number of seconds, got NaN")
-    if seconds < 0:
-        raise ConfigError(f"wait must not be negative (0 means a single attempt), got {wait!r}")
-    return seconds
-
-
-def _has_hash_tag(prefix: str) -> bool:
-    # Redis Cluster hashes only the part between the first "{" and the next "}",
-    # when that part is not empty.
-    start = prefix.find("{")
-    if start < 0:
-        return False
-    end = prefix.find("}", start + 1)
-    return end > start + 1
-
-
-def _add_note(exc: BaseException, note: str) -> None:
-    add_note = getattr(exc, "add_note", None)  # Python 3.11+
-    if add_note is not None:
-        add_note(note)
-
-
-# -- the lock --------------------------------------------------------------------
-
-
-class _Keeper(Protocol):
-    """The part of ``_engine.Keeper`` a lock's watchdog uses."""
-
-    @property
-    def state(self) -> int: ...
-
-    def begin(self, token: int, acquired_at: float) -> None: ...
-
-    def end(self) -> None: ...
-
-    def wait(self, timeout: float | None) -> bool: ...
-
-    def notify(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def _watch(keeper: _Keeper, done: threading.Event, stopping: threading.Event) -> None:
-    """Set ``done`` the moment the keeper reports the lease LOST."""
-    while True:
-        state = keeper.state
-        if state == LOST:
-            done.set()
-            return
-        if state == ENDED or stopping.is_set():
-            return
-        keeper.wait(None)
-
-
-def _stop_renewing(keeper: _Keeper, stopping: threading.Event, pid: int) -> None:
-    """Stop the watchdog of a lock dropped without release: the lease then expires on its own."""
-    if os.getpid() != pid:
-        return  # a forked child's copy: the keeper is the parent's business
-    stopping.set()
-    keeper.end()
-    keeper.notify()
-    keeper.close()
-
-
-class Lock:
-    """One acquisition of a lock: its name, its fencing token, and the means to end it.
-
-    Made by a locker's ``acquire``/``try_acquire``/``hold``, never directly.
-    ``release()`` and ``refresh()`` act only while the lease is still this
-    acquisition's (its random ownership token is checked atomically by the
-    store), so a holder whose lease expired can never delete or extend a
-    successor's lock: it gets ``NotHeld`` instead, the signal that mutual
-    exclusion may have been violated in the meantime. An auto-renewed lock
-    that is dropped without ``release()`` stops being renewed when it is
-    garbage-collected, so its lease still ends within one TTL. A forked child
-    inherits the object but not the lease: there both raise ``NotHeld``
-    without touching the store. Thread-safe.
-    """
-
-    def __init__(
-        self,
-        locker: Locker,
-        name: str,
-        owner: str,
-        fencing_token: int,
-        ttl_ms: int,
-    ) -> None:
-        self._locker = locker
-        self._name = name
-        self._owner = owner
-        self._fencing_token = fencing_token
-        self._ttl_ms = ttl_ms
-        self._pid = os.getpid()
-        self._mutex = threading.Lock()
-        self._released = False
-        self._keeper: _Keeper | None = None
-        self._auto_renew = False
-        self._watcher: threading.Thread | None = None
-        self._abandon: weakref.finalize[Any, Any] | None = None
-        self._stopping = threading.Event()
-        self.done = threading.Event()
-        """Set once the lease is found lost while auto-renewed (never set without auto_renew).
-
-        Work in progress should stop when it is set: another holder may be in.
-        """
-
-    @property
-    def name(self) -> str:
-        """The lock's name."""
-        return self._name
-
-    @property
-    def fencing_token(self) -> int:
-        """This acquisition's fencing token (>= 1).
-
-        Strictly greater than every token handed out before it by the same
-        store (one counter for every name of a Redis prefix, or of one
-        MemoryLocker), so a resource that remembers the highest token it has
-        seen can reject a delayed writer whose lease is stale.
-        """
-        return self._fencing_token
-
-    @property
-    def ttl(self) -> float:
-        """The lease duration in seconds, as applied (whole milliseconds)."""
-        return self._ttl_ms / 1000
-
-    @property
-    def auto_renew(self) -> bool:
-        """Whether a watchdog refreshes this lease every TTL/3."""
-        return self._auto_renew
-
-    def refresh(self) -> None:
-        """Extend the lease to a full TTL from now.
-
-        Raises ``NotHeld`` when the lease expired, was released or was taken
-        over; a successor's lock is never touched. Backend errors propagate
-        (redis-py's exceptions) and leave the lease as it was.
-        """
-        self._check_process()
-        with self._mutex:
-            if self._released:
-                raise NotHeld(f"lock {self._name!r} was already released")
-            if not self._locker._refresh(self._name, self._owner, self._ttl_ms):
-                self._found_lost()
-                raise NotHeld(
-                    f"lock {self._name!r} (fencing token {self._fencing_token}) is no longer "
-                    "held: its lease expired or another owner took it"
-                )
-
-    def release(self) -> None:
-        """Stop auto-renewal and give the lock up.
-
-        Raises ``NotHeld`` when the lease had already expired, been released
-        or been taken over (a successor's lock is left untouched), which
-        means the work done under it may not have been exclusive. A backend
-        error propagates with auto-renewal already stopped: the lease then
-        ends on its own within one TTL, and calling ``release()`` again is
-        safe (a repeated release of a lock this acquisition already deleted
-        still succeeds).
-        """
-        self._check_process()
-        with self._mutex:
-            if self._released:
-                raise NotHeld(f"lock {self._name!r} was already released")
-            self._stop_watchdog()
-            deleted = self._locker._release(self._name, self._owner)
-            self._released = True
-            if not deleted:
-                self._found_lost()
-                raise NotHeld(
-                    f"lock {self._name!r} (fencing token {self._fencing_token}) was no longer "
-                    "held at release: its lease expired or another owner took it"
-                )
-
-    def _found_lost(self) -> None:
-        # Loss found by a caller rather than by the watchdog is still loss.
-        if self._auto_renew:
-            self.done.set()
-
-    def _check_process(self) -> None:
-        # A forked child inherits the object, not the lease: releasing it from
-        # the child would end the parent's exclusive section behind its back.
-        if os.getpid() != self._pid:
-            raise NotHeld(
-                f"lock {self._name!r} is held by process {self._pid}, not by this forked child"
-            )
-
-    def _start_watchdog(self, keeper: _Keeper, acquired_at: float) -> None:
-        self._keeper = keeper
-        self._auto_renew = True
-        keeper.begin(self._fencing_token, acquired_at)
-        self._watcher = threading.Thread(
-            target=_watch,
-            args=(keeper, self.done, self._stopping),
-            name=f"redlease-lock-watch:{self._name}",
-            daemon=True,
-        )
-        self._watcher.start()
-        self._abandon = weakref.finalize(self, _stop_renewing, keeper, self._stopping, self._pid)
-
-    def _stop_watchdog(self) -> None:
-        keeper, watcher = self._keeper, self._watcher
-        self._keeper = self._watcher = None
-        if keeper is None:
-            return
-        if self._abandon is not None:
-            self._abandon.detach()
-        self._stopping.set()
-        keeper.end()
-        keeper.notify()
-        if watcher is not None and watcher is not threading.current_thread():
-            watcher.join(_WATCHER_JOIN_TIMEOUT)
-        keeper.close()
-
-    def __repr__(self) -> str:
-        state = "released" if self._released else ("lost" if self.done.is_set() else "held")
-        return (
-            f"<redlease.Lock {self._name!r} fencing_token={self._fencing_token} "
-            f"ttl={self.ttl} {state}>"
-        )
-
-
-# -- lockers ---------------------------------------------------------------------
-
-
-class Locker(ABC):
-    """What every locker offers: ``acquire``, ``try_acquire`` and ``hold``.
-
-    Accept a ``Locker`` where code needs a lock and let the deployment decide
-    which one (see ``default_locker``). Both implementations follow the same
-    rules: a lease expires ``ttl`` after acquisition or the last refresh;
-    only the acquisition holding the random ownership token can refresh or
-    release it; every acquisition gets a fencing token greater than all
-    earlier ones of the same store.
-    """
-
-    @property
-    @abstractmethod
-    def engine(self) -> str:
-        """Which engine serves the locker: ``"native"``, ``"python"`` or ``"memory"``."""
-
-    def acquire(
-        self,
-        name: str,
-        *,
-        ttl: Duration = DEFAULT_TTL,
-        wait: Duration = 0.0,
-        retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
-        auto_renew: bool = False,
-    ) -> Lock:
-        """Take the lock ``name``, retrying for up to ``wait`` seconds.
-
-        Tries at once, then every ``retry_interval`` (a little earlier, at
-        random, and no later than the holder's lease expiry) until the wait
-        window ends; ``wait=0`` is a single attempt, ``math.inf`` waits until
-        acquired. Raises ``NotAcquired`` when the lock is still held by
-        someone else at the end. Backend errors fail closed: they propagate
-        as redis-py's exceptions and nothing is acquired.
-
-        ``auto_renew=True`` starts a watchdog that refreshes the lease every
-        TTL/3 (on the native engine from a native thread that never waits for
-        the GIL) and sets ``Lock.done`` once the lease is found lost; it
-        needs ``ttl >= MIN_AUTO_RENEW_TTL`` (else ``AutoRenewTTLTooShort``).
-        The lease is counted from just before the request was sent. Invalid
-        settings raise ``ConfigError`` naming the rule.
-        """
-        name = _check_name(name)
-        ttl_ms = _ttl_ms(ttl, auto_renew)
-        window = _wait_seconds(wait)
-        interval = to_seconds(retry_interval, "retry_interval")
-        return self._acquire(name, ttl_ms, window, interval, auto_renew)
-
-    def try_acquire(
-        self,
-        name: str,
-        *,
-        ttl: Duration = DEFAULT_TTL,
-        auto_renew: bool = False,
-    ) -> Lock:
-        """One attempt at the lock ``name``; ``NotAcquired`` when someone else holds it.
-
-        For work where "another replica is already doing it" is a normal
-        outcome (a cron tick). Otherwise as ``acquire`` with no wait.
-        """
-        name = _check_name(name)
-        ttl_ms = _ttl_ms(ttl, auto_renew)
-        return self._acquire(name, ttl_ms, 0.0, DEFAULT_RETRY_INTERVAL, auto_renew)
-
-    @contextlib.contextmanager
-    def hold(
-        self,
-        name: str,
-        ttl: Duration = DEFAULT_TTL,
-        wait: Duration = 0.0,
-        retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
-        auto_renew: bool = True,
-    ) -> Iterator[Lock]:
-        """Hold the lock ``name`` for the body of a ``with`` block; the recommended form.
-
-        Acquires as ``acquire`` does, with auto-renewal on unless
-        ``auto_renew=False``, so the body may outlive the TTL; ``held.done``
-        is set if the lease is lost meanwhile. The lock is released on every
-        way out of the block, exceptions included. A release reporting
-        ``NotHeld`` is raised even when the body succeeded, because the body
-        can no longer be trusted to have run exclusively; when the body
-        raised, ``NotHeld`` is raised from the body's exception. Two cases
-        keep the body's exception instead, with the release problem added as
-        a note: a ``KeyboardInterrupt``/``SystemExit`` body (an interrupt is
-        never swallowed), and a backend error on release (the lease then
-        expires on its own within one TTL).
-        """
-        held = self.acquire(
-            name, ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew
-        )
-        try:
-            yield held
-        except BaseException as body_exc:
-            _release_after_failure(held, body_exc)
-            raise
-        held.release()
-
-    def close(self) -> None:  # noqa: B027 - lockers without connections have nothing to free
-        """Free the locker's own resources (connections). Release its locks first."""
-
-    def __enter__(self: _LockerT) -> _LockerT:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def _acquire(
-        self, name: str, ttl_ms: int, window: float, interval: float, auto_renew: bool
-    ) -> Lock:
-        owner = secrets.token_hex(16)
-        deadline = time.monotonic() + window
-        while True:
-            sent = time.monotonic()
-            token, remaining = self._attempt(name, owner, ttl_ms)
-            if token > 0:
-                return self._grant(name, owner, token, ttl_ms, sent, auto_renew)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                waited = f" after waiting {window} s" if window > 0 else ""
-                raise NotAcquired(f"lock {name!r} is held by another owner{waited}")
-            delay = interval * (1.0 - _RETRY_JITTER * random.random())
-            if 0 < remaining < delay:
-                delay = remaining
-            self._pause(min(delay, left))
-
-    def _grant(
-        self, name: str, owner: str, token: int, ttl_ms: int, sent: float, auto_renew: bool
-    ) -> Lock:
-        held = Lock(self, name, owner, token, ttl_ms)
-        if auto_renew:
-            ttl = ttl_ms / 1000
-            try:
-                held._start_watchdog(self._keeper(name, owner, ttl_ms, ttl / 3), sent)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    held.release()
-                raise
-        return held
-
-    # The store's four operations, each one atomic.
-
-    @abstractmethod
-    def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
-        """``(token, 0)`` when acquired, else ``(0, seconds left on the holder's lease)``."""
-
-    @abstractmethod
-    def _refresh(self, name: str, owner: str, ttl_ms: int) -> bool:
-        """Extend ``owner``'s lease; False when it is not ``owner``'s."""
-
-    @abstractmethod
-    def _release(self, name: str, owner: str) -> bool:
-        """Delete ``owner``'s lease; False when it is not ``owner``'s."""
-
-    @abstractmethod
-    def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> _Keeper:
-        """A keeper that refreshes ``owner``'s lease every ``interval`` seconds."""
-
-    def _pause(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-
-def _release_after_failure(held: Lock, body_exc: BaseException) -> None:
-    """Release after the body raised ``body_exc``; raise ``NotHeld`` from it when lost."""
-    try:
-        held.release()
-    except NotHeld as lost:
-        if isinstance(body_exc, Exception):
-            raise lost from body_exc
-        _add_note(body_exc, f"redlease: {lost}")
-    except Exception as err:
-        _add_note(body_exc, f"redlease: releasing lock {held.name!r} failed: {err!r}")
 
 
 class RedisLocker(Locker):
@@ -561,15 +102,15 @@ class RedisLocker(Locker):
             raise ConfigError("RedisLocker needs a redis client, got None")
         if not isinstance(prefix, str):
             raise ConfigError(f"prefix must be a str, got {type(prefix).__name__} {prefix!r}")
-        if is_cluster(client) and not _has_hash_tag(prefix):
+        if is_cluster(client) and not has_hash_tag(prefix):
             raise ConfigError(
                 "with a RedisCluster client the prefix must contain a {hash tag} "
                 f"(e.g. '{{locks}}:') so each lock and the fencing counter share a slot; "
                 f"got {prefix!r}"
             )
         self._prefix = prefix
-        self._fencing_key = prefix + "fencing"
-        self._timeout = socket_timeout(client) or _DEFAULT_CALL_TIMEOUT
+        self._keys = LockKeys(prefix)
+        self._timeout = call_timeout(client)
         self._ack_ttl_ms = max(_MIN_ACK_TTL_MS, math.ceil(2000 * self._timeout))
         self._acquire_script = load("lock_acquire")
         self._refresh_script = load("lock_refresh")
@@ -588,7 +129,7 @@ class RedisLocker(Locker):
 
     def key(self, name: str) -> str:
         """The Redis key of the lock ``name`` (``<prefix>key:<name>``)."""
-        return f"{self._prefix}key:{name}"
+        return self._keys.lock(name)
 
     def close(self) -> None:
         """Close the engine's own connections (never the user's client)."""
@@ -597,7 +138,7 @@ class RedisLocker(Locker):
     def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
         reply = self._engine.call(
             self._acquire_script,
-            (self.key(name), self._fencing_key),
+            (self.key(name), self._keys.fencing),
             (owner, ttl_ms),
             self._timeout,
         )
@@ -613,13 +154,13 @@ class RedisLocker(Locker):
     def _release(self, name: str, owner: str) -> bool:
         reply = self._engine.call(
             self._release_script,
-            (self.key(name), f"{self._prefix}ack:{owner}"),
+            (self.key(name), self._keys.ack(owner)),
             (owner, self._ack_ttl_ms),
             self._timeout,
         )
         return int(reply) == 1
 
-    def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> _Keeper:
+    def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> LockKeeper:
         return self._engine.keeper(
             self._refresh_script,
             (self.key(name),),
@@ -660,7 +201,7 @@ class MemoryLocker(Locker):
     def _release(self, name: str, owner: str) -> bool:
         return self._store.release(name, owner)
 
-    def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> _Keeper:
+    def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> LockKeeper:
         store, ttl = self._store, ttl_ms / 1000
 
         def renew(_timeout: float) -> int:

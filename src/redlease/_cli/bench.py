@@ -195,11 +195,7 @@ def measure(
     try:
         elector.start(None)
         token = _wait_for_token(elector)
-        run = elector._run
-        if run is None:
-            raise CliError(f"the {engine} elector stopped unexpectedly")
-        keeper = run.keeper
-        before = len(keeper.lateness())
+        before = len(elector.renew_lateness())
         tick = progress.phase(f"{engine}: renew lateness, {load} load", seconds)
         with ArrivalRecorder(target.client(), _scripts.load("renew").sha) as recorder:
             time.sleep(RENEW_INTERVAL * 3)  # let MONITOR attach before the window opens
@@ -211,7 +207,7 @@ def measure(
             result.server_lateness = gaps_beyond(
                 recorder.between(window_start, window_end), RENEW_INTERVAL
             )
-        samples = keeper.lateness()
+        samples = elector.renew_lateness()
         expected = max(1, int(seconds / RENEW_INTERVAL))
         result.lateness = samples[before:] if len(samples) > before else samples[-expected:]
         result.kept_lease = elector.token() == token

@@ -7,7 +7,7 @@
 """
 
 from .base import ACTIVE, ENDED, IDLE, LOST, EncodableT, Engine, Keeper
-from .client import is_cluster, socket_timeout
+from .client import call_timeout, is_cluster, socket_timeout, write_timeout
 from .select import make_engine, native_available, resolve_engine_name
 
 __all__ = [
@@ -18,9 +18,11 @@ __all__ = [
     "EncodableT",
     "Engine",
     "Keeper",
+    "call_timeout",
     "is_cluster",
     "make_engine",
     "native_available",
     "resolve_engine_name",
     "socket_timeout",
+    "write_timeout",
 ]

@@ -16,6 +16,7 @@ Elector and the lockers never branch on which engine they hold.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -29,6 +30,27 @@ MIN_STEP = 0.002
 Time spent waiting for the GIL between steps is not a slow server: each step
 still gets this long instead of failing unsent. A hung server still costs at
 most the deadline plus a few of these.
+"""
+
+def remaining(deadline: float) -> float:
+    """Seconds left until ``deadline`` (``time.monotonic()``), but at least ``MIN_STEP``."""
+    return max(deadline - time.monotonic(), MIN_STEP)
+
+
+CALL_CONNECTIONS = 2
+"""Control-path connections per engine (acquire, release, lock scripts)."""
+
+WRITE_CONNECTIONS = 4
+"""Fenced-write connections per engine; a single-threaded writer only ever opens one."""
+
+DEFAULT_CALL_TIMEOUT = 5.0
+"""Bound on one control round trip (a lock script) when the client sets no ``socket_timeout``."""
+
+DEFAULT_WRITE_TIMEOUT = 30.0
+"""Bound on one fenced write when the user's client sets no ``socket_timeout``.
+
+redis-py without a socket timeout would wait forever on a hung server; a
+fenced write gives up after this many seconds with ``TimeoutError``.
 """
 
 # Keeper states, shared by both engines (the native one keeps them in C atomics).

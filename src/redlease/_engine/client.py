@@ -8,6 +8,8 @@ from typing import Any
 import redis
 from redis.connection import Connection, UnixDomainSocketConnection
 
+from .base import DEFAULT_CALL_TIMEOUT, DEFAULT_WRITE_TIMEOUT
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -85,3 +87,13 @@ def socket_timeout(client: object) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
         return float(value)
     return None
+
+
+def call_timeout(client: object) -> float:
+    """The bound on one control round trip for ``client``: its socket_timeout, else 5 s."""
+    return socket_timeout(client) or DEFAULT_CALL_TIMEOUT
+
+
+def write_timeout(client: object) -> float:
+    """The bound on one fenced write for ``client``: its socket_timeout, else 30 s."""
+    return socket_timeout(client) or DEFAULT_WRITE_TIMEOUT

@@ -15,21 +15,8 @@ from typing import Any
 
 from .._scripts import Script
 from ._native import _core as _native
-from .base import EncodableT
+from .base import CALL_CONNECTIONS, DEFAULT_WRITE_TIMEOUT, WRITE_CONNECTIONS, EncodableT
 from .client import Endpoint
-
-DEFAULT_WRITE_TIMEOUT = 30.0
-"""Bound on one fenced write when the user's client sets no ``socket_timeout``.
-
-redis-py without a socket timeout would wait forever on a hung server; a
-fenced write here gives up after this many seconds with ``TimeoutError``.
-"""
-
-CALL_CONNECTIONS = 2
-"""Control-path connections (acquire, release, lock scripts); opened only under contention."""
-
-WRITE_CONNECTIONS = 4
-"""Fenced-write connections; a single-threaded writer only ever opens one."""
 
 
 class NativeEngine:

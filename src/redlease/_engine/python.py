@@ -19,7 +19,13 @@ from redis.exceptions import ConnectionError, NoScriptError, RedisError, Respons
 from redis.retry import Retry
 
 from .._scripts import Script
-from .base import MIN_STEP, EncodableT
+from .base import (
+    CALL_CONNECTIONS,
+    DEFAULT_WRITE_TIMEOUT,
+    WRITE_CONNECTIONS,
+    EncodableT,
+    remaining,
+)
 from .client import is_cluster
 from .keeper import PythonKeeper
 
@@ -75,15 +81,15 @@ class BoundedConnection:
         try:
             if conn is None:
                 conn = self._conn = self._make()
-            remaining = self._remaining(deadline)
-            conn.socket_timeout = remaining
-            conn.socket_connect_timeout = remaining
+            left = remaining(deadline)
+            conn.socket_timeout = left
+            conn.socket_connect_timeout = left
             conn.connect()
             sock = getattr(conn, "_sock", None)
             if sock is not None:
-                sock.settimeout(self._remaining(deadline))
+                sock.settimeout(remaining(deadline))
             conn.send_command(*args)
-            return conn.read_response(timeout=self._remaining(deadline))
+            return conn.read_response(timeout=remaining(deadline))
         except ResponseError as exc:
             if self._cluster and str(exc).startswith(("MOVED", "ASK")):
                 self._reroute()
@@ -96,14 +102,6 @@ class BoundedConnection:
             if isinstance(exc, RedisError):
                 raise
             raise ConnectionError(str(exc)) from exc
-
-    @staticmethod
-    def _remaining(deadline: float) -> float:
-        # Time spent waiting for the GIL between steps is not a round trip the
-        # server is slow with: past the deadline, each remaining step still
-        # gets a short wait of its own instead of failing unsent. A hung
-        # server still costs at most the deadline plus a few of these.
-        return max(deadline - time.monotonic(), MIN_STEP)
 
     def _reroute(self) -> None:
         self.drop()
@@ -124,7 +122,7 @@ class BoundedConnection:
             return self.execute(("EVALSHA", script.sha, len(keys), *keys, *args), timeout)
         except NoScriptError:
             return self.execute(
-                ("EVAL", script.source, len(keys), *keys, *args), self._remaining(deadline)
+                ("EVAL", script.source, len(keys), *keys, *args), remaining(deadline)
             )
 
     def drop(self) -> None:
@@ -135,15 +133,81 @@ class BoundedConnection:
                 conn.disconnect()
 
 
+class _Pool:
+    """A few bounded connections, opened on demand, shared by threads.
+
+    With a cluster client there is one set per node, routed by the first
+    key's slot (one per node, not per key: lock names are unbounded). At
+    most ``size`` round trips run at once; waiting for a free connection
+    counts against the caller's deadline.
+    """
+
+    def __init__(self, client: Any, size: int) -> None:
+        self._client = client
+        self._cluster = is_cluster(client)
+        self._size = size
+        self._cond = threading.Condition()
+        self._busy = 0
+        self._idle: dict[object, list[BoundedConnection]] = {}
+
+    def eval_script(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        timeout: float,
+    ) -> Any:
+        deadline = time.monotonic() + timeout
+        key = keys[0] if keys and self._cluster else None
+        route = self._client.get_node_from_key(key).name if key is not None else None
+        conn = self._take(route, key, deadline)
+        try:
+            return conn.eval_script(script, keys, args, remaining(deadline))
+        finally:
+            with self._cond:
+                self._busy -= 1
+                self._idle.setdefault(route, []).append(conn)
+                self._cond.notify()
+
+    def _take(self, route: object, key: str | bytes | None, deadline: float) -> BoundedConnection:
+        with self._cond:
+            while self._busy >= self._size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("redlease: every connection busy past the deadline")
+                self._cond.wait(left)
+            self._busy += 1
+            idle = self._idle.get(route)
+            if idle:
+                return idle.pop()
+        return BoundedConnection(self._client, key)
+
+    def close(self) -> None:
+        with self._cond:
+            conns = [conn for idle in self._idle.values() for conn in idle]
+            self._idle.clear()
+        for conn in conns:
+            conn.drop()
+
+
 class PythonEngine:
-    """The Engine protocol on redis-py (see ``_engine.Engine``)."""
+    """The Engine protocol on redis-py (see ``_engine.Engine``).
+
+    Control calls and fenced writes each run on small pools of the engine's
+    own connections, opened like the user's client but with no retries and a
+    deadline per call: a fenced write is sent at most once, whatever retry
+    policy the client carries, and raises when its outcome is unknown.
+    """
 
     name = "python"
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, write_timeout: float | None = None) -> None:
         self._client = client
-        self._lock = threading.Lock()
-        self._conns: dict[object, BoundedConnection] = {}
+        self.write_timeout = (
+            DEFAULT_WRITE_TIMEOUT if write_timeout is None else float(write_timeout)
+        )
+        self._calls = _Pool(client, CALL_CONNECTIONS)
+        self._writes = _Pool(client, WRITE_CONNECTIONS)
 
     def call(
         self,
@@ -152,19 +216,7 @@ class PythonEngine:
         args: Sequence[EncodableT],
         timeout: float,
     ) -> Any:
-        deadline = time.monotonic() + timeout
-        if not self._lock.acquire(timeout=timeout):
-            raise TimeoutError("redlease: control connection busy past the deadline")
-        try:
-            key = keys[0] if keys and is_cluster(self._client) else None
-            # One connection per cluster node, not per key: lock names are unbounded.
-            route = self._client.get_node_from_key(key).name if key is not None else None
-            conn = self._conns.get(route)
-            if conn is None:
-                conn = self._conns[route] = BoundedConnection(self._client, key)
-            return conn.eval_script(script, keys, args, BoundedConnection._remaining(deadline))
-        finally:
-            self._lock.release()
+        return self._calls.eval_script(script, keys, args, timeout)
 
     def write(
         self,
@@ -172,11 +224,7 @@ class PythonEngine:
         keys: Sequence[str | bytes],
         args: Sequence[EncodableT],
     ) -> Any:
-        client = self._client
-        try:
-            return client.evalsha(script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return client.eval(script.source, len(keys), *keys, *args)
+        return self._writes.eval_script(script, keys, args, self.write_timeout)
 
     def keeper(
         self,
@@ -196,10 +244,8 @@ class PythonEngine:
         return PythonKeeper(renew, interval=interval, ttl=ttl, on_close=conn.drop)
 
     def close(self) -> None:
-        with self._lock:
-            for conn in self._conns.values():
-                conn.drop()
-            self._conns.clear()
+        self._calls.close()
+        self._writes.close()
 
 
 __all__ = ["BoundedConnection", "PythonEngine"]

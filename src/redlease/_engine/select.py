@@ -6,7 +6,7 @@ import os
 
 from .._errors import ConfigError
 from .base import Engine
-from .client import native_endpoint, socket_timeout
+from .client import native_endpoint, write_timeout
 
 ENGINES = ("auto", "native", "python")
 
@@ -53,7 +53,7 @@ def make_engine(client: object, engine: str | None) -> Engine:
 
         endpoint, _ = native_endpoint(client)
         assert endpoint is not None
-        return NativeEngine(endpoint, write_timeout=socket_timeout(client))
+        return NativeEngine(endpoint, write_timeout=write_timeout(client))
     from .python import PythonEngine
 
-    return PythonEngine(client)
+    return PythonEngine(client, write_timeout=write_timeout(client))

@@ -1,0 +1,101 @@
+"""Observer and Term: what a run tells its caller, and one term of leadership."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+Reason = Literal["lost", "returned", "resigned", "stopped"]
+
+
+@dataclass(frozen=True)
+class Observer:
+    """Optional callbacks on leadership transitions; a None field is not called.
+
+    - ``on_elected(token)``: this instance won a term; fires before the leader
+      function starts.
+    - ``on_stepped_down()``: the term ended; fires after the leader function
+      returned and the release was tried.
+    - ``on_follower()``: an acquire found the lock held by another instance;
+      once per transition into the follower role, not on every retry.
+    - ``on_error(exc)``: a Redis error during acquire, renewal or release, as
+      the redis-py exception it was. Already handled (retried, backed off or
+      stepped down from): for logs and metrics, never requires action.
+
+    Callbacks run on the run thread and must not block. An exception from a
+    callback neither kills the elector nor ends the term: it is passed to
+    ``on_error`` (or, from ``on_error`` itself, to ``sys.unraisablehook``).
+    """
+
+    on_elected: Callable[[int], object] | None = None
+    on_stepped_down: Callable[[], object] | None = None
+    on_follower: Callable[[], object] | None = None
+    on_error: Callable[[Exception], object] | None = None
+
+
+class Term:
+    """One leadership term: its fencing token, and whether and why it ended.
+
+    ``reason`` is None while the term is active, then one of ``"lost"``
+    (the lease could not be kept), ``"returned"`` (the leader function
+    returned or raised), ``"resigned"`` (``Elector.resign()``) or
+    ``"stopped"`` (the run was stopped).
+    """
+
+    __slots__ = ("_callbacks", "_ended", "_guard", "_reason", "token")
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+        self._ended = threading.Event()
+        self._reason: Reason | None = None
+        self._guard = threading.Lock()
+        self._callbacks: list[Callable[[], object]] = []
+
+    @property
+    def reason(self) -> Reason | None:
+        """Why the term ended, or None while it is active."""
+        return self._reason
+
+    def ended(self) -> bool:
+        """True once the term has ended: stop working for it."""
+        return self._ended.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the term ends or ``timeout`` passes; True once it has ended."""
+        return self._ended.wait(timeout)
+
+    def _end(self, reason: Reason) -> None:
+        with self._guard:
+            if self._reason is None:
+                self._reason = reason
+            self._ended.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def _on_end(self, callback: Callable[[], object]) -> None:
+        with self._guard:
+            if not self._ended.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def __repr__(self) -> str:
+        state = self._reason or "active"
+        return f"<redlease.Term token={self.token} {state}>"
+
+
+# The run loop and the shells end terms and watch them through these two
+# functions: the internal API of a Term, kept off its public surface.
+
+
+def end_term(term: Term, reason: Reason) -> None:
+    """End ``term`` with ``reason`` (the first reason given sticks) and run its callbacks."""
+    term._end(reason)
+
+
+def when_ended(term: Term, callback: Callable[[], object]) -> None:
+    """Call ``callback`` once ``term`` ends (at once, here, if it already has)."""
+    term._on_end(callback)
