@@ -381,6 +381,17 @@ class Elector:
         """The engine that runs this elector: ``"native"`` or ``"python"``."""
         return self._election.engine.name
 
+    @property
+    def engine_reason(self) -> str:
+        """Why the native engine does not run this elector, in one sentence ("" when it does).
+
+        Set when ``engine="auto"`` fell back to the Python engine for this
+        client (a build without OpenSSL and a TLS client, a
+        ``credential_provider``, ...); empty on the native engine and when the
+        Python engine was asked for.
+        """
+        return self._election.engine.reason
+
     def __repr__(self) -> str:
         return (
             f"<redlease.Elector {self.config.name!r} id={self.instance_id!r} "

@@ -139,6 +139,11 @@ class Elector:
         """The engine that keeps the lease: ``"native"`` or ``"python"``."""
         return self._core.engine.name
 
+    @property
+    def engine_reason(self) -> str:
+        """Why the native engine does not run this elector ("" when it does)."""
+        return self._core.engine.reason
+
     def token(self) -> int | None:
         """The current term's fencing token while leading, else None (a snapshot)."""
         return self._core.token()

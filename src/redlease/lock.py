@@ -123,6 +123,11 @@ class RedisLocker(Locker):
         return self._engine.name
 
     @property
+    def engine_reason(self) -> str:
+        """Why the native engine does not serve this locker ("" when it does)."""
+        return self._engine.reason
+
+    @property
     def prefix(self) -> str:
         """The key prefix every lock of this locker lives under."""
         return self._prefix

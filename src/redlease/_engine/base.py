@@ -125,6 +125,8 @@ class Engine(Protocol):
     """What an Elector or a RedisLocker needs from Redis."""
 
     name: str
+    reason: str
+    """Why the native engine does not serve the client, in one sentence ("" when it does)."""
 
     def call(
         self,

@@ -30,6 +30,7 @@ class NativeEngine:
     """
 
     name = "native"
+    reason = ""
 
     def __init__(self, endpoint: Endpoint, write_timeout: float | None) -> None:
         self.endpoint = endpoint

@@ -200,6 +200,7 @@ class PythonEngine:
     """
 
     name = "python"
+    reason = ""
 
     def __init__(self, client: Any, write_timeout: float | None = None) -> None:
         self._client = client

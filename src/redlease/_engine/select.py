@@ -6,9 +6,20 @@ import os
 
 from .._errors import ConfigError
 from .base import Engine
-from .client import native_endpoint, write_timeout
+from .client import Endpoint, native_endpoint, write_timeout
 
 ENGINES = ("auto", "native", "python")
+
+# What each kind of endpoint needs from the build of the extension, and the
+# sentence that says why a build without it cannot serve the client.
+_NEEDS = {
+    "tls": (
+        "the client uses TLS and the native extension was built without OpenSSL "
+        "(install OpenSSL's headers, e.g. Debian's libssl-dev, and reinstall redlease)"
+    ),
+    "sentinel": "the native extension of this build cannot follow a Sentinel-managed master",
+    "cluster": "the native extension of this build cannot route a RedisCluster client by slot",
+}
 
 
 def native_available() -> tuple[bool, str]:
@@ -20,8 +31,34 @@ def native_available() -> tuple[bool, str]:
     return True, ""
 
 
-def resolve_engine_name(client: object, engine: str | None) -> str:
-    """Which engine ``engine`` means for ``client``: ``"native"`` or ``"python"``."""
+def native_features() -> frozenset[str]:
+    """What this build of the extension can serve beyond plain TCP and unix sockets."""
+    try:
+        from ._native import _core
+    except ImportError:
+        return frozenset()
+    features: frozenset[str] = frozenset(getattr(_core, "FEATURES", ()))
+    return features
+
+
+def _gap(endpoint: Endpoint) -> str:
+    features = native_features()
+    sentinel_tls = endpoint.sentinels is not None and endpoint.sentinels.tls is not None
+    if (endpoint.tls is not None or sentinel_tls) and "tls" not in features:
+        return _NEEDS["tls"]
+    if endpoint.kind != "direct" and endpoint.kind not in features:
+        return _NEEDS[endpoint.kind]
+    return ""
+
+
+def choose_engine(client: object, engine: str | None) -> tuple[str, str, Endpoint | None]:
+    """``(name, reason, endpoint)``: which engine ``engine`` means for ``client``.
+
+    ``name`` is ``"native"`` or ``"python"``; ``reason`` says in one sentence
+    why a client asked to run natively (``auto`` or ``native``) got the
+    Python engine, and is empty otherwise. ``engine="native"`` on a client the
+    native engine cannot serve raises ConfigError with that sentence.
+    """
     source = "engine"
     if engine is None or engine == "auto":
         # "auto" is the default, and REDLEASE_ENGINE says what the default means.
@@ -33,27 +70,43 @@ def resolve_engine_name(client: object, engine: str | None) -> str:
     if not isinstance(engine, str) or engine not in ENGINES:
         raise ConfigError(f"{source} must be one of auto, native, python; got {engine!r}")
     if engine == "python":
-        return "python"
+        return "python", "", None
     ok, why = native_available()
     endpoint, why_client = native_endpoint(client)
+    if ok and endpoint is not None:
+        why_client = _gap(endpoint)
+    reason = why if not ok else why_client
     if engine == "native":
         if not ok:
             raise ConfigError(f'{source}="native" is unavailable: {why}')
-        if endpoint is None:
-            raise ConfigError(f'{source}="native" cannot serve this client: {why_client}')
-        return "native"
-    return "native" if ok and endpoint is not None else "python"
+        if reason:
+            raise ConfigError(f'{source}="native" cannot serve this client: {reason}')
+        return "native", "", endpoint
+    if reason:
+        return "python", reason, None
+    return "native", "", endpoint
+
+
+def resolve_engine_name(client: object, engine: str | None) -> str:
+    """Which engine ``engine`` means for ``client``: ``"native"`` or ``"python"``."""
+    return choose_engine(client, engine)[0]
 
 
 def make_engine(client: object, engine: str | None) -> Engine:
-    """Build the engine ``engine`` names for ``client`` (see ``resolve_engine_name``)."""
-    name = resolve_engine_name(client, engine)
+    """Build the engine ``engine`` names for ``client`` (see ``choose_engine``).
+
+    The engine's ``reason`` says why an ``auto`` choice fell back to Python.
+    """
+    name, reason, endpoint = choose_engine(client, engine)
+    built: Engine
     if name == "native":
         from .native import NativeEngine
 
-        endpoint, _ = native_endpoint(client)
         assert endpoint is not None
-        return NativeEngine(endpoint, write_timeout=write_timeout(client))
-    from .python import PythonEngine
+        built = NativeEngine(endpoint, write_timeout=write_timeout(client))
+    else:
+        from .python import PythonEngine
 
-    return PythonEngine(client, write_timeout=write_timeout(client))
+        built = PythonEngine(client, write_timeout=write_timeout(client))
+    built.reason = reason
+    return built
