@@ -16,11 +16,11 @@ import argparse
 from collections.abc import Callable
 
 import redis
-from timing import Timed, time_calls
 
 from redlease import Locker, MemoryLocker, RedisLocker
 from redlease._cli.bench import native_engine_available
 from redlease._testing import RedisServer
+from timing import Timed, time_calls
 
 Cycle = Callable[[], None]
 

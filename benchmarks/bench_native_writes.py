@@ -30,7 +30,6 @@ from collections.abc import Callable
 
 import redis
 import redis.utils
-from timing import time_calls
 
 from redlease._engine._native import _core as _native
 from redlease._engine.client import Endpoint
@@ -38,6 +37,7 @@ from redlease._engine.native import NativeEngine
 from redlease._keys import ElectionKeys
 from redlease._scripts import fenced_file
 from redlease._testing import RedisServer
+from timing import time_calls
 
 
 def raw_socket_writer(server: RedisServer, unix: bool, command: bytes) -> Callable[[], object]:

@@ -19,9 +19,9 @@ import os
 import time
 
 import redis
-from _redis_client import redis_client
 
 import redlease
+from _redis_client import redis_client
 
 NAME = "nightly-report"
 RUN_LOG = f"{NAME}:runs"

@@ -27,9 +27,9 @@ import os
 import time
 
 import redis
-from _redis_client import redis_client
 
 import redlease
+from _redis_client import redis_client
 
 NAME = "invoice-numbers"
 NEXT_KEY = f"{NAME}:next"

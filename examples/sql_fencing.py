@@ -28,9 +28,8 @@ import sqlite3
 import time
 from contextlib import closing
 
-from _redis_client import redis_client
-
 import redlease
+from _redis_client import redis_client
 
 NAME = "report-builder"
 
