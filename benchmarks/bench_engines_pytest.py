@@ -17,14 +17,16 @@ import redis
 
 import redlease
 from redlease import _scripts
-from redlease._engine.select import native_available
+from redlease._cli.bench import native_engine_available
+from redlease._keys import ElectionKeys
 
 CASES = ("native", "python", "redis-py")
 
 
 def _engine_or_skip(case: str) -> None:
-    if case == "native" and not native_available()[0]:
-        pytest.skip(native_available()[1])
+    available, why = native_engine_available()
+    if case == "native" and not available:
+        pytest.skip(why)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -34,7 +36,7 @@ def test_fenced_set(benchmark: Any, client: redis.Redis, case: str) -> None:
         client.script_load(script.source)
 
         def write() -> None:
-            client.evalsha(script.sha, 2, "bench:fence:applied", "bench:value", "1", "v")
+            client.evalsha(script.sha, 2, ElectionKeys("bench").applied, "bench:value", "1", "v")
 
         benchmark(write)
         return

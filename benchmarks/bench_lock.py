@@ -13,49 +13,16 @@ to redis-py.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import redis
 
-from redlease._engine.select import native_available
+from redlease import Locker, MemoryLocker, RedisLocker
+from redlease._cli.bench import native_engine_available
 from redlease._testing import RedisServer
-from redlease.lock import Locker, MemoryLocker, RedisLocker
+from timing import Timed, time_calls
 
 Cycle = Callable[[], None]
-
-
-@dataclass
-class Result:
-    case: str
-    cycles: int
-    seconds: float
-    latencies: list[float]
-
-    @property
-    def rate(self) -> float:
-        return self.cycles / self.seconds
-
-    def percentile(self, q: float) -> float:
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def measure(case: str, cycle: Cycle, seconds: float, warmup: int = 200) -> Result:
-    for _ in range(warmup):
-        cycle()
-    latencies: list[float] = []
-    clock = time.perf_counter
-    started = clock()
-    deadline = started + seconds
-    now = started
-    while now < deadline:
-        cycle()
-        after = clock()
-        latencies.append(after - now)
-        now = after
-    return Result(case, len(latencies), now - started, latencies)
 
 
 def locker_cycle(locker: Locker, name: str, *, auto_renew: bool) -> Cycle:
@@ -75,15 +42,17 @@ def redis_py_cycle(client: redis.Redis, name: str) -> Cycle:
     return cycle
 
 
-def run(seconds: float, unix: bool, notes: list[str]) -> list[Result]:
-    results: list[Result] = []
+def run(seconds: float, unix: bool, notes: list[str]) -> list[Timed]:
+    results: list[Timed] = []
     memory = MemoryLocker()
-    results.append(measure("MemoryLocker", locker_cycle(memory, "m", auto_renew=False), seconds))
     results.append(
-        measure("MemoryLocker auto_renew", locker_cycle(memory, "m", auto_renew=True), seconds)
+        time_calls("MemoryLocker", locker_cycle(memory, "m", auto_renew=False), seconds)
+    )
+    results.append(
+        time_calls("MemoryLocker auto_renew", locker_cycle(memory, "m", auto_renew=True), seconds)
     )
     engines = ["python"]
-    native_ok, why = native_available()
+    native_ok, why = native_engine_available()
     if native_ok:
         engines.append("native")
     else:
@@ -95,14 +64,16 @@ def run(seconds: float, unix: bool, notes: list[str]) -> list[Result]:
                 for auto_renew in (False, True):
                     label = f"RedisLocker {engine}" + (" auto_renew" if auto_renew else "")
                     cycle = locker_cycle(locker, f"bench:{engine}", auto_renew=auto_renew)
-                    results.append(measure(label, cycle, seconds))
-        results.append(measure("redis-py Lock", redis_py_cycle(client, "bench:redis-py"), seconds))
+                    results.append(time_calls(label, cycle, seconds))
+        results.append(
+            time_calls("redis-py Lock", redis_py_cycle(client, "bench:redis-py"), seconds)
+        )
         client.close()
     return results
 
 
-def table(results: list[Result]) -> str:
-    baseline = next((r for r in results if r.case == "redis-py Lock"), None)
+def table(results: list[Timed]) -> str:
+    baseline = next((r for r in results if r.name == "redis-py Lock"), None)
     header = (
         f"{'case':<30} {'cycles/s':>10} {'p50 us':>8} {'p99 us':>8} {'max us':>9} "
         f"{'vs redis-py':>12}"
@@ -111,8 +82,8 @@ def table(results: list[Result]) -> str:
     for r in results:
         ratio = f"{r.rate / baseline.rate:.2f}x" if baseline else "-"
         lines.append(
-            f"{r.case:<30} {r.rate:>10.0f} {r.percentile(0.5) * 1e6:>8.1f} "
-            f"{r.percentile(0.99) * 1e6:>8.1f} {max(r.latencies) * 1e6:>9.1f} {ratio:>12}"
+            f"{r.name:<30} {r.rate:>10.0f} {r.percentile_us(50):>8.1f} "
+            f"{r.percentile_us(99):>8.1f} {r.percentile_us(100):>9.1f} {ratio:>12}"
         )
     return "\n".join(lines)
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import redis
 
-from redlease._engine.select import native_available
-from redlease.lock import MemoryLocker, RedisLocker
+from redlease import MemoryLocker, RedisLocker
+from redlease._cli.bench import native_engine_available
 
 CASES = ("memory", "redis-python", "redis-native", "redis-py")
 
@@ -35,8 +35,9 @@ def test_uncontended_acquire_release(benchmark: Any, client: redis.Redis, case: 
         locker: MemoryLocker | RedisLocker = MemoryLocker()
     else:
         engine = case.split("-", 1)[1]
-        if engine == "native" and not native_available()[0]:
-            pytest.skip(native_available()[1])
+        available, why = native_engine_available()
+        if engine == "native" and not available:
+            pytest.skip(why)
         locker = RedisLocker(client, engine=engine)
 
     def locker_cycle() -> None:

@@ -15,16 +15,18 @@ socket with ``--unix``):
 
 Each contender runs ``--rounds`` times; the best round is reported (a shared
 machine only ever makes a round slower). Prints a table; asserts nothing.
+
+Unlike the other benchmarks, which measure through the public API, this one drives
+the engines' write paths and the native core directly (``redlease._engine``):
+the per-call cost of the core is what it measures, without the Elector's
+argument checks in front of it.
 """
 
 from __future__ import annotations
 
 import argparse
 import socket
-import statistics
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import redis
 import redis.utils
@@ -32,53 +34,13 @@ import redis.utils
 from redlease._engine._native import _core as _native
 from redlease._engine.client import Endpoint
 from redlease._engine.native import NativeEngine
+from redlease._keys import ElectionKeys
 from redlease._scripts import fenced_file
 from redlease._testing import RedisServer
+from timing import time_calls
 
 
-@dataclass
-class Result:
-    name: str
-    ops: int
-    seconds: float
-    latencies_ns: list[int]
-
-    @property
-    def rate(self) -> float:
-        return self.ops / self.seconds
-
-    def percentile_us(self, q: float) -> float:
-        ordered = sorted(self.latencies_ns)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000
-
-
-def measure(name: str, op: Callable[[int], object], seconds: float, rounds: int) -> Result:
-    """Run ``op`` back to back for ``seconds``, ``rounds`` times; the best round."""
-    for i in range(200):  # warm up: connect, load the script, fill caches
-        op(i)
-    best: Result | None = None
-    clock = time.perf_counter_ns
-    for _ in range(rounds):
-        latencies: list[int] = []
-        record = latencies.append
-        start = clock()
-        stop = start + int(seconds * 1e9)
-        i = 0
-        now = start
-        while now < stop:
-            op(i)
-            after = clock()
-            record(after - now)
-            now = after
-            i += 1
-        result = Result(name, i, (now - start) / 1e9, latencies)
-        if best is None or result.rate > best.rate:
-            best = result
-    assert best is not None
-    return best
-
-
-def raw_socket_writer(server: RedisServer, unix: bool, command: bytes) -> Callable[[int], object]:
+def raw_socket_writer(server: RedisServer, unix: bool, command: bytes) -> Callable[[], object]:
     if unix:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(str(server.unix_path))
@@ -87,7 +49,7 @@ def raw_socket_writer(server: RedisServer, unix: bool, command: bytes) -> Callab
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sendall, recv = sock.sendall, sock.recv
 
-    def op(_: int) -> object:
+    def op() -> object:
         sendall(command)
         reply = recv(64)
         while not reply.endswith(b"\r\n"):
@@ -105,7 +67,7 @@ def main() -> None:
     opts = parser.parse_args()
 
     script = fenced_file("fence_set")
-    keys = ["bench:fence:applied", "bench:value"]
+    keys = [ElectionKeys("bench").applied, "bench:value"]
     args = [1, "value"]
 
     with RedisServer(unix=opts.unix) as server:
@@ -121,21 +83,21 @@ def main() -> None:
             client_name=None,
         )
         native = NativeEngine(endpoint, write_timeout=5.0)
-        contenders: list[tuple[str, Callable[[int], object]]] = [
-            ("native", lambda i: native.write(script, keys, args)),
-            ("redis-py", lambda i: client.evalsha(script.sha, 2, *keys, *args)),
+        contenders: list[tuple[str, Callable[[], object]]] = [
+            ("native", lambda: native.write(script, keys, args)),
+            ("redis-py", lambda: client.evalsha(script.sha, 2, *keys, *args)),
         ]
         try:
             from redlease._engine.python import PythonEngine
 
             python = PythonEngine(client)
-            contenders.append(("python engine", lambda i: python.write(script, keys, args)))
+            contenders.append(("python engine", lambda: python.write(script, keys, args)))
         except ImportError:
             pass
         raw = _native.encode_command(["EVALSHA", script.sha, len(keys), *keys, *args])
         contenders.append(("raw socket", raw_socket_writer(server, opts.unix, raw)))
 
-        results = [measure(name, op, opts.seconds, opts.rounds) for name, op in contenders]
+        results = [time_calls(name, op, opts.seconds, opts.rounds) for name, op in contenders]
         native.close()
         client.close()
 
@@ -151,10 +113,9 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for r in results:
-        mean = statistics.fmean(r.latencies_ns) / 1000
         print(
-            f"{r.name:<15}{r.rate:>11,.0f}{mean:>10.1f}{r.percentile_us(0.5):>9.1f}"
-            f"{r.percentile_us(0.99):>9.1f}{r.rate / base:>12.2f}x"
+            f"{r.name:<15}{r.rate:>11,.0f}{r.mean_us():>10.1f}{r.percentile_us(50):>9.1f}"
+            f"{r.percentile_us(99):>9.1f}{r.rate / base:>12.2f}x"
         )
 
 

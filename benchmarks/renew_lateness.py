@@ -8,25 +8,30 @@ interval while the main thread runs the load. Lateness is measured twice:
 
 - by the renewer itself (send time minus scheduled time, its own clock);
 - by the server: MONITOR timestamps of the renewal commands as Redis received
-  them, against the ideal schedule first-arrival + k * interval.
+  them; each gap between two arrivals beyond one renew interval is late.
 
 The server's view is the one that matters to the lease and cannot be
-flattered by the renewer's clock. Prints a table; asserts nothing.
+flattered by the renewer's clock. The window is measured as ``redlease bench``
+measures it (``redlease._cli.bench.lateness_under_load``); this script runs
+every load and prints a grid. Prints a table; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from dataclasses import dataclass
 
 import redis
 
 import redlease
-from redlease import _scripts
-from redlease._cli.bench import ArrivalRecorder, gaps_beyond, gil_call_size, percentile, run_load
-from redlease._engine.select import native_available
+from redlease._cli.bench import (
+    gil_call_size,
+    lateness_under_load,
+    native_engine_available,
+    percentile,
+    wait_for_token,
+)
 from redlease._testing import RedisServer
 
 LOADS = ("idle", "python", "gil")
@@ -55,23 +60,13 @@ def measure(url: str, engine: str, load: str, seconds: float, interval: float, g
         engine=engine,
         observer=redlease.Observer(on_error=errors.append),
     )
-    recorder = ArrivalRecorder(redis.Redis.from_url(url), _scripts.load("renew").sha)
-    with recorder, elector:
-        deadline = time.monotonic() + 5
-        while elector.token() is None and time.monotonic() < deadline:
-            time.sleep(0.005)
-        token = elector.token()
-        assert token is not None
-        time.sleep(interval * 5)  # settle: the immediate first renewal is not a scheduled one
-        skip_own = len(elector.renew_lateness())
-        mark = time.time()
-        run_load(load, seconds, lambda _now: None, gil_n)
-        end = time.time()
-        own = elector.renew_lateness()[skip_own:]
-        kept = elector.token() == token
-        recorder.catch_up(end)
-    window = recorder.between(mark, end)
-    return Row(engine, load, own, gaps_beyond(window, interval), kept, len(errors))
+    with elector:
+        token = wait_for_token(elector, timeout=5.0)
+        window = lateness_under_load(
+            elector, token, redis.Redis.from_url(url), load, seconds, gil_n
+        )
+    client.close()
+    return Row(engine, load, window.own, window.server or [], window.kept, len(errors))
 
 
 def _fmt(samples: list[float]) -> str:
@@ -88,7 +83,7 @@ def main() -> int:
     parser.add_argument("--redis", help="a Redis URL; default: a private redis-server")
     args = parser.parse_args()
 
-    engines = ["python"] + (["native"] if native_available()[0] else [])
+    engines = ["python"] + (["native"] if native_engine_available()[0] else [])
     server = None
     url = args.redis
     if url is None:

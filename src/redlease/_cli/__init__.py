@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import NoReturn
 
-from .._version import __version__
+from .. import __version__
+from .._keys import ElectionKeys
 from .redisurl import DEFAULT_STATUS_URL, CliError, one_line, url_from
 
 
@@ -89,11 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="run for about this many seconds; the freeze scenario always "
                       "completes (default 10)")
 
+    keys = ElectionKeys("NAME")
     status = sub.add_parser(
         "status",
         help="show an elector's leader, lease, fence and the server's correctness boundary",
         description=(
-            "Reads NAME:leader, its PTTL, NAME:fence and NAME:fence:applied, and checks the "
+            f"Reads {keys.leader}, its PTTL, {keys.fence} and {keys.applied}, and checks the "
             "server settings under which fencing tokens can go backwards (persistence, "
             f"eviction, replication). --redis defaults to REDIS_URL, else {DEFAULT_STATUS_URL}."
         ),

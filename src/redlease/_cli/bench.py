@@ -16,14 +16,16 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
+import redlease
+
 from .. import _scripts
-from .._engine import native_available
+from .._keys import ElectionKeys
 from .redisurl import CliError, Target, one_line, redis_target
 
 TTL = 2.0
@@ -33,6 +35,9 @@ RENEW_INTERVAL = 0.02
 """Renewal period: many samples per second, far below the TTL."""
 
 GIL_CALL_SECONDS = 0.2
+
+RENEW_SHA = _scripts.load("renew").sha
+"""What marks a renewal among the commands MONITOR shows: its script's SHA1."""
 
 LOAD_DESCRIPTIONS = {
     "idle": "the main thread sleeps",
@@ -77,8 +82,26 @@ class Progress:
         return tick
 
 
-def percentile(samples: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+def native_engine_available() -> tuple[bool, str]:
+    """Whether the native engine can run here, and the library's reason when it cannot.
+
+    Asked the way a user would: an Elector on ``engine="native"`` raises
+    ConfigError when the extension is not built. The probe's client is a plain
+    ``redis.Redis()``, which the native engine can always serve, so the only
+    refusal left is the build; nothing connects, nothing runs.
+    """
+    try:
+        redlease.Elector(redis.Redis(), "redlease-native-probe", engine="native")
+    except redlease.ConfigError as exc:
+        message = str(exc)
+        # 'engine="native" is unavailable: <reason>': the reason is what a person acts on
+        _, found, reason = message.partition(" is unavailable: ")
+        return False, reason if found else message
+    return True, ""
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty sequence."""
     ordered = sorted(samples)
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return ordered[rank - 1]
@@ -182,42 +205,76 @@ class ArrivalRecorder:
             self.error = one_line(exc)
 
 
+@dataclass
+class Lateness:
+    """How late renewals were over one window of load, by both clocks."""
+
+    own: list[float]
+    """Send time minus scheduled time of each renewal, by the keeper's own clock."""
+    server: list[float] | None
+    """How much more than one renew interval passed between renewals as Redis received
+    them; None when the server refused MONITOR."""
+    kept: bool
+    """Whether the term that led when the window opened still led when it closed."""
+
+
+def lateness_under_load(
+    elector: redlease.Elector,
+    token: int,
+    monitor: redis.Redis,
+    load: str,
+    seconds: float,
+    gil_n: int,
+    tick: Callable[[float], None] = lambda now: None,
+) -> Lateness:
+    """Run ``load`` on this thread for ``seconds`` while ``elector`` leads with ``token``.
+
+    ``monitor`` is a client of its own for the MONITOR reader (closed after);
+    ``tick`` is called with the time now and then during the load (progress).
+    """
+    interval = elector.config.renew_interval
+    before = len(elector.renew_lateness())
+    with ArrivalRecorder(monitor, RENEW_SHA) as recorder:
+        time.sleep(interval * 3)  # let MONITOR attach before the window opens
+        window_start = time.time()
+        run_load(load, seconds, tick, gil_n)
+        window_end = time.time()
+        recorder.catch_up(window_end)
+    server = None
+    if recorder.error is None:
+        server = gaps_beyond(recorder.between(window_start, window_end), interval)
+    samples = elector.renew_lateness()
+    # The keeper keeps the newest samples only: if they wrapped, take the window's worth.
+    expected = max(1, int(seconds / interval))
+    own = samples[before:] if len(samples) > before else samples[-expected:]
+    return Lateness(own=own, server=server, kept=elector.token() == token)
+
+
 def measure(
     target: Target, engine: str, load: str, seconds: float, progress: Progress, gil_n: int
 ) -> Result:
     """Renew lateness under ``load``, then fenced-write throughput, for one engine."""
-    from .._elector import Elector
-
     name = f"redlease-bench-{secrets.token_hex(3)}"
     client = target.client()
-    elector = Elector(client, name, ttl=TTL, renew_interval=RENEW_INTERVAL, engine=engine)
+    elector = redlease.Elector(client, name, ttl=TTL, renew_interval=RENEW_INTERVAL, engine=engine)
     result = Result(engine=elector.engine)
+    key = f"{name}:value"
     try:
         elector.start(None)
-        token = _wait_for_token(elector)
-        before = len(elector.renew_lateness())
+        token = wait_for_token(elector)
         tick = progress.phase(f"{engine}: renew lateness, {load} load", seconds)
-        with ArrivalRecorder(target.client(), _scripts.load("renew").sha) as recorder:
-            time.sleep(RENEW_INTERVAL * 3)  # let MONITOR attach before the window opens
-            window_start = time.time()
-            run_load(load, seconds, tick, gil_n)
-            window_end = time.time()
-            recorder.catch_up(window_end)
-        if recorder.error is None:
-            result.server_lateness = gaps_beyond(
-                recorder.between(window_start, window_end), RENEW_INTERVAL
-            )
-        samples = elector.renew_lateness()
-        expected = max(1, int(seconds / RENEW_INTERVAL))
-        result.lateness = samples[before:] if len(samples) > before else samples[-expected:]
-        result.kept_lease = elector.token() == token
+        lateness = lateness_under_load(
+            elector, token, target.client(), load, seconds, gil_n, tick
+        )
+        result.lateness = lateness.own
+        result.server_lateness = lateness.server
+        result.kept_lease = lateness.kept
 
         tick = progress.phase(f"{engine}: fenced writes, one thread", seconds)
-        token = _wait_for_token(elector)  # re-elected if the load cost the lease
+        token = wait_for_token(elector)  # re-elected if the load cost the lease
         writes = 0
         start = time.monotonic()
         deadline = start + seconds
-        key = f"{name}:value"
         while True:
             now = time.monotonic()
             if now >= deadline:
@@ -232,23 +289,20 @@ def measure(
             elector.stop()
         finally:
             with contextlib.suppress(redis.RedisError):
-                client.delete(f"{name}:leader", f"{name}:fence", f"{name}:fence:applied",
-                              f"{name}:value")
+                client.delete(*ElectionKeys(name).all(), key)
             client.close()
     return result
 
 
-def _wait_for_token(elector: object) -> int:
-    from .._elector import Elector
-
-    assert isinstance(elector, Elector)
-    deadline = time.monotonic() + TTL + 5.0
+def wait_for_token(elector: redlease.Elector, timeout: float = TTL + 5.0) -> int:
+    """The token of the term ``elector`` (started) is elected to; CliError after ``timeout``."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         token = elector.token()
         if token is not None:
             return token
         time.sleep(0.005)
-    raise CliError(f"the {elector.engine} elector was not elected within {TTL + 5:g} s")
+    raise CliError(f"the {elector.engine} elector was not elected within {timeout:g} s")
 
 
 def render(results: list[Result], load: str, seconds: float, target: Target) -> str:
@@ -333,7 +387,7 @@ def _ms(value: float | None) -> str:
 def main(url: str | None, *, engine: str, load: str, seconds: float) -> int:
     """Run the benchmark and print the table; returns the exit status."""
     wanted = ["native", "python"] if engine == "both" else [engine]
-    ok, why = native_available()
+    ok, why = native_engine_available()
     if engine == "native" and not ok:
         raise CliError(f"the native engine is unavailable: {why}; try --engine python")
     runnable = [e for e in wanted if e == "python" or ok]

@@ -26,7 +26,8 @@ from typing import IO, Any
 
 import redis
 
-from .redisurl import CliError, Target, one_line, redis_target
+from .._keys import ElectionKeys
+from .redisurl import CliError, Target, one_line, redis_target, reply_text
 
 
 @dataclass
@@ -95,6 +96,7 @@ class Demo:
         self.duration = duration
         self.out = out
         self.name = f"redlease-demo-{secrets.token_hex(3)}"
+        self.keys = ElectionKeys(self.name)
         self.value_key = f"{self.name}:value"
         self.events: queue.Queue[tuple[Worker, dict[str, Any] | None]] = queue.Queue()
         self.workers: list[Worker] = []
@@ -351,9 +353,9 @@ class Demo:
         if first:
             lines.append("  terms     none: no contender was elected")
         lines.append(f"  writes    {applied} applied, {rejected} rejected as stale")
-        value = _text(client.get(self.value_key))
-        fence = _text(client.get(f"{self.name}:fence"))
-        mark = _text(client.get(f"{self.name}:fence:applied"))
+        value = reply_text(client.get(self.value_key))
+        fence = reply_text(client.get(self.keys.fence))
+        mark = reply_text(client.get(self.keys.applied))
         lines.append(f'  survived  {self.value_key} = "{value}"')
         lines.append(f"  fence     counter {fence}, high-water mark {mark}")
         sc = self.scenario
@@ -365,10 +367,7 @@ class Demo:
         return lines
 
     def forget_keys(self, client: redis.Redis) -> None:
-        client.delete(
-            f"{self.name}:leader", f"{self.name}:fence", f"{self.name}:fence:applied",
-            self.value_key,
-        )
+        client.delete(*self.keys.all(), self.value_key)
 
 
 def _reason(reason: object) -> str:
@@ -378,12 +377,6 @@ def _reason(reason: object) -> str:
         "resigned": "resigned",
         "stopped": "demo stopping",
     }.get(str(reason), str(reason))
-
-
-def _text(value: object) -> str | None:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "backslashreplace")
-    return None if value is None else str(value)
 
 
 @contextmanager

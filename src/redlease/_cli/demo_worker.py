@@ -24,6 +24,7 @@ from typing import Any
 import redis
 
 import redlease
+from redlease._keys import ElectionKeys
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -43,7 +44,7 @@ class Contender:
 
     def __init__(self, url: str, name: str, instance_id: str, ttl: float) -> None:
         self.client = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=3.0)
-        self.name = name
+        self.keys = ElectionKeys(name)
         self.value_key = f"{name}:value"
         self.instance_id = instance_id
         self.write_every = ttl / 4
@@ -96,14 +97,14 @@ class Contender:
 
     def _leader(self) -> str | None:
         try:
-            value = self.client.get(f"{self.name}:leader")
+            value = self.client.get(self.keys.leader)
         except redis.RedisError:
             return None
         return value.decode() if isinstance(value, bytes) else None
 
     def _mark(self) -> int | None:
         try:
-            value = self.client.get(f"{self.name}:fence:applied")
+            value = self.client.get(self.keys.applied)
         except redis.RedisError:
             return None
         return int(value) if value is not None else None

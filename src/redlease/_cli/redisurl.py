@@ -98,19 +98,40 @@ def connect(url: str, **kwargs: Any) -> redis.Redis:
     return redis.Redis.from_url(url, **options)
 
 
-def ping(url: str) -> None:
-    """Raise CliError unless the server at ``url`` answers PING."""
-    client = connect(url)
+@contextmanager
+def unreachable_as_cli_error(url: str) -> Iterator[None]:
+    """Report refused credentials or a server that cannot be reached as a one-line CliError.
+
+    Error replies (``redis.ResponseError``) pass through: what they mean
+    depends on the command that got them.
+    """
     try:
-        client.ping()
+        yield
     except redis.AuthenticationError as exc:
         raise CliError(f"Redis at {redact(url)} refused the credentials: {exc}") from None
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
         raise CliError(f"cannot reach Redis at {redact(url)}: {one_line(exc)}") from None
+
+
+def ping(url: str) -> None:
+    """Raise CliError unless the server at ``url`` answers PING."""
+    client = connect(url)
+    try:
+        with unreachable_as_cli_error(url):
+            client.ping()
     except redis.ResponseError as exc:
         raise CliError(f"Redis at {redact(url)} answered PING with an error: {exc}") from None
     finally:
         client.close()
+
+
+def reply_text(value: object) -> str | None:
+    """A Redis reply as text (None stays None; bytes that are not UTF-8 are escaped)."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return str(value)
 
 
 def one_line(exc: BaseException) -> str:

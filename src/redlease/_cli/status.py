@@ -7,21 +7,22 @@ from typing import Any
 
 import redis
 
-from .redisurl import CliError, connect, one_line, redact
+from .._keys import ElectionKeys
+from .redisurl import CliError, connect, one_line, redact, reply_text, unreachable_as_cli_error
 
 
 def collect(client: redis.Redis, name: str, url: str) -> dict[str, Any]:
     """Everything ``status`` reports, as one JSON-able dict."""
-    leader_key, fence_key, applied_key = f"{name}:leader", f"{name}:fence", f"{name}:fence:applied"
+    keys = ElectionKeys(name)
     pipe = client.pipeline(transaction=False)
-    pipe.get(leader_key)
-    pipe.pttl(leader_key)
-    pipe.get(fence_key)
-    pipe.get(applied_key)
+    pipe.get(keys.leader)
+    pipe.pttl(keys.leader)
+    pipe.get(keys.fence)
+    pipe.get(keys.applied)
     leader, pttl, fence, applied = pipe.execute()
     return {
         "name": name,
-        "leader": _text(leader),
+        "leader": reply_text(leader),
         # PTTL: -2 no key (no leader), -1 a key without expiry (not one of ours)
         "ttl_ms": int(pttl) if leader is not None and int(pttl) >= 0 else None,
         "fence": _int(fence),
@@ -126,11 +127,8 @@ def run(url: str, name: str, as_json: bool) -> str:
         raise CliError("the elector name must not be empty")
     client = connect(url)
     try:
-        report = collect(client, name, url)
-    except redis.AuthenticationError as exc:
-        raise CliError(f"Redis at {redact(url)} refused the credentials: {exc}") from None
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-        raise CliError(f"cannot reach Redis at {redact(url)}: {one_line(exc)}") from None
+        with unreachable_as_cli_error(url):
+            report = collect(client, name, url)
     except redis.ResponseError as exc:
         if str(exc).startswith("MOVED"):
             raise CliError(
@@ -179,16 +177,8 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "backslashreplace")
-    return str(value)
-
-
 def _int(value: Any) -> int | None:
-    text = _text(value)
+    text = reply_text(value)
     if text is None:
         return None
     try:

@@ -1,0 +1,120 @@
+"""``redlease bench``: renew lateness and fenced writes, engines side by side."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+import redis
+
+import redlease
+from cli_helpers import assert_one_line_error, cli_env, redlease_cli
+from redlease._cli.bench import native_engine_available
+from redlease._testing import RedisServer
+
+
+def test_bench_prints_both_engines_side_by_side() -> None:
+    result = redlease_cli("bench", "--seconds", "0.3", "--load", "gil", timeout=90)
+
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if "native" in line and "python" in line)
+    assert header.split()[:2] == ["native", "python"]
+    for row in ("late at the server p50", "late at the server p99", "late at the server max",
+                "late by own clock p50", "renewals at the server", "fenced writes/s"):
+        assert row in result.stdout
+
+
+def test_bench_on_the_python_engine_measures_renewals(redis_server: RedisServer) -> None:
+    result = redlease_cli(
+        "bench", "--engine", "python", "--load", "python", "--seconds", "0.3",
+        "--redis", redis_server.url,
+    )
+
+    assert result.returncode == 0, result.stderr
+    sent = re.search(r"renewals sent\s+(\d+)", result.stdout)
+    assert sent and int(sent.group(1)) > 0
+    received = re.search(r"renewals at the server\s+(\d+)", result.stdout)
+    assert received and int(received.group(1)) > 0
+    assert re.search(r"fenced writes/s\s+[\d,]+", result.stdout)
+
+
+def test_bench_table_says_when_the_native_engine_is_unavailable() -> None:
+    from redlease._cli.bench import Result, render
+    from redlease._cli.redisurl import Target
+
+    results = [
+        Result(engine="native", unavailable="the native extension is not built"),
+        Result(engine="python", lateness=[0.001, 0.002, 0.010],
+               server_lateness=[0.0, 0.003, 0.020], kept_lease=True, writes_per_second=9000.0),
+    ]
+    table = render(results, "idle", 1.0, Target("redis://x", "a server", embedded=False))
+
+    assert re.search(r"late at the server p50\s+unavailable\s+3\.000 ms", table)
+    assert re.search(r"late at the server max\s+unavailable\s+20\.0 ms", table)
+    assert re.search(r"renewals at the server\s+unavailable\s+4", table)
+    assert re.search(r"late by own clock p50\s+unavailable\s+2\.000 ms", table)
+    assert re.search(r"late by own clock max\s+unavailable\s+10\.0 ms", table)
+    assert "native: unavailable: the native extension is not built" in table
+
+
+def test_bench_percentiles_are_nearest_rank() -> None:
+    from redlease._cli.bench import percentile
+
+    samples = [float(i) for i in range(1, 101)]
+    assert (percentile(samples, 50), percentile(samples, 99), percentile(samples, 100)) == (
+        50.0, 99.0, 100.0,
+    )
+
+
+# The extension hidden from a fresh interpreter: what a user without a build sees.
+WITHOUT_NATIVE = (
+    "import sys; sys.modules['redlease._engine._native._core'] = None; "
+    "from redlease._cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def redlease_cli_without_native(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_NATIVE, *args],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=60,
+    )
+
+
+def test_bench_on_the_native_engine_without_the_extension_is_one_line() -> None:
+    result = redlease_cli_without_native("bench", "--engine", "native")
+
+    line = assert_one_line_error(result, 1)
+    assert line.startswith(
+        "redlease: the native engine is unavailable: the native extension is not built ("
+    )
+    assert line.endswith("; try --engine python")
+
+
+def test_bench_of_both_engines_without_the_extension_measures_python(
+    redis_server: RedisServer,
+) -> None:
+    result = redlease_cli_without_native(
+        "bench", "--load", "idle", "--seconds", "0.3", "--redis", redis_server.url
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"renewals sent\s+unavailable\s+\d+", result.stdout)
+    assert "native: unavailable: the native extension is not built (" in result.stdout
+
+
+def test_the_native_probe_agrees_with_the_engine_auto_picks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("REDLEASE_ENGINE", raising=False)
+
+    available, why = native_engine_available()
+    picked = redlease.Elector(redis.Redis(), "probe", engine="auto").engine
+
+    assert available == (picked == "native")
+    assert (why == "") == available
