@@ -43,9 +43,9 @@ cdef struct rl_conn:
     size_t hello_len
     size_t reply_len
     char* hello
-    rl_buf w
-    rl_buf e
-    rl_buf r
+    rl_buf w              # the command being sent; for a script, its EVALSHA
+    rl_buf e              # that script's EVAL twin, sent on NOSCRIPT
+    rl_buf r              # bytes read and not yet consumed
     rl_nodes nodes
     socklen_t addrlens[4]
     sockaddr_storage addrs[4]
@@ -59,6 +59,16 @@ cdef int conn_fail(rl_conn* c, int kind, const char* msg) noexcept nogil:
     c.err_kind = kind
     strncpy(c.err_msg, msg, ERR_MSG - 1)
     c.err_msg[ERR_MSG - 1] = 0
+    return -1
+
+
+cdef int conn_fail_with_reply(rl_conn* c) noexcept nogil:
+    """Record the buffered top-level error reply as the failure (kind RL_EREPLY)."""
+    cdef rl_node* top = &c.nodes.items[0]
+    cdef size_t n = <size_t>top.ival if top.ival < ERR_MSG - 1 else ERR_MSG - 1
+    memcpy(c.err_msg, c.r.data + top.off, n)
+    c.err_msg[n] = 0
+    c.err_kind = RL_EREPLY
     return -1
 
 
@@ -253,8 +263,6 @@ cdef int conn_resolve(rl_conn* c) noexcept nogil:
 cdef int conn_handshake(rl_conn* c, int64_t deadline) noexcept nogil:
     """AUTH / SELECT / CLIENT SETNAME, pipelined; the first error reply fails the connect."""
     cdef int i
-    cdef rl_node* top
-    cdef size_t n
     if c.hello_len == 0:
         return 0
     if conn_send(c, c.hello, c.hello_len, deadline) < 0:
@@ -262,12 +270,8 @@ cdef int conn_handshake(rl_conn* c, int64_t deadline) noexcept nogil:
     for i in range(c.hello_replies):
         if conn_read_reply(c, deadline) < 0:
             return -1
-        top = &c.nodes.items[0]
-        if top.kind == c'-':
-            n = <size_t>top.ival if top.ival < ERR_MSG - 1 else ERR_MSG - 1
-            memcpy(c.err_msg, c.r.data + top.off, n)
-            c.err_msg[n] = 0
-            c.err_kind = RL_EREPLY
+        if c.nodes.items[0].kind == c'-':
+            conn_fail_with_reply(c)
             conn_drop(c)
             return -1
         conn_consume(c)
@@ -346,21 +350,44 @@ cdef inline bint reply_is_noscript(rl_conn* c) noexcept nogil:
     return top.kind == c'-' and top.ival >= 8 and memcmp(c.r.data + top.off, b"NOSCRIPT", 8) == 0
 
 
+ctypedef int (*rl_sender)(rl_conn* c, const char* data, size_t n, int64_t deadline,
+                          void* ctx, bint first) noexcept nogil
+
+
+cdef int send_all(rl_conn* c, const char* data, size_t n, int64_t deadline,
+                  void* ctx, bint first) noexcept nogil:
+    """The plain ``rl_sender``: the whole command, before ``deadline``."""
+    return conn_send(c, data, n, deadline)
+
+
 cdef int conn_run_script(rl_conn* c, int64_t deadline, const rl_script_cmd* cmd,
-                         const char* src, size_t srclen) noexcept nogil:
-    """EVALSHA, and on NOSCRIPT one EVAL (which also loads the script), all before ``deadline``."""
+                         rl_sender sender, void* ctx) noexcept nogil:
+    """EVALSHA, and on NOSCRIPT one EVAL (which also loads the script), all before ``deadline``.
+
+    The one NOSCRIPT fallback of the core: a Pool call and a keeper renewal
+    both run their script through it. The EVALSHA is in ``c.w``; on NOSCRIPT
+    its EVAL twin is built into ``c.e`` from ``cmd``, or, with ``cmd`` NULL,
+    is there already (a keeper builds its own up front, so its thread never
+    allocates one). ``sender`` writes each command (``first`` for the
+    EVALSHA): it returns 0 once sent, -1 with the failure recorded in ``c``,
+    or another negative value of its own, which is returned as it is.
+    On 0 the reply is buffered (``c.nodes``), a top-level error included.
+    """
+    cdef int rc
     if conn_ready(c, deadline) < 0:
         return -1
-    if conn_send(c, c.w.data, c.w.len, deadline) < 0:
-        return -1
+    rc = sender(c, c.w.data, c.w.len, deadline, ctx, True)
+    if rc < 0:
+        return rc
     if conn_read_reply(c, deadline) < 0:
         return -1
     if reply_is_noscript(c):
         conn_consume(c)
-        if build_eval(&c.e, &c.w, cmd, src, srclen) < 0:
+        if cmd != NULL and build_eval(&c.e, &c.w, cmd) < 0:
             return conn_fail(c, RL_ENOMEM, "out of memory encoding EVAL")
-        if conn_send(c, c.e.data, c.e.len, deadline) < 0:
-            return -1
+        rc = sender(c, c.e.data, c.e.len, deadline, ctx, False)
+        if rc < 0:
+            return rc
         if conn_read_reply(c, deadline) < 0:
             return -1
     c.last_used = rl_now_ns()

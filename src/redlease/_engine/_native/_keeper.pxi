@@ -39,8 +39,6 @@ cdef class Keeper:
     def __init__(self, Target target not None, ScriptRef ref not None, keys, args,
                  double interval, double ttl):
         cdef rl_keeper* k
-        cdef rl_buf w
-        cdef rl_buf e
         cdef rl_script_cmd cmd
         cdef int rc
         if self.k != NULL:
@@ -62,22 +60,11 @@ cdef class Keeper:
         target.init_conn(&k.conn)
         k.interval_ns = <int64_t>(interval * 1e9)
         k.ttl_ns = <int64_t>(ttl * 1e9)
-        memset(&w, 0, sizeof(w))
-        memset(&e, 0, sizeof(e))
-        try:
-            put_evalsha(&w, ref, keys, args, &cmd)
-            if build_eval(&e, &w, &cmd, PyBytes_AS_STRING(ref.source),
-                          <size_t>PyBytes_GET_SIZE(ref.source)) < 0:
-                raise MemoryError()
-            k.cmd = <char*>w.data
-            k.cmd_len = w.len
-            k.eval_cmd = <char*>e.data
-            k.eval_len = e.len
-            w.data = NULL
-            e.data = NULL
-        finally:
-            buf_free(&w)
-            buf_free(&e)
+        # The renewal command and its EVAL twin are built once, here: the
+        # thread sends them as they are and never allocates for them.
+        put_evalsha(&k.conn.w, ref.sha, ref.source, keys, args, &cmd)
+        if build_eval(&k.conn.e, &k.conn.w, &cmd) < 0:
+            raise MemoryError()
         k.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
         k.ctl_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
         if k.wake_fd < 0 or k.ctl_fd < 0:

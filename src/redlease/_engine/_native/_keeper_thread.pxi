@@ -28,7 +28,7 @@ cdef struct rl_err:
 
 
 cdef struct rl_keeper:
-    rl_conn conn
+    rl_conn conn           # its w and e hold the renewal's EVALSHA and EVAL, built once
     pthread_t thread
     pthread_mutex_t mu
     pthread_cond_t cv
@@ -49,10 +49,6 @@ cdef struct rl_keeper:
     int64_t next_send
     int wake_fd            # eventfd: Python waits on it
     int ctl_fd             # eventfd: close() aborts a round trip in flight
-    char* cmd
-    size_t cmd_len
-    char* eval_cmd
-    size_t eval_len
     double* late
     size_t late_cap
     uint64_t late_count
@@ -69,8 +65,6 @@ cdef void keeper_free(rl_keeper* k) noexcept nogil:
     if k.ctl_fd >= 0:
         close(k.ctl_fd)
         k.ctl_fd = -1
-    free(k.cmd)
-    free(k.eval_cmd)
     free(k.late)
     pthread_mutex_destroy(&k.mu)
     pthread_cond_destroy(&k.cv)
@@ -130,22 +124,31 @@ cdef enum:
     ROUND_CANCELLED = -3
 
 
-cdef int keeper_send(rl_keeper* k, uint64_t gen, const char* data, size_t n,
-                     int64_t deadline, int64_t* t_send) noexcept nogil:
-    """Send one renewal command for term ``gen``, unless that term has ended.
+cdef struct rl_round:
+    rl_keeper* k
+    uint64_t gen           # the term this renewal is for
+    int64_t t_send         # when its EVALSHA went out (0: not sent)
+
+
+cdef int keeper_send(rl_conn* c, const char* data, size_t n, int64_t deadline,
+                     void* ctx, bint first) noexcept nogil:
+    """The renewal's ``rl_sender``: nothing is sent once the round's term has ended.
 
     The first write happens under the lock right after re-checking the term,
     so once end() has returned nothing more is ever sent for that term.
+    ROUND_SKIPPED when the term is over; the send time of the EVALSHA is the
+    one a good reply extends the lease from.
     """
-    cdef rl_conn* c = &k.conn
+    cdef rl_round* trip = <rl_round*>ctx
+    cdef rl_keeper* k = trip.k
     cdef ssize_t sent = 0
     cdef int err = 0
     pthread_mutex_lock(&k.mu)
-    if k.gen != gen or k.stop:
+    if k.gen != trip.gen or k.stop:
         pthread_mutex_unlock(&k.mu)
         return ROUND_SKIPPED
-    if t_send != NULL:
-        t_send[0] = rl_now_ns()
+    if first:
+        trip.t_send = rl_now_ns()
     while True:
         sent = send(c.fd, data, n, MSG_NOSIGNAL | MSG_DONTWAIT)
         if sent >= 0 or errno != EINTR:
@@ -155,36 +158,28 @@ cdef int keeper_send(rl_keeper* k, uint64_t gen, const char* data, size_t n,
     pthread_mutex_unlock(&k.mu)
     if sent < 0:
         if not rl_would_block(err):
-            conn_io_error(c, err, "writing to")
-            return ROUND_ERROR
+            return conn_io_error(c, err, "writing to")
         sent = 0
-    if <size_t>sent < n and conn_send(c, data + sent, n - <size_t>sent, deadline) < 0:
-        return ROUND_CANCELLED if c.err_kind == RL_ECANCELLED else ROUND_ERROR
+    if <size_t>sent < n:
+        return conn_send(c, data + sent, n - <size_t>sent, deadline)
     return 0
 
 
 cdef int keeper_round(rl_keeper* k, uint64_t gen, int64_t deadline, int64_t* t_send) noexcept nogil:
     """One renewal round trip (EVALSHA, EVAL on NOSCRIPT), bounded by ``deadline``."""
     cdef rl_conn* c = &k.conn
+    cdef rl_round trip
     cdef rl_node* top
-    cdef size_t n
     cdef int rc
-    t_send[0] = 0
-    if conn_ready(c, deadline) < 0:
-        return ROUND_CANCELLED if c.err_kind == RL_ECANCELLED else ROUND_ERROR
-    rc = keeper_send(k, gen, k.cmd, k.cmd_len, deadline, t_send)
+    trip.k = k
+    trip.gen = gen
+    trip.t_send = 0
+    rc = conn_run_script(c, deadline, NULL, keeper_send, &trip)
+    t_send[0] = trip.t_send
+    if rc == ROUND_SKIPPED:
+        return ROUND_SKIPPED
     if rc < 0:
-        return rc
-    if conn_read_reply(c, deadline) < 0:
         return ROUND_CANCELLED if c.err_kind == RL_ECANCELLED else ROUND_ERROR
-    if reply_is_noscript(c):
-        conn_consume(c)
-        rc = keeper_send(k, gen, k.eval_cmd, k.eval_len, deadline, NULL)
-        if rc < 0:
-            return rc
-        if conn_read_reply(c, deadline) < 0:
-            return ROUND_CANCELLED if c.err_kind == RL_ECANCELLED else ROUND_ERROR
-    c.last_used = rl_now_ns()
     top = &c.nodes.items[0]
     if top.kind == c':' and top.ival == 1:
         conn_consume(c)
@@ -193,10 +188,7 @@ cdef int keeper_round(rl_keeper* k, uint64_t gen, int64_t deadline, int64_t* t_s
         conn_consume(c)
         return ROUND_LOST
     if top.kind == c'-':
-        n = <size_t>top.ival if top.ival < ERR_MSG - 1 else ERR_MSG - 1
-        memcpy(c.err_msg, c.r.data + top.off, n)
-        c.err_msg[n] = 0
-        c.err_kind = RL_EREPLY
+        conn_fail_with_reply(c)
     else:
         conn_fail(c, RL_EUNEXPECTED, "unexpected reply to a renewal (expected 1 or 0)")
     conn_consume(c)

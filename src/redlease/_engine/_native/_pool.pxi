@@ -2,6 +2,9 @@
 # it), Target (where to connect and what to say first), Pool (a few
 # connections safe from any thread), and the glue that turns a connection's
 # failures and replies into Python objects, with the GIL.
+#
+# A slot's mutex is only ever waited for with the GIL released (see the lock
+# discipline in _core.pyx); with the GIL held it is only ``trylock``-ed.
 
 from redis.exceptions import ConnectionError as _RedisConnectionError
 from redis.exceptions import ResponseError as _RedisResponseError
@@ -234,13 +237,11 @@ cdef class Pool:
         cdef rl_slot* slot = self.grab(deadline)
         cdef rl_conn* c = &slot.conn
         cdef rl_script_cmd cmd
-        cdef const char* src = PyBytes_AS_STRING(ref.source)
-        cdef size_t srclen = <size_t>PyBytes_GET_SIZE(ref.source)
         cdef int rc
         try:
-            put_evalsha(&c.w, ref, keys, args, &cmd)
+            put_evalsha(&c.w, ref.sha, ref.source, keys, args, &cmd)
             with nogil:
-                rc = conn_run_script(c, deadline, &cmd, src, srclen)
+                rc = conn_run_script(c, deadline, &cmd, send_all, NULL)
             if rc < 0:
                 raise conn_exception(c)
             return take_reply(c)

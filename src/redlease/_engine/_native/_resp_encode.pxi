@@ -153,11 +153,13 @@ cdef int put_command(rl_buf* b, object args) except -1:
 
 
 cdef struct rl_script_cmd:
-    size_t head   # end of "*<n>\r\n"
-    size_t tail   # start of "<numkeys> keys... args..."
+    size_t head       # end of "*<n>\r\n"
+    size_t tail       # start of "<numkeys> keys... args..."
+    const char* src   # the script's source, for the EVAL twin (owned by the caller)
+    size_t srclen
 
 
-cdef int put_evalsha(rl_buf* b, ScriptRef ref, object keys, object args,
+cdef int put_evalsha(rl_buf* b, bytes sha, bytes source, object keys, object args,
                      rl_script_cmd* out) except -1:
     """EVALSHA sha numkeys keys... args..., remembering where its parts are."""
     cdef Py_ssize_t nkeys = len(keys)
@@ -170,9 +172,11 @@ cdef int put_evalsha(rl_buf* b, ScriptRef ref, object keys, object args,
     out.head = b.len
     if buf_put(b, b"$7\r\nEVALSHA\r\n", 13) < 0:
         raise MemoryError()
-    if buf_put_bulk(b, PyBytes_AS_STRING(ref.sha), <size_t>PyBytes_GET_SIZE(ref.sha)) < 0:
+    if buf_put_bulk(b, PyBytes_AS_STRING(sha), <size_t>PyBytes_GET_SIZE(sha)) < 0:
         raise MemoryError()
     out.tail = b.len
+    out.src = PyBytes_AS_STRING(source)
+    out.srclen = <size_t>PyBytes_GET_SIZE(source)
     k = fmt_ll(num, nkeys)
     if buf_put_bulk(b, num, <size_t>k) < 0:
         raise MemoryError()
@@ -186,15 +190,14 @@ cdef int put_evalsha(rl_buf* b, ScriptRef ref, object keys, object args,
     return 0
 
 
-cdef int build_eval(rl_buf* e, const rl_buf* w, const rl_script_cmd* cmd,
-                    const char* src, size_t srclen) noexcept nogil:
+cdef int build_eval(rl_buf* e, const rl_buf* w, const rl_script_cmd* cmd) noexcept nogil:
     """The EVAL twin of an encoded EVALSHA: same arity, same tail, source for the sha."""
     e.len = 0
     if buf_put(e, w.data, cmd.head) < 0:
         return -1
     if buf_put(e, b"$4\r\nEVAL\r\n", 10) < 0:
         return -1
-    if buf_put_bulk(e, src, srclen) < 0:
+    if buf_put_bulk(e, cmd.src, cmd.srclen) < 0:
         return -1
     return buf_put(e, w.data + cmd.tail, w.len - cmd.tail)
 
