@@ -30,7 +30,11 @@ from redis.retry import Retry
 
 native = pytest.importorskip("redlease._engine._native._core")
 
-from helpers import gil_call_size, hold_gil  # noqa: E402
+from helpers import (  # noqa: E402
+    BlackHole,
+    gil_call_size,
+    hold_gil,
+)
 from redlease._engine import ACTIVE, ENDED, IDLE, LOST  # noqa: E402
 from redlease._engine.client import Endpoint  # noqa: E402
 from redlease._engine.native import NativeEngine  # noqa: E402
@@ -42,6 +46,21 @@ RENEW_REF = native.ScriptRef(RENEW.sha, RENEW.source)
 
 
 # ---------------------------------------------------------------- a private server
+
+
+def _endpoint_at(port: int = 6379, *, path: str | None = None, **kwargs: Any) -> Endpoint:
+    """An ``Endpoint`` for a loopback port, or for a unix socket ``path``."""
+    fields: dict[str, Any] = {
+        "host": None if path else "127.0.0.1",
+        "port": port,
+        "path": path,
+        "db": 0,
+        "username": None,
+        "password": None,
+        "client_name": None,
+    }
+    fields.update(kwargs)
+    return Endpoint(**fields)
 
 
 class Server:
@@ -75,10 +94,10 @@ class Server:
         return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
 
     def target(self, **kwargs: Any) -> Any:
-        return native.Target("127.0.0.1", self.port, **kwargs)
+        return native.Target(_endpoint_at(self.port, **kwargs))
 
     def unix_target(self, **kwargs: Any) -> Any:
-        return native.Target(path=self.sock, **kwargs)
+        return native.Target(_endpoint_at(path=self.sock, **kwargs))
 
     def pause(self) -> None:
         self._server.pause()
@@ -178,7 +197,7 @@ def _start(keeper: Any, rc: redis.Redis, token: int = 7, owner: str = "me") -> N
 
 
 def test_each_argument_type_is_encoded_like_redis_py() -> None:
-    encoded = native.encode_command(
+    encoded = native._encode_command(
         ["SET", b"k\x00", 42, -7, 2**70, 1.5, 0.1, 1e100, "é", bytearray(b"ba"), memoryview(b"mv")]
     )
     expected = (
@@ -192,13 +211,13 @@ def test_each_argument_type_is_encoded_like_redis_py() -> None:
 def test_int_and_float_text_matches_repr() -> None:
     for value in (0, -(2**63), 2**63 - 1, 2**64, 3.0, -0.0, 1 / 3, 1e-310, float("inf")):
         text = repr(value).encode()
-        assert native.encode_command([value]) == b"*1\r\n$%d\r\n%s\r\n" % (len(text), text)
+        assert native._encode_command([value]) == b"*1\r\n$%d\r\n%s\r\n" % (len(text), text)
 
 
 @pytest.mark.parametrize("value", [True, False, None, [1], {"a": 1}, object()])
 def test_unencodable_arguments_raise_type_error_naming_the_type(value: object) -> None:
     with pytest.raises(TypeError, match=type(value).__name__):
-        native.encode_command(["SET", "k", value])
+        native._encode_command(["SET", "k", value])
 
 
 # ---------------------------------------------------------------- parsing
@@ -219,7 +238,7 @@ def test_unencodable_arguments_raise_type_error_naming_the_type(value: object) -
     ],
 )
 def test_each_reply_type_is_parsed(data: bytes, value: object) -> None:
-    assert native.parse_reply(data + b"+next\r\n") == (value, len(data))
+    assert native._parse_reply(data + b"+next\r\n") == (value, len(data))
 
 
 def test_error_replies_use_redis_py_exception_classes() -> None:
@@ -233,10 +252,10 @@ def test_error_replies_use_redis_py_exception_classes() -> None:
         b"-BUSY Redis is busy running a script\r\n": rex.ResponseError,
     }
     for data, cls in cases.items():
-        parsed = native.parse_reply(data)
+        parsed = native._parse_reply(data)
         assert parsed is not None
         assert type(parsed[0]) is cls, data
-    nested = native.parse_reply(b"*2\r\n:1\r\n-NOSCRIPT gone\r\n")
+    nested = native._parse_reply(b"*2\r\n:1\r\n-NOSCRIPT gone\r\n")
     assert nested is not None
     assert type(nested[0][1]) is rex.NoScriptError
 
@@ -244,8 +263,8 @@ def test_error_replies_use_redis_py_exception_classes() -> None:
 def test_incomplete_replies_ask_for_more() -> None:
     whole = b"*2\r\n$5\r\nhello\r\n:12\r\n"
     for cut in range(len(whole)):
-        assert native.parse_reply(whole[:cut]) is None
-    assert native.parse_reply(whole) == ([b"hello", 12], len(whole))
+        assert native._parse_reply(whole[:cut]) is None
+    assert native._parse_reply(whole) == ([b"hello", 12], len(whole))
 
 
 @pytest.mark.parametrize(
@@ -254,7 +273,7 @@ def test_incomplete_replies_ask_for_more() -> None:
 )
 def test_malformed_replies_are_rejected(data: bytes) -> None:
     with pytest.raises(ValueError):
-        native.parse_reply(data)
+        native._parse_reply(data)
 
 
 def _in_child(code: str) -> subprocess.CompletedProcess[str]:
@@ -277,7 +296,7 @@ def test_array_counts_that_overflow_the_element_tally_are_rejected() -> None:
             b"*3\\r\\n*4611686018427387904\\r\\n*4611686018427387904\\r\\n",
         ):
             try:
-                got = native.parse_reply(data)
+                got = native._parse_reply(data)
             except ValueError:
                 continue
             assert got is None, got
@@ -294,9 +313,10 @@ def test_a_reply_nested_deeper_than_the_c_stack_does_not_crash() -> None:
         """
         import socket, threading
         from redlease._engine._native import _core as native
+        from redlease._engine.client import Endpoint
         depth = 300000
         data = b"*1\\r\\n" * depth + b":7\\r\\n"
-        value, used = native.parse_reply(data)
+        value, used = native._parse_reply(data)
         assert used == len(data)
         for _ in range(depth):
             (value,) = value
@@ -313,7 +333,9 @@ def test_a_reply_nested_deeper_than_the_c_stack_does_not_crash() -> None:
         threading.stack_size(256 * 1024)
         out = []
         def call():
-            pool = native.Pool(native.Target("127.0.0.1", listener.getsockname()[1]))
+            port = listener.getsockname()[1]
+            endpoint = Endpoint("127.0.0.1", port, None, 0, None, None, None)
+            pool = native.Pool(native.Target(endpoint))
             out.append(pool.command(["PING"], 5.0))
             pool.close()
         t = threading.Thread(target=call)
@@ -449,7 +471,7 @@ def test_script_and_command_errors_match_redis_py(pool: Any, rc: redis.Redis) ->
     assert "WRONGTYPE" in str(native_cmd.value)
     with pytest.raises(rex.NoScriptError) as py_noscript:
         rc.evalsha("0" * 40, 0)
-    parsed = native.parse_reply(b"-" + str(py_noscript.value).encode() + b"\r\n")
+    parsed = native._parse_reply(b"-" + str(py_noscript.value).encode() + b"\r\n")
     assert parsed is not None and type(parsed[0]) is rex.ResponseError
     # After an error reply the connection is still in step.
     assert pool.command(["PING"], 2.0) == b"PONG"
@@ -511,7 +533,9 @@ def test_a_signal_handler_may_close_the_pool_its_thread_is_calling(server: Serve
         f"""
         import signal, time
         from redlease._engine._native import _core as native
-        pool = native.Pool(native.Target("127.0.0.1", {server.port}), 1)
+        from redlease._engine.client import Endpoint
+        endpoint = Endpoint("127.0.0.1", {server.port}, None, 0, None, None, None)
+        pool = native.Pool(native.Target(endpoint), 1)
         assert pool.command(["PING"], 2.0) == b"PONG"
         closed = []
         def close_pool(signum, frame):
@@ -571,7 +595,7 @@ def test_a_connect_that_hangs_times_out_within_the_bound() -> None:
             f.connect_ex(("127.0.0.1", port))
             fillers.append(f)
         time.sleep(0.1)
-        p = native.Pool(native.Target("127.0.0.1", port))
+        p = native.Pool(native.Target(_endpoint_at(port)))
         t0 = time.monotonic()
         with pytest.raises(rex.TimeoutError, match="connecting"):
             p.command(["PING"], 0.3)
@@ -583,13 +607,13 @@ def test_a_connect_that_hangs_times_out_within_the_bound() -> None:
 
 
 def test_a_closed_port_raises_connection_error(closed_port: Any) -> None:
-    p = native.Pool(native.Target("127.0.0.1", closed_port.port))
+    p = native.Pool(native.Target(_endpoint_at(closed_port.port)))
     t0 = time.monotonic()
     with pytest.raises(rex.ConnectionError, match="refused") as info:
         p.command(["PING"], 2.0)
     assert not isinstance(info.value, rex.TimeoutError)
     assert time.monotonic() - t0 < 1.0
-    missing = native.Pool(native.Target(path="/nonexistent/redis.sock"))
+    missing = native.Pool(native.Target(_endpoint_at(path="/nonexistent/redis.sock")))
     with pytest.raises(rex.ConnectionError):
         missing.command(["PING"], 2.0)
 
@@ -634,7 +658,7 @@ def test_many_threads_share_a_pool(pool: Any, rc: redis.Redis) -> None:
 
 def test_native_clock_is_time_monotonic() -> None:
     # begin() takes a time.monotonic() value; the keeper measures with CLOCK_MONOTONIC.
-    assert abs(native.monotonic() - time.monotonic()) < 0.01
+    assert abs(native._monotonic() - time.monotonic()) < 0.01
 
 
 def test_keeper_renews_past_three_ttls(server: Server, rc: redis.Redis, keepers: Any) -> None:
@@ -1071,3 +1095,58 @@ def test_engine_over_a_unix_socket_with_a_write_timeout(server: Server) -> None:
         assert engine.write(fenced_file("fence_hset"), ["ap", "h"], [2, "f", 4]) == 1
     finally:
         engine.close()
+
+
+SECRET = "pw-that-must-never-show-7f3a9c"
+
+
+def _shown(obj: Any) -> str:
+    """Everything a log line or a traceback could show of ``obj``."""
+    if isinstance(obj, BaseException):
+        return " ".join([str(obj), repr(obj), *map(repr, obj.args)])
+    return repr(obj) + str(obj)
+
+
+def test_no_repr_or_error_shows_the_password(
+    server: Server, rc: redis.Redis, closed_port: Any
+) -> None:
+    rc.config_set("requirepass", "the-right-one")
+    endpoint = _endpoint_at(server.port, username="default", password=SECRET, client_name="sec")
+    target = native.Target(endpoint)
+    pool = native.Pool(target)
+    keeper = native.Keeper(target, _lua("return 1"), ["k"], [SECRET], 0.05, 0.3)
+    engine = NativeEngine(endpoint, write_timeout=0.3)
+    shown = [target, pool, keeper, engine, endpoint]
+    try:
+        assert target.username == "default" and not hasattr(target, "password")
+        # The server refuses the password: the error names the address, not the secret.
+        with pytest.raises(rex.AuthenticationError) as refused:
+            pool.command(["PING"], 2.0)
+        shown.append(refused.value)
+        with pytest.raises(rex.AuthenticationError) as refused_call:
+            engine.call(load("release"), ["n:leader"], ["me"], 2.0)
+        shown.append(refused_call.value)
+        keeper.begin(1, time.monotonic())
+        assert _wait_state(keeper, LOST, 3.0) is not None
+        errors = keeper.pop_errors()
+        assert errors and all(isinstance(e, rex.AuthenticationError) for e in errors)
+        shown.extend(errors)
+        # No server at all, and a server that never answers.
+        closed = native.Pool(native.Target(_endpoint_at(closed_port.port, password=SECRET)))
+        with pytest.raises(rex.ConnectionError) as unreachable:
+            closed.command(["PING"], 2.0)
+        shown += [closed, unreachable.value]
+        hole = BlackHole()
+        try:
+            silent = native.Pool(native.Target(_endpoint_at(hole.port, password=SECRET)))
+            with pytest.raises(rex.TimeoutError) as timed_out:
+                silent.command(["PING"], 0.2)
+            shown += [silent, timed_out.value]
+        finally:
+            hole.close()
+    finally:
+        keeper.close()
+        engine.close()
+        pool.close()
+    for obj in shown:
+        assert SECRET not in _shown(obj), type(obj).__name__

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -15,7 +15,7 @@ class Endpoint:
 
     Everything a native connection needs, taken from a plain ``redis.Redis``
     over TCP or a unix socket: the server, the database, the credentials and
-    the client name.
+    the client name. The password is left out of the repr.
     """
 
     host: str | None
@@ -23,7 +23,7 @@ class Endpoint:
     path: str | None
     db: int
     username: str | None
-    password: str | None
+    password: str | None = field(repr=False)
     client_name: str | None
 
     @property

@@ -5,12 +5,8 @@
 # mutex is never held across a wait for the server (see the lock discipline
 # in _core.pyx): a Python thread may lock it with the GIL held.
 
-# Keeper states; the values are those of redlease._engine.
-IDLE = 0
-ACTIVE = 1
-LOST = 2
-ENDED = 3
-
+# Keeper states, as C atomics. The values are those of redlease._engine
+# (IDLE, ACTIVE, LOST, ENDED), which ``Keeper.state`` returns.
 cdef enum:
     ST_IDLE = 0
     ST_ACTIVE = 1

@@ -79,7 +79,13 @@ cdef class ScriptRef:
 
 
 cdef class Target:
-    """Where to connect and what to say first (AUTH, SELECT, CLIENT SETNAME)."""
+    """Where to connect and what to say first (AUTH, SELECT, CLIENT SETNAME).
+
+    Made from an endpoint (``redlease._engine.client.Endpoint``, or any object
+    with its fields: ``host port path db username password client_name``).
+    The password is kept only inside the encoded handshake: no attribute,
+    repr or error message of the core shows it.
+    """
 
     cdef readonly object host
     cdef readonly int port
@@ -87,16 +93,18 @@ cdef class Target:
     cdef readonly int db
     cdef readonly object username
     cdef readonly object client_name
-    cdef object _password
     cdef bytes _host_b
     cdef bytes _path_b
     cdef bytes _hello
     cdef int _hello_replies
 
-    def __init__(self, host=None, int port=6379, path=None, int db=0, username=None,
-                 password=None, client_name=None):
+    def __init__(self, endpoint not None):
         cdef rl_buf b
         cdef list hello = []
+        host = endpoint.host
+        path = endpoint.path
+        username = endpoint.username
+        password = endpoint.password
         if path:
             self._path_b = os.fsencode(path)
             if len(self._path_b) >= 108:
@@ -108,18 +116,17 @@ cdef class Target:
                 raise ValueError("host name too long")
             self._path_b = b""
         self.host = None if path else (host or "localhost")
-        self.port = port
+        self.port = endpoint.port
         self.path = path or None
-        self.db = db
+        self.db = endpoint.db
         self.username = username
-        self._password = password
-        self.client_name = client_name
+        self.client_name = endpoint.client_name
         if username or password:
             hello.append(["AUTH", username, password or ""] if username else ["AUTH", password])
-        if db:
-            hello.append(["SELECT", db])
-        if client_name:
-            hello.append(["CLIENT", "SETNAME", client_name])
+        if self.db:
+            hello.append(["SELECT", self.db])
+        if self.client_name:
+            hello.append(["CLIENT", "SETNAME", self.client_name])
         memset(&b, 0, sizeof(b))
         try:
             for command in hello:

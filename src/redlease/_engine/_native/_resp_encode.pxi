@@ -202,7 +202,11 @@ cdef int build_eval(rl_buf* e, const rl_buf* w, const rl_script_cmd* cmd) noexce
     return buf_put(e, w.data + cmd.tail, w.len - cmd.tail)
 
 
-cdef bytes encoded_command(object args):
+def _encode_command(args):
+    """The RESP2 encoding of one command, e.g. ``_encode_command(["SET", "k", 1])``.
+
+    A test hook, not part of the module's interface.
+    """
     cdef rl_buf b
     memset(&b, 0, sizeof(b))
     try:
@@ -210,8 +214,3 @@ cdef bytes encoded_command(object args):
         return PyBytes_FromStringAndSize(b.data, <Py_ssize_t>b.len)
     finally:
         buf_free(&b)
-
-
-def encode_command(args):
-    """The RESP2 encoding of one command, e.g. ``encode_command(["SET", "k", 1])``."""
-    return encoded_command(args)

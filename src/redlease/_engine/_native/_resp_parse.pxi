@@ -190,11 +190,11 @@ cdef object build_reply(const char* base, rl_node* nodes, size_t* i):
             value = filling.pop()
 
 
-def parse_reply(bytes data not None):
+def _parse_reply(bytes data not None):
     """``(value, consumed)`` for the first whole reply in ``data``, or None when incomplete.
 
     Error replies come back as exception instances (not raised). A malformed
-    reply raises ValueError.
+    reply raises ValueError. A test hook, not part of the module's interface.
     """
     cdef rl_nodes nodes
     cdef Py_ssize_t rc
