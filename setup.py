@@ -59,7 +59,8 @@ class OptionalBuildExt(build_ext):
 
 
 def extensions() -> list[Extension]:
-    pyx = HERE / "src" / "redlease" / "_engine" / "_native" / "_core.pyx"
+    native = HERE / "src" / "redlease" / "_engine" / "_native"
+    pyx = native / "_core.pyx"
     if not pyx.exists():
         return []
     try:
@@ -68,9 +69,13 @@ def extensions() -> list[Extension]:
         if os.environ.get("REDLEASE_REQUIRE_NATIVE") == "1":
             raise
         return []
+    # One extension: _core.pyx includes the .pxi files (one concern each).
+    # Listing them as dependencies rebuilds the extension when one changes.
+    included = sorted([*native.glob("*.pxi"), *native.glob("*.pxd")])
     ext = Extension(
         "redlease._engine._native._core",
         sources=[str(pyx.relative_to(HERE))],
+        depends=[str(path.relative_to(HERE)) for path in included],
         extra_compile_args=["-O2", "-pthread"],
         extra_link_args=["-pthread"],
     )

@@ -94,7 +94,7 @@ def main() -> None:
             contenders.append(("python engine", lambda: python.write(script, keys, args)))
         except ImportError:
             pass
-        raw = _native.encode_command(["EVALSHA", script.sha, len(keys), *keys, *args])
+        raw = _native._encode_command(["EVALSHA", script.sha, len(keys), *keys, *args])
         contenders.append(("raw socket", raw_socket_writer(server, opts.unix, raw)))
 
         results = [time_calls(name, op, opts.seconds, opts.rounds) for name, op in contenders]

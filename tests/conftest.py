@@ -8,13 +8,12 @@ that refuses connections.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 import redis
 
-from helpers import BlackHole, ClosedPort
+from helpers import BlackHole, ClosedPort, require_native
 from redlease._testing import RedisServer
 
 ENGINES = ("python", "native")
@@ -52,14 +51,6 @@ def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
         c.close()
 
 
-def _native_missing_reason() -> str | None:
-    try:
-        import redlease._engine._native._core  # noqa: F401
-    except ImportError as exc:
-        return f"the native extension redlease._engine._native._core is not built ({exc})"
-    return None
-
-
 @pytest.fixture(params=ENGINES, ids=ENGINES)
 def engine(request: pytest.FixtureRequest) -> str:
     """``"python"`` and ``"native"``: every test taking it runs once per engine.
@@ -69,11 +60,7 @@ def engine(request: pytest.FixtureRequest) -> str:
     """
     name: str = request.param
     if name == "native":
-        reason = _native_missing_reason()
-        if reason is not None:
-            if os.environ.get("REDLEASE_REQUIRE_NATIVE") == "1":
-                pytest.fail(f"REDLEASE_REQUIRE_NATIVE=1 but {reason}")
-            pytest.skip(reason)
+        require_native()
     return name
 
 

@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
+
+import pytest
 
 import redlease
 
 LOOPBACK = "127.0.0.1"
+
+
+def require_native() -> ModuleType:
+    """The native core module, for a test (or a whole test module) that needs it.
+
+    Skips when the extension is not built, unless ``REDLEASE_REQUIRE_NATIVE=1``
+    (as in CI), where a missing build fails instead: a test that needs the
+    native engine must never pass by being skipped there.
+    """
+    try:
+        from redlease._engine._native import _core
+    except ImportError as exc:
+        reason = f"the native extension redlease._engine._native._core is not built ({exc})"
+        if os.environ.get("REDLEASE_REQUIRE_NATIVE") == "1":
+            pytest.fail(f"REDLEASE_REQUIRE_NATIVE=1 but {reason}", pytrace=False)
+        pytest.skip(reason, allow_module_level=True)
+    return _core
 
 
 def wait_until(

@@ -13,6 +13,7 @@ import redis.asyncio
 
 import redlease
 import redlease.aio
+from helpers import require_native
 from redlease._testing import RedisServer
 
 PREFIX = "t:lock:"
@@ -28,7 +29,7 @@ def run(coro_fn: Callable[[], Awaitable[Any]]) -> Any:
 @pytest.fixture(params=["memory", "python", "native"])
 def store(request: pytest.FixtureRequest, redis_server: RedisServer) -> str:
     if request.param == "native":
-        pytest.importorskip("redlease._engine._native._core")
+        require_native()
     return str(request.param)
 
 
@@ -96,7 +97,7 @@ def test_lost_lease_cancels_the_block_with_not_held(redis_server: RedisServer) -
 
     for engine in ("python", "native"):
         if engine == "native":
-            pytest.importorskip("redlease._engine._native._core")
+            require_native()
         run(lambda engine=engine: scenario(engine))
 
 

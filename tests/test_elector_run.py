@@ -14,6 +14,7 @@ from helpers import (
     RunThread,
     Terms,
     make_elector,
+    require_native,
     stays,
     wait_until,
 )
@@ -340,7 +341,7 @@ def test_a_leader_function_that_is_not_callable_is_a_type_error(
 
 
 def test_a_resp3_client_is_served_by_the_native_engine(redis_server: RedisServer) -> None:
-    pytest.importorskip("redlease._engine._native._core")
+    require_native()
     resp3 = redis_server.client(protocol=3)
     e = redlease.Elector(resp3, "resp3", ttl=0.5, engine="native")
     with e:

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 import redlease
-from helpers import gil_call_size, hold_gil, wait_until
+from helpers import gil_call_size, hold_gil, require_native, wait_until
 from redlease._engine import LOST
 from redlease._testing import RedisServer
 
@@ -106,7 +106,7 @@ def lead_with(client: redis.Redis, engine: str) -> tuple[redlease.Elector, list[
 def test_native_leader_keeps_its_lease_through_a_long_gil_holding_call(
     client: redis.Redis, contenders: Callable[[], Contender]
 ) -> None:
-    pytest.importorskip("redlease._engine._native._core")
+    require_native()
     n = gil_call_size(1.5)
     e, terms = lead_with(client, "native")
     contender = contenders()
@@ -141,7 +141,7 @@ def test_python_leader_loses_its_lease_through_the_same_call(
 def test_native_term_is_lost_at_its_deadline_while_the_gil_is_held(
     redis_server: RedisServer, client: redis.Redis
 ) -> None:
-    pytest.importorskip("redlease._engine._native._core")
+    require_native()
     n = gil_call_size(1.5)
     e, terms = lead_with(client, "native")
     try:

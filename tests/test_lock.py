@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +14,7 @@ import pytest
 import redis
 
 import redlease
-from helpers import stays, wait_until
+from helpers import require_native, stays, wait_until
 from redlease.lock import (
     DEFAULT_RETRY_INTERVAL,
     DEFAULT_TTL,
@@ -44,12 +43,7 @@ def locker(request: pytest.FixtureRequest) -> Iterator[Locker]:
         return
     engine = kind.split("-", 1)[1]
     if engine == "native":
-        try:
-            import redlease._engine._native._core  # noqa: F401
-        except ImportError as exc:
-            if os.environ.get("REDLEASE_REQUIRE_NATIVE") == "1":
-                pytest.fail(f"REDLEASE_REQUIRE_NATIVE=1 but the native extension is missing: {exc}")
-            pytest.skip(f"the native extension redlease._engine._native._core is not built ({exc})")
+        require_native()
     client: redis.Redis = request.getfixturevalue("client")
     redis_locker = RedisLocker(client, engine=engine)
     _clients[id(redis_locker)] = client

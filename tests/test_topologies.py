@@ -21,7 +21,7 @@ from redis.sentinel import Sentinel
 
 import redlease
 import redlease.aio
-from helpers import elected_token, wait_until
+from helpers import elected_token, require_native, wait_until
 from redlease._testing import RedisServer, find_redis_server
 
 
@@ -127,7 +127,7 @@ def test_sentinel_master_client_runs_on_the_python_engine(sentinel: Sentinel) ->
 
 
 def test_native_engine_refuses_a_sentinel_client_and_says_why(sentinel: Sentinel) -> None:
-    pytest.importorskip("redlease._engine._native._core")
+    require_native()
     client = sentinel.master_for("svc")
     with pytest.raises(redlease.ConfigError, match="Sentinel"):
         redlease.Elector(client, "sentinel", engine="native")
@@ -224,7 +224,7 @@ def test_cluster_contenders_hand_over_with_increasing_tokens(cluster: RedisClust
 
 
 def test_native_engine_refuses_a_cluster_client(cluster: RedisCluster) -> None:
-    pytest.importorskip("redlease._engine._native._core")
+    require_native()
     with pytest.raises(redlease.ConfigError, match="RedisCluster"):
         redlease.Elector(cluster, "{job}", engine="native")
 

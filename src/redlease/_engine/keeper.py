@@ -17,6 +17,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from .base import ACTIVE, ENDED, IDLE, LOST, MIN_STEP
 
 _LATENESS_SAMPLES = 65536
@@ -76,6 +78,8 @@ class PythonKeeper:
         with self._cond:
             if self._closed:
                 raise RuntimeError("keeper is closed")
+            if token < 1:
+                raise ValueError("token must be >= 1")
             self._generation += 1
             self._deadline = acquired_at + self._ttl
             self._next = time.monotonic()
@@ -87,6 +91,7 @@ class PythonKeeper:
                 )
                 self._thread.start()
             self._cond.notify_all()
+        self.notify()  # a state change, like every other
 
     def end(self) -> None:
         with self._cond:
@@ -98,20 +103,30 @@ class PythonKeeper:
         self.notify()
 
     def wait(self, timeout: float | None) -> bool:
+        if self._closed:
+            return True
         woken = self._wakeup.wait(timeout)
-        self._wakeup.clear()
-        try:
-            while os.read(self._rfd, 64):
+        # Under the lock, so close() cannot close the pipe (and the number be
+        # reused by another file) between the check and the reads.
+        with self._cond:
+            if self._closed:
+                return True
+            self._wakeup.clear()
+            try:
+                while os.read(self._rfd, 64):
+                    pass
+            except (BlockingIOError, OSError):
                 pass
-        except (BlockingIOError, OSError):
-            pass
         return woken
 
     def notify(self) -> None:
-        self._wakeup.set()
-        # EAGAIN: a wake-up is already pending; EBADF: the keeper is closed.
-        with contextlib.suppress(OSError):
-            os.write(self._wfd, b"\x01")
+        with self._cond:
+            if self._closed:
+                return
+            self._wakeup.set()
+            # EAGAIN: a wake-up is already pending.
+            with contextlib.suppress(OSError):
+                os.write(self._wfd, b"\x01")
 
     def pop_errors(self) -> list[Exception]:
         with self._cond:
@@ -124,7 +139,8 @@ class PythonKeeper:
             return list(self._lateness)
 
     def fileno(self) -> int:
-        return self._rfd
+        """The pipe's read end while open; -1 once closed (its number may be reused)."""
+        return -1 if self._closed else self._rfd
 
     def close(self) -> None:
         with self._cond:
@@ -137,13 +153,16 @@ class PythonKeeper:
             self._generation += 1
             self._cond.notify_all()
             thread = self._thread
+        # Every thread in wait() returns, and later calls return at once.
+        self._wakeup.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join()
         if self._on_close is not None:
             self._on_close()
-        for fd in (self._rfd, self._wfd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        with self._cond:
+            for fd in (self._rfd, self._wfd):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         _live_keepers.discard(self)
 
     def _next_slot(self, scheduled: float) -> float:
@@ -208,8 +227,16 @@ class PythonKeeper:
                 if reply == 1:
                     self._deadline = sent + self._ttl
                     self._next = self._next_slot(scheduled)
-                else:
+                elif reply == 0:
                     self._lose()
+                else:
+                    # Like the native keeper: only 0 says the lease is gone;
+                    # anything else is a failed renewal, tolerated until the deadline.
+                    self._errors.append(
+                        ResponseError("unexpected reply to a renewal (expected 1 or 0)")
+                    )
+                    self._next = self._next_slot(scheduled)
+                    self.notify()
 
     def _after_fork_in_child(self) -> None:
         # The renewal thread does not exist in the child, and the lease is the

@@ -37,15 +37,7 @@ class NativeEngine:
         self.write_timeout = (
             DEFAULT_WRITE_TIMEOUT if write_timeout is None else float(write_timeout)
         )
-        self._target = _native.Target(
-            host=endpoint.host,
-            port=endpoint.port,
-            path=endpoint.path,
-            db=endpoint.db,
-            username=endpoint.username,
-            password=endpoint.password,
-            client_name=endpoint.client_name,
-        )
+        self._target = _native.Target(endpoint)
         self._calls = _native.Pool(self._target, CALL_CONNECTIONS)
         self._writes = _native.Pool(self._target, WRITE_CONNECTIONS)
         self._refs: dict[str, _native.ScriptRef] = {}

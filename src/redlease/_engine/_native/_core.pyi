@@ -1,15 +1,28 @@
-"""Type stubs for the Cython core (``_native.pyx``)."""
+"""Type stubs for the Cython core (``_core.pyx`` and the ``.pxi`` files it includes)."""
 
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, Final, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 _Encodable: TypeAlias = str | bytes | bytearray | memoryview | int | float
 
-IDLE: Final[int]
-ACTIVE: Final[int]
-LOST: Final[int]
-ENDED: Final[int]
+class _Endpoint(Protocol):
+    """What ``Target`` reads: the fields of ``redlease._engine.client.Endpoint``."""
+
+    @property
+    def host(self) -> str | None: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def path(self) -> str | None: ...
+    @property
+    def db(self) -> int: ...
+    @property
+    def username(self) -> str | None: ...
+    @property
+    def password(self) -> str | None: ...
+    @property
+    def client_name(self) -> str | None: ...
 
 class ScriptRef:
     """A Lua script as the wire wants it: its SHA1 and its source, both UTF-8 bytes."""
@@ -21,7 +34,10 @@ class ScriptRef:
     def __init__(self, sha: str, source: str) -> None: ...
 
 class Target:
-    """Where to connect and what to say first (AUTH, SELECT, CLIENT SETNAME)."""
+    """Where to connect and what to say first (AUTH, SELECT, CLIENT SETNAME).
+
+    Made from an endpoint; its password is never shown (no attribute, no repr).
+    """
 
     @property
     def host(self) -> str | None: ...
@@ -37,16 +53,7 @@ class Target:
     def client_name(self) -> str | None: ...
     @property
     def address(self) -> str: ...
-    def __init__(
-        self,
-        host: str | None = None,
-        port: int = 6379,
-        path: str | None = None,
-        db: int = 0,
-        username: str | None = None,
-        password: str | None = None,
-        client_name: str | None = None,
-    ) -> None: ...
+    def __init__(self, endpoint: _Endpoint) -> None: ...
 
 class Pool:
     """A few native connections to one server, lazily opened, safe from any thread."""
@@ -108,6 +115,7 @@ class Keeper:
         tb: TracebackType | None,
     ) -> None: ...
 
-def encode_command(args: Sequence[_Encodable]) -> bytes: ...
-def parse_reply(data: bytes) -> tuple[Any, int] | None: ...
-def monotonic() -> float: ...
+# Test hooks, not part of the module's interface.
+def _encode_command(args: Sequence[_Encodable]) -> bytes: ...
+def _parse_reply(data: bytes) -> tuple[Any, int] | None: ...
+def _monotonic() -> float: ...

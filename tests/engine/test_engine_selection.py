@@ -10,22 +10,12 @@ import pytest
 import redis
 
 import redlease
+from helpers import require_native
 from redlease._testing import RedisServer
 
 
-def native_built() -> bool:
-    try:
-        import redlease._engine._native._core  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-needs_native = pytest.mark.skipif(not native_built(), reason="the native extension is not built")
-
-
-@needs_native
 def test_auto_picks_native_for_a_plain_tcp_or_unix_client(redis_server: RedisServer) -> None:
+    require_native()
     assert redlease.Elector(redis_server.client(), "sel").engine == "native"
     with RedisServer(unix=True) as unix_server:
         assert redlease.Elector(unix_server.client(), "sel").engine == "native"
@@ -44,17 +34,17 @@ def test_unknown_engine_name_is_a_config_error(client: redis.Redis) -> None:
 def test_redlease_engine_sets_what_auto_means(
     client: redis.Redis, monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
-    if value == "native" and not native_built():
-        pytest.skip("the native extension is not built")
+    if value == "native":
+        require_native()
     monkeypatch.setenv("REDLEASE_ENGINE", value)
     assert redlease.Elector(client, "sel").engine == value
     assert redlease.RedisLocker(client).engine == value
 
 
-@needs_native
 def test_an_explicit_engine_overrides_redlease_engine(
     client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    require_native()
     monkeypatch.setenv("REDLEASE_ENGINE", "python")
     assert redlease.Elector(client, "sel", engine="native").engine == "native"
 
@@ -67,8 +57,8 @@ def test_a_bad_redlease_engine_value_is_a_config_error_naming_the_variable(
         redlease.Elector(client, "sel")
 
 
-@needs_native
 def test_native_refuses_a_tls_client_and_auto_falls_back(redis_server: RedisServer) -> None:
+    require_native()
     tls = redis.Redis(host="127.0.0.1", port=redis_server.port, ssl=True)
     with pytest.raises(redlease.ConfigError, match="TLS"):
         redlease.Elector(tls, "sel", engine="native")

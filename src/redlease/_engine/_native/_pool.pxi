@@ -1,0 +1,308 @@
+# The Python-facing connection objects: ScriptRef (a script as the wire wants
+# it), Target (where to connect and what to say first), Pool (a few
+# connections safe from any thread), and the glue that turns a connection's
+# failures and replies into Python objects, with the GIL.
+#
+# A slot's mutex is only ever waited for with the GIL released (see the lock
+# discipline in _core.pyx); with the GIL held it is only ``trylock``-ed.
+
+from redis.exceptions import ConnectionError as _RedisConnectionError
+from redis.exceptions import ResponseError as _RedisResponseError
+from redis.exceptions import TimeoutError as _RedisTimeoutError
+
+cdef int64_t FOREVER_NS = 1 << 62
+
+
+# ---------------------------------------------------------------- failures and replies (GIL held)
+
+cdef object make_exception(int kind, bytes message):
+    cdef str text = message.decode("utf-8", "replace")
+    if kind == RL_ETIMEOUT:
+        return _RedisTimeoutError(text)
+    if kind == RL_ECONN or kind == RL_EPROTO or kind == RL_ECANCELLED:
+        return _RedisConnectionError(text)
+    if kind == RL_EREPLY:
+        return _parse_error(text)
+    if kind == RL_ENOMEM:
+        return MemoryError(text)
+    return _RedisResponseError(text)
+
+
+cdef int reraise_pending() except -1:
+    return -1
+
+
+cdef object conn_exception(rl_conn* c):
+    if c.err_kind == RL_EINTERRUPTED:
+        reraise_pending()
+    return make_exception(c.err_kind, PyBytes_FromString(c.err_msg))
+
+
+cdef object take_reply(rl_conn* c):
+    """The buffered reply as Python objects (a top-level error is raised); consumes it."""
+    cdef size_t i = 0
+    cdef rl_node* top = &c.nodes.items[0]
+    cdef object value
+    if top.kind == c':':
+        value = top.ival
+        conn_consume(c)
+        return value
+    try:
+        if top.kind == c'-':
+            raise error_from_reply(c.r.data + top.off, <Py_ssize_t>top.ival)
+        return build_reply(c.r.data, c.nodes.items, &i)
+    finally:
+        conn_consume(c)
+
+
+cdef int64_t deadline_after(double timeout) except? -1:
+    if timeout != timeout:
+        raise ValueError("timeout must be a number, not NaN")
+    if timeout <= 0:
+        return rl_now_ns()
+    if timeout > 1e9:
+        return FOREVER_NS
+    return rl_now_ns() + <int64_t>(timeout * 1e9)
+
+
+cdef class ScriptRef:
+    """A Lua script as the wire wants it: its SHA1 and its source, both UTF-8 bytes."""
+
+    cdef readonly bytes sha
+    cdef readonly bytes source
+
+    def __init__(self, str sha, str source):
+        if len(sha) != 40:
+            raise ValueError("sha must be 40 hex digits")
+        self.sha = sha.encode("ascii")
+        self.source = source.encode("utf-8")
+
+
+cdef class Target:
+    """Where to connect and what to say first (AUTH, SELECT, CLIENT SETNAME).
+
+    Made from an endpoint (``redlease._engine.client.Endpoint``, or any object
+    with its fields: ``host port path db username password client_name``).
+    The password is kept only inside the encoded handshake: no attribute,
+    repr or error message of the core shows it.
+    """
+
+    cdef readonly object host
+    cdef readonly int port
+    cdef readonly object path
+    cdef readonly int db
+    cdef readonly object username
+    cdef readonly object client_name
+    cdef bytes _host_b
+    cdef bytes _path_b
+    cdef bytes _hello
+    cdef int _hello_replies
+
+    def __init__(self, endpoint not None):
+        cdef rl_buf b
+        cdef list hello = []
+        host = endpoint.host
+        path = endpoint.path
+        username = endpoint.username
+        password = endpoint.password
+        if path:
+            self._path_b = os.fsencode(path)
+            if len(self._path_b) >= 108:
+                raise ValueError(f"unix socket path too long ({len(self._path_b)} bytes)")
+            self._host_b = b""
+        else:
+            self._host_b = (host or "localhost").encode("idna")
+            if len(self._host_b) >= 256:
+                raise ValueError("host name too long")
+            self._path_b = b""
+        self.host = None if path else (host or "localhost")
+        self.port = endpoint.port
+        self.path = path or None
+        self.db = endpoint.db
+        self.username = username
+        self.client_name = endpoint.client_name
+        if username or password:
+            hello.append(["AUTH", username, password or ""] if username else ["AUTH", password])
+        if self.db:
+            hello.append(["SELECT", self.db])
+        if self.client_name:
+            hello.append(["CLIENT", "SETNAME", self.client_name])
+        memset(&b, 0, sizeof(b))
+        try:
+            for command in hello:
+                put_command(&b, command)
+            self._hello = PyBytes_FromStringAndSize(b.data, <Py_ssize_t>b.len) if b.len else b""
+        finally:
+            buf_free(&b)
+        self._hello_replies = len(hello)
+
+    @property
+    def address(self):
+        return self.path if self.path else f"{self.host}:{self.port}"
+
+    def __repr__(self):
+        return f"Target({self.address!r}, db={self.db})"
+
+    cdef int init_conn(self, rl_conn* c) except -1:
+        cdef bytes address = self.address.encode("utf-8", "replace")[:299]
+        memset(c, 0, sizeof(rl_conn))
+        c.fd = -1
+        c.cancel_fd = -1
+        c.port = self.port
+        c.is_unix = 1 if self._path_b else 0
+        strncpy(c.host, PyBytes_AS_STRING(self._host_b), 255)
+        strncpy(c.path, PyBytes_AS_STRING(self._path_b), 107)
+        strncpy(c.address, PyBytes_AS_STRING(address), 299)
+        c.hello_len = <size_t>len(self._hello)
+        c.hello_replies = self._hello_replies
+        if c.hello_len:
+            c.hello = <char*>realloc(NULL, c.hello_len)
+            if c.hello == NULL:
+                raise MemoryError()
+            memcpy(c.hello, PyBytes_AS_STRING(self._hello), c.hello_len)
+        return 0
+
+
+cdef struct rl_slot:
+    pthread_mutex_t mu
+    rl_conn conn
+
+
+cdef inline void release_slot(rl_slot* slot) noexcept:
+    if slot.conn.drop_when_done:
+        slot.conn.drop_when_done = 0
+        conn_drop(&slot.conn)
+    pthread_mutex_unlock(&slot.mu)
+
+
+cdef class Pool:
+    """A few native connections to one server, lazily opened, safe from any thread.
+
+    Each call takes a free connection (a new one is opened only when all open
+    ones are busy), runs one command or script with the GIL released and
+    bounded by ``timeout`` in all, and gives the connection back. An I/O error
+    or a timeout closes that connection; the next call opens a new one. No
+    call is ever retried.
+    """
+
+    cdef rl_slot* slots
+    cdef int size
+    cdef unsigned int rr
+    cdef readonly Target target
+    cdef object __weakref__
+
+    def __cinit__(self):
+        self.slots = NULL
+        self.size = 0
+
+    def __init__(self, Target target, int size=1):
+        cdef int i
+        if size < 1 or size > 64:
+            raise ValueError("size must be between 1 and 64")
+        if self.slots != NULL:
+            raise RuntimeError("Pool already initialised")
+        self.target = target
+        self.slots = <rl_slot*>calloc(<size_t>size, sizeof(rl_slot))
+        if self.slots == NULL:
+            raise MemoryError()
+        for i in range(size):
+            rl_mutex_init_errorcheck(&self.slots[i].mu)
+            self.size = i + 1
+            target.init_conn(&self.slots[i].conn)
+            self.slots[i].conn.python_signals = 1
+        _live.add(self)
+
+    def __dealloc__(self):
+        cdef int i
+        if self.slots == NULL:
+            return
+        for i in range(self.size):
+            conn_free(&self.slots[i].conn)
+            pthread_mutex_destroy(&self.slots[i].mu)
+        free(self.slots)
+        self.slots = NULL
+
+    cdef rl_slot* grab(self, int64_t deadline) except NULL:
+        cdef int i
+        cdef int rc
+        if self.slots == NULL:
+            raise RuntimeError("Pool is not initialised")
+        for i in range(self.size):
+            if pthread_mutex_trylock(&self.slots[i].mu) == 0:
+                return &self.slots[i]
+        i = <int>(self.rr % <unsigned int>self.size)
+        self.rr += 1
+        with nogil:
+            rc = rl_mutex_lock_until(&self.slots[i].mu, deadline)
+        if rc != 0:
+            raise _RedisTimeoutError(f"Timeout waiting for a connection to {self.target.address}")
+        return &self.slots[i]
+
+    def execute(self, ScriptRef ref not None, keys, args, double timeout):
+        """Run a script (EVALSHA, EVAL on NOSCRIPT); the reply as redis-py gives it."""
+        cdef int64_t deadline = deadline_after(timeout)
+        cdef rl_slot* slot = self.grab(deadline)
+        cdef rl_conn* c = &slot.conn
+        cdef rl_script_cmd cmd
+        cdef int rc
+        try:
+            put_evalsha(&c.w, ref.sha, ref.source, keys, args, &cmd)
+            with nogil:
+                rc = conn_run_script(c, deadline, &cmd, send_all, NULL)
+            if rc < 0:
+                raise conn_exception(c)
+            return take_reply(c)
+        finally:
+            release_slot(slot)
+
+    def command(self, args, double timeout):
+        """Run one plain command, e.g. ``["PING"]``; the reply as redis-py gives it."""
+        cdef int64_t deadline = deadline_after(timeout)
+        cdef rl_slot* slot = self.grab(deadline)
+        cdef rl_conn* c = &slot.conn
+        cdef int rc
+        try:
+            c.w.len = 0
+            put_command(&c.w, args)
+            with nogil:
+                rc = conn_run_command(c, deadline)
+            if rc < 0:
+                raise conn_exception(c)
+            return take_reply(c)
+        finally:
+            release_slot(slot)
+
+    @property
+    def connections(self):
+        """How many connections are open right now."""
+        cdef int i
+        cdef int n = 0
+        for i in range(self.size):
+            if self.slots[i].conn.fd >= 0:
+                n += 1
+        return n
+
+    def close(self):
+        """Close every connection (waiting for calls in flight); later calls reconnect."""
+        cdef int i
+        cdef int rc
+        if self.slots == NULL:
+            return
+        for i in range(self.size):
+            with nogil:
+                rc = pthread_mutex_lock(&self.slots[i].mu)
+                if rc == 0:
+                    conn_drop(&self.slots[i].conn)
+                    pthread_mutex_unlock(&self.slots[i].mu)
+            if rc != 0:
+                # EDEADLK: this thread's own call holds it (we run in a signal
+                # handler inside that call). Waiting would never end, and the
+                # socket is in use below us: the call drops it when done.
+                self.slots[i].conn.drop_when_done = 1
+
+    cdef void after_fork_in_child(self) noexcept:
+        cdef int i
+        for i in range(self.size):
+            # The thread that held it does not exist in the child.
+            rl_mutex_init_errorcheck(&self.slots[i].mu)
+            conn_drop(&self.slots[i].conn)
