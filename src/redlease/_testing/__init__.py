@@ -1,0 +1,37 @@
+"""Real redis-server processes for tests, demos and benchmarks, and the faults they suffer.
+
+- ``RedisServer`` (``server``): one private server on a free loopback port or
+  a unix socket; pause (SIGSTOP), kill (SIGKILL), restart, stop.
+- ``TLSMaterials``, ``ServerTLS``, ``TLSRedisServer`` (``tls``): certificates
+  minted in the test and TLS-only servers using them.
+
+Everything started here and still running at interpreter exit is stopped by
+an ``atexit`` hook, and its temporary files removed.
+"""
+
+from __future__ import annotations
+
+from ._common import (
+    RedisServerError,
+    RedisServerNotFound,
+    TopologyError,
+    find_redis_server,
+    free_port,
+)
+from .server import RedisServer, client_for
+from .tls import ServerTLS, TLSMaterials, TLSNotSupported, TLSRedisServer, tls_unsupported_reason
+
+__all__ = [
+    "RedisServer",
+    "RedisServerError",
+    "RedisServerNotFound",
+    "ServerTLS",
+    "TLSMaterials",
+    "TLSNotSupported",
+    "TLSRedisServer",
+    "TopologyError",
+    "client_for",
+    "find_redis_server",
+    "free_port",
+    "tls_unsupported_reason",
+]
