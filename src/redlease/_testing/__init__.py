@@ -2,6 +2,8 @@
 
 - ``RedisServer`` (``server``): one private server on a free loopback port or
   a unix socket; pause (SIGSTOP), kill (SIGKILL), restart, stop.
+- ``SentinelSet`` (``sentinel``): a master, replicas and three sentinels;
+  failover, master crash, frozen nodes.
 - ``TLSMaterials``, ``ServerTLS``, ``TLSRedisServer`` (``tls``): certificates
   minted in the test and TLS-only servers using them.
 
@@ -18,6 +20,7 @@ from ._common import (
     find_redis_server,
     free_port,
 )
+from .sentinel import SentinelSet
 from .server import RedisServer, client_for
 from .tls import ServerTLS, TLSMaterials, TLSNotSupported, TLSRedisServer, tls_unsupported_reason
 
@@ -25,6 +28,7 @@ __all__ = [
     "RedisServer",
     "RedisServerError",
     "RedisServerNotFound",
+    "SentinelSet",
     "ServerTLS",
     "TLSMaterials",
     "TLSNotSupported",
