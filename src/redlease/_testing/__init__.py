@@ -2,10 +2,12 @@
 
 - ``RedisServer`` (``server``): one private server on a free loopback port or
   a unix socket; pause (SIGSTOP), kill (SIGKILL), restart, stop.
-- ``SentinelSet`` (``sentinel``): a master, replicas and three sentinels;
-  failover, master crash, frozen nodes.
 - ``TLSMaterials``, ``ServerTLS``, ``TLSRedisServer`` (``tls``): certificates
   minted in the test and TLS-only servers using them.
+- ``SentinelSet`` (``sentinel``): a master, replicas and three sentinels;
+  failover, master crash, frozen nodes.
+- ``ClusterSet`` (``cluster``): three masters with a replica each; failover,
+  master crash, live slot migration, frozen nodes.
 
 Everything started here and still running at interpreter exit is stopped by
 an ``atexit`` hook, and its temporary files removed.
@@ -18,24 +20,30 @@ from ._common import (
     RedisServerNotFound,
     TopologyError,
     find_redis_server,
+    free_cluster_port,
     free_port,
 )
+from .cluster import ClusterSet, SlotMigration, key_slot
 from .sentinel import SentinelSet
 from .server import RedisServer, client_for
 from .tls import ServerTLS, TLSMaterials, TLSNotSupported, TLSRedisServer, tls_unsupported_reason
 
 __all__ = [
+    "ClusterSet",
     "RedisServer",
     "RedisServerError",
     "RedisServerNotFound",
     "SentinelSet",
     "ServerTLS",
+    "SlotMigration",
     "TLSMaterials",
     "TLSNotSupported",
     "TLSRedisServer",
     "TopologyError",
     "client_for",
     "find_redis_server",
+    "free_cluster_port",
     "free_port",
+    "key_slot",
     "tls_unsupported_reason",
 ]
