@@ -15,6 +15,7 @@ an ``atexit`` hook, and its temporary files removed.
 
 from __future__ import annotations
 
+from ._cluster_nodes import NodeInfo
 from ._common import (
     RedisServerError,
     RedisServerNotFound,
@@ -23,25 +24,36 @@ from ._common import (
     free_cluster_port,
     free_port,
 )
+from ._sentinel_events import SwitchWatcher
 from .cluster import ClusterSet, SlotMigration, key_slot
 from .sentinel import SentinelSet
 from .server import RedisServer, client_for
-from .tls import ServerTLS, TLSMaterials, TLSNotSupported, TLSRedisServer, tls_unsupported_reason
+from .tls import (
+    ServerTLS,
+    TLSMaterials,
+    TLSNotSupported,
+    TLSRedisServer,
+    find_tls_redis_server,
+    tls_unsupported_reason,
+)
 
 __all__ = [
     "ClusterSet",
+    "NodeInfo",
     "RedisServer",
     "RedisServerError",
     "RedisServerNotFound",
     "SentinelSet",
     "ServerTLS",
     "SlotMigration",
+    "SwitchWatcher",
     "TLSMaterials",
     "TLSNotSupported",
     "TLSRedisServer",
     "TopologyError",
     "client_for",
     "find_redis_server",
+    "find_tls_redis_server",
     "free_cluster_port",
     "free_port",
     "key_slot",

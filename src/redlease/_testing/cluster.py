@@ -159,7 +159,9 @@ class ClusterSet:
         return node.port
 
     def _cmd(self, node: RedisServer, *args: Any) -> Any:
-        c: Any = node.client(decode_responses=True, socket_timeout=5, socket_connect_timeout=5)
+        c: Any = node.client(
+            decode_responses=True, socket_timeout=5, socket_connect_timeout=2, retry=None
+        )
         try:
             return c.execute_command(*args)
         finally:
@@ -240,16 +242,27 @@ class ClusterSet:
         return True
 
     def healthy(self) -> bool:
-        """Every live node: ``cluster_state:ok``, one slot map, its replicas synced."""
+        """Every live node: ``cluster_state:ok``, one picture of the cluster, replicas synced.
+
+        One picture: every live node sees the same owner for every slot and
+        the same master for every live replica.
+        """
         live = self.live_nodes()
-        maps = []
+        live_ids = {self.node_id(n) for n in live}
+        pictures = []
         for node in live:
             if self.info(node).get("cluster_state") != "ok":
                 return False
-            maps.append(self._owners(node))
-        if not maps or any(m != maps[0] for m in maps):
+            view = self.view(node)
+            pictures.append(
+                (
+                    {i.id: i.slots for i in view if i.is_master and i.slots},
+                    {i.id: i.master_id for i in view if i.id in live_ids and not i.is_master},
+                )
+            )
+        if not pictures or any(p != pictures[0] for p in pictures):
             return False
-        owners = set(maps[0])
+        owners = set(pictures[0][0])
         for node in live:
             if self.node_id(node) in owners:
                 continue

@@ -41,6 +41,8 @@ __all__ = ["SentinelSet", "SwitchWatcher"]
 _Sentinel: Any = Sentinel  # redis-py leaves its constructor unannotated
 # Data nodes may all become masters: diskless full syncs without the default
 # 5 s wait for more replicas keep a (re)joining replica's first sync quick.
+# The harness's own look at a node: one try, a short wait.
+_PROBE: dict[str, Any] = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0, "retry": None}
 _DATA_ARGS = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
 
 
@@ -176,9 +178,16 @@ class SentinelSet:
     def manager(self, **kwargs: Any) -> Sentinel:
         """A redis-py ``Sentinel`` for this set; ``kwargs`` go to the data connections.
 
-        The sentinel connections get the sentinels' password and a 1 s timeout.
+        The sentinel connections get the sentinels' password, a 1 s timeout
+        and no retries.
         """
-        sentinel_kwargs: dict[str, Any] = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}
+        # No retries on a sentinel connection: a silent sentinel costs one
+        # timeout, then redis-py asks the next.
+        sentinel_kwargs: dict[str, Any] = {
+            "socket_timeout": 1.0,
+            "socket_connect_timeout": 1.0,
+            "retry": None,
+        }
         if self.sentinel_password is not None:
             sentinel_kwargs["password"] = self.sentinel_password
         if self.password is not None:
@@ -211,7 +220,7 @@ class SentinelSet:
         return [s for s in self.sentinels if s.running and not s.paused]
 
     def _ask(self, node: RedisServer, *args: Any) -> Any:
-        client: Any = self.sentinel_client(node, socket_timeout=1.0, socket_connect_timeout=1.0)
+        client: Any = self.sentinel_client(node, **_PROBE)
         try:
             return client.execute_command("SENTINEL", *args)
         finally:
@@ -252,7 +261,7 @@ class SentinelSet:
 
     def role(self, node: RedisServer) -> list[Any]:
         """``ROLE`` of a data node: ``["master", ...]`` / ``["slave", host, port, state, ...]``."""
-        client: Any = self.node_client(node, socket_timeout=1.0, socket_connect_timeout=1.0)
+        client: Any = self.node_client(node, **_PROBE)
         try:
             reply: list[Any] = client.execute_command("ROLE")
         finally:
