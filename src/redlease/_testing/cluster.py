@@ -92,6 +92,7 @@ class ClusterSet:
             except BaseException:
                 self.stop()
                 raise
+            register(self)
             return self
 
     def _build(self) -> None:
