@@ -4,27 +4,7 @@ The public module is ``redlease.lock``; the lockers (``RedisLocker``,
 ``MemoryLocker``) live there. ``release_after_failure`` is the internal API
 the asyncio shell shares with ``Locker.hold``.
 
-Lease-based distributed locks with fencing tokens.
-
-For "only one of us does this" work across replicas: singleton cron jobs,
-one-off migrations, resource-exclusive maintenance. Take a lock for a while
-(its TTL), do the work, release it::
-
-    locker = redlease.RedisLocker(client)
-    with locker.hold("cleanup:orders") as held:
-        cleanup_expired_orders(fencing_token=held.fencing_token)
-
-Two implementations share the same semantics (TTL expiry, ownership tokens,
-fencing tokens, waiting), so behaviour does not change between development
-and production: ``RedisLocker`` gives mutual exclusion to every process that
-shares the Redis server; ``MemoryLocker`` only to the threads of one process.
-
-Locks are cooperative leases, not absolute guarantees. A process pause that
-outlives the TTL (GC, VM freeze, network partition) can let a second holder
-in. Guard state that must never be corrupted with the lock's fencing token
-(pass it to the resource and reject writes carrying an older one), with
-idempotent operations, or with database constraints. ``RedisLocker`` targets
-one Redis server (or one cluster shard); it is not a Redlock implementation.
+What a lock guarantees, and what it does not, is told in ``redlease.lock``.
 """
 
 from __future__ import annotations
