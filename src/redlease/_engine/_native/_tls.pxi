@@ -87,6 +87,21 @@ cdef bytes _readable_file(str option, object path):
     return os.fsencode(path)
 
 
+cdef bint _file_has(object path, bytes marker):
+    try:
+        with open(path, "rb") as f:
+            return marker in f.read(1 << 20)
+    except OSError:
+        return False
+
+
+cdef str _pem_reason(object path, str reason):
+    """OpenSSL's reason, or plainer words when the file is not PEM at all."""
+    if not _file_has(path, b"-----BEGIN"):
+        return "the file is not PEM (no -----BEGIN line)"
+    return reason
+
+
 cdef bytes _secret_bytes(object password):
     """The key password as bytes (a callable is asked once, as Python's ssl does)."""
     if callable(password):
@@ -162,20 +177,27 @@ cdef void* make_tls_context(object tls) except NULL:
         return ctx
     reason = err.decode("utf-8", "replace")
     if what == RL_TLS_E_CA_FILE:
+        reason = _pem_reason(tls.ca_certs, reason)
         message = f"ssl_ca_certs={os.fspath(tls.ca_certs)!r}: no CA certificate could be loaded"
     elif what == RL_TLS_E_CA_PATH:
         message = f"ssl_ca_path={os.fspath(tls.ca_path)!r}: the directory could not be used"
     elif what == RL_TLS_E_CA_DATA:
-        message = "ssl_ca_data: no CA certificate could be loaded"
+        form = "PEM text" if isinstance(tls.ca_data, str) else "DER bytes"
+        message = f"ssl_ca_data ({form}): no CA certificate could be loaded"
     elif what == RL_TLS_E_CERT:
+        reason = _pem_reason(tls.certfile, reason)
         message = (f"ssl_certfile={os.fspath(tls.certfile)!r}: "
                    "no certificate chain could be loaded")
     elif what == RL_TLS_E_KEY:
         path = tls.keyfile if tls.keyfile is not None else tls.certfile
         option = "ssl_keyfile" if tls.keyfile is not None else "ssl_certfile"
-        hint = ("the password does not open it" if tls.key_password is not None
-                else "if it is encrypted, ssl_password is needed")
-        message = f"{option}={os.fspath(path)!r}: the private key could not be loaded ({hint})"
+        reason = _pem_reason(path, reason)
+        if _file_has(path, b"ENCRYPTED"):
+            hint = (" (the ssl_password given does not open it)" if tls.key_password is not None
+                    else " (it is encrypted and ssl_password is not set)")
+        else:
+            hint = ""
+        message = f"{option}={os.fspath(path)!r}: the private key could not be loaded{hint}"
     elif what == RL_TLS_E_KEY_MISMATCH:
         path = tls.keyfile if tls.keyfile is not None else tls.certfile
         message = (f"ssl_keyfile={os.fspath(path)!r}: the private key does not match "

@@ -75,9 +75,10 @@ static int rl_tls_available(void) { return 1; }
 
 static const char *rl_tls_version(void) { return OpenSSL_version(OPENSSL_VERSION); }
 
-/* The reason of the last error on this thread's queue, or a fallback. */
+/* The reason of the first error on this thread's queue (the most specific:
+ * "bad decrypt" rather than the "PEM lib" it caused), or a fallback. */
 static void rl_tls_reason(char *out, size_t outlen, const char *fallback) {
-    unsigned long e = ERR_peek_last_error();
+    unsigned long e = ERR_peek_error();
     const char *reason = e ? ERR_reason_error_string(e) : NULL;
     if (reason != NULL) {
         snprintf(out, outlen, "%s", reason);
@@ -206,7 +207,8 @@ static void *rl_tls_ctx_new(const rl_tls_settings *s, int *what, char *err, size
         if (!SSL_CTX_use_PrivateKey_file(ctx, s->keyfile ? s->keyfile : s->certfile,
                                          SSL_FILETYPE_PEM)) {
             SSL_CTX_set_default_passwd_cb_userdata(ctx, NULL);
-            *what = RL_TLS_E_KEY;
+            *what = ERR_GET_REASON(ERR_peek_last_error()) == X509_R_KEY_VALUES_MISMATCH
+                        ? RL_TLS_E_KEY_MISMATCH : RL_TLS_E_KEY;
             goto fail;
         }
         /* The password is not the context's to keep. */
