@@ -642,3 +642,41 @@ def test_a_native_keeper_renews_over_tls_past_three_ttls(tls_endpoint: Any) -> N
         assert keeper.renewals >= 6
     finally:
         engine.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_leaves_the_parents_tls_connections_alone(tls_endpoint: Any) -> None:
+    core = require_native_tls()
+    from redlease._engine.native import NativeEngine
+    from redlease._scripts import load
+
+    engine = NativeEngine(tls_endpoint, write_timeout=2.0)
+    pool = core.Pool(core.Target(tls_endpoint), 1)
+    try:
+        keys = ["f:leader", "f:fence", "f:fence:applied"]
+        token, _ = engine.call(load("acquire"), keys, ["me", 500], 2.0)
+        keeper = engine.keeper(load("renew"), ["f:leader"], ["me", 500], interval=0.02, ttl=0.5)
+        keeper.begin(token, time.monotonic())
+        parent_id = pool.command(["CLIENT", "ID"], 2.0)
+        wait_until(lambda: keeper.renewals >= 3, 2.0)
+        pid = os.fork()  # the keeper thread may be inside OpenSSL right now
+        if pid == 0:  # pragma: no cover - runs in the child
+            code = 1
+            try:
+                # The inherited pool makes a TLS connection of its own.
+                child_id = pool.command(["CLIENT", "ID"], 2.0)
+                if child_id != parent_id and keeper.token == 0:
+                    code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        # Nothing was said on the parent's connections in the child's name.
+        assert pool.command(["CLIENT", "ID"], 2.0) == parent_id
+        renewals = keeper.renewals
+        time.sleep(0.3)
+        assert keeper.state == ACTIVE and keeper.renewals > renewals
+    finally:
+        pool.close()
+        engine.close()

@@ -23,6 +23,9 @@ class _Endpoint(Protocol):
     def password(self) -> str | None: ...
     @property
     def client_name(self) -> str | None: ...
+    @property
+    def tls(self) -> _TLS | None:
+        """Optional: an endpoint without the attribute is plain TCP or a unix socket."""
 
 class _TLS(Protocol):
     """What ``Target`` reads of ``endpoint.tls``: the fields of ``redlease._engine.client.TLS``."""

@@ -336,4 +336,5 @@ cdef class Pool:
         for i in range(self.size):
             # The thread that held it does not exist in the child.
             rl_mutex_init_errorcheck(&self.slots[i].mu)
+            tls_forget_after_fork(&self.slots[i].conn)
             conn_drop(&self.slots[i].conn)

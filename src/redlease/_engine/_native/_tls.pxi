@@ -337,3 +337,14 @@ cdef bint tls_idle_input_ok(rl_conn* c) noexcept nogil:
     st = rl_tls_read(c.ssl, c.r.data + c.r.len, c.r.cap - c.r.len, &got,
                      &sys_errno, msg, TLS_MSG)
     return st == RL_TLS_WANT_READ
+
+
+cdef void tls_forget_after_fork(rl_conn* c) noexcept nogil:
+    """In a forked child: let go of the SSL object without touching it.
+
+    A thread of the parent (not copied) may have been inside OpenSSL with
+    it, and OpenSSL's locks may have been held: the child neither frees it
+    nor writes through it (no close_notify). It stays allocated, once per
+    connection per fork, and the connection is then dropped as a plain one.
+    """
+    c.ssl = NULL
