@@ -183,17 +183,6 @@ def _sentinel_contenders(topology: SentinelSet) -> list[Contender]:
     return contenders
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "SENTINEL FAILOVER leaves the old master writable until the sentinels demote it "
-        "(~10 s later): the Python engine's open connections stay on it and keep renewing "
-        "there without a single error, so 6 s after the failover the new master holds no "
-        "lease; only the demotion's client kill (ConnectionError 'Connection closed by "
-        "server.', ~11 s) ends the terms, re-elected on the new master with token+1 ~13 s "
-        "after the failover"
-    ),
-)
 def test_elector_follows_a_sentinel_failover(sentinel_set_fresh: SentinelSet) -> None:
     topology = sentinel_set_fresh
     contenders = _sentinel_contenders(topology)
@@ -219,14 +208,6 @@ def _longest_overlap(a: redlease.Elector, b: redlease.Elector, duration: float) 
     return longest
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "after SENTINEL FAILOVER the leader keeps renewing on the old master, still "
-        "writable until the sentinels demote it (~10 s), while a newcomer that asks the "
-        "sentinels is elected on the new master about a TTL later: two leaders for ~10 s"
-    ),
-)
 def test_no_second_leader_after_a_sentinel_failover(sentinel_set_fresh: SentinelSet) -> None:
     topology = sentinel_set_fresh
     [leader] = _contenders(topology.master_for(socket_timeout=1), ("fo-one",))
@@ -312,9 +293,9 @@ def test_elector_follows_a_migration_of_its_slot(cluster_set_fresh: ClusterSet) 
 @pytest.mark.xfail(
     strict=False,
     reason=(
-        "the Python engine does not follow ASK: with the slot MIGRATING and the keys moved, "
-        "every renewal fails with AskError '<slot> 127.0.0.1:<target port>' (retried on the "
-        "source after a slot-map refresh) and both terms are lost after the TTL"
+        "the Python engine's renewals fail with AskError / TRYAGAIN ('Multiple keys request "
+        "during rehashing of slot') while the slot is half migrated, and both terms are lost "
+        "after the TTL"
     ),
 )
 def test_elector_keeps_leading_while_its_slot_is_mid_migration(
