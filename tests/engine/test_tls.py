@@ -232,6 +232,49 @@ def test_cert_reqs_none_accepts_a_certificate_from_any_ca(
         assert e.fence_set(token, "tls:state", "unverified")
 
 
+def test_a_tls_client_of_a_plain_server_fails_to_connect(
+    redis_server: RedisServer, tls_engine: str
+) -> None:
+    events = Events()
+    client = redis.Redis(
+        host="127.0.0.1", port=redis_server.port, ssl=True, ssl_cert_reqs="none",
+        socket_timeout=1, socket_connect_timeout=1,
+    )  # fmt: skip
+    e = redlease.Elector(
+        client, "tls", acquire_interval=0.05, engine=tls_engine, observer=events.observer()
+    )
+    with e:
+        error = never_elected(e, events)
+    # The server takes the ClientHello for the start of a command and waits
+    # for its end, or answers it in plain text: a timeout or a failed handshake.
+    assert isinstance(error, (rex.ConnectionError, rex.TimeoutError))
+
+
+def test_a_tls_handshake_that_is_never_answered_times_out_at_the_deadline(
+    black_hole: Any,
+) -> None:
+    core = require_native_tls()
+    from redlease._engine.client import native_endpoint
+
+    client = redis.Redis(host="127.0.0.1", port=black_hole.port, ssl=True, socket_timeout=0.3)
+    endpoint, _ = native_endpoint(client)
+    pool = core.Pool(core.Target(endpoint), 1)
+    try:
+        started = time.monotonic()
+        with pytest.raises(rex.TimeoutError, match="connecting"):
+            pool.command(["PING"], 0.3)
+        took = time.monotonic() - started
+        assert 0.25 <= took < 1.0, f"the handshake gave up after {took:.2f} s"
+        assert pool.connections == 0
+    finally:
+        pool.close()
+    events = Events()
+    e = redlease.Elector(client, "tls", ttl=0.5, engine="native", observer=events.observer())
+    with e:
+        error = never_elected(e, events)
+    assert isinstance(error, rex.TimeoutError)
+
+
 # -- mutual TLS -----------------------------------------------------------------------
 
 
