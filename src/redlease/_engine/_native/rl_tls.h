@@ -168,6 +168,11 @@ static void *rl_tls_ctx_new(const rl_tls_settings *s, int *what, char *err, size
        with the rest: the caller resumes where the last call stopped. */
     SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     SSL_CTX_set_default_passwd_cb(ctx, rl_tls_password_cb);
+    /* One read() takes whatever has arrived, not a record header and then
+       its body: half the system calls per reply. Bytes read ahead wait
+       inside the SSL object, which is why readers check SSL_has_pending()
+       before polling the socket. */
+    SSL_CTX_set_read_ahead(ctx, 1);
 
     if (s->ca_file != NULL || s->ca_path != NULL) {
         if (s->ca_file != NULL && !SSL_CTX_load_verify_locations(ctx, s->ca_file, NULL)) {
