@@ -11,6 +11,7 @@ import redis
 
 import redlease
 from helpers import require_native
+from redlease._engine import select
 from redlease._testing import RedisServer
 
 
@@ -57,12 +58,32 @@ def test_a_bad_redlease_engine_value_is_a_config_error_naming_the_variable(
         redlease.Elector(client, "sel")
 
 
-def test_native_refuses_a_tls_client_and_auto_falls_back(redis_server: RedisServer) -> None:
-    require_native()
+def test_a_build_with_tls_runs_a_tls_client_natively(redis_server: RedisServer) -> None:
+    core = require_native()
+    if "tls" not in core.FEATURES:
+        pytest.skip("the native extension was built without OpenSSL")
     tls = redis.Redis(host="127.0.0.1", port=redis_server.port, ssl=True)
-    with pytest.raises(redlease.ConfigError, match="TLS"):
+    assert redlease.Elector(tls, "sel", engine="native").engine == "native"
+    auto = redlease.Elector(tls, "sel")
+    assert (auto.engine, auto.engine_reason) == ("native", "")
+
+
+def test_a_build_without_openssl_refuses_tls_natively_and_auto_says_why(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a build without OpenSSL's headers reports: no "tls" in FEATURES.
+    require_native()
+    monkeypatch.setattr(select, "native_features", lambda: frozenset())
+    tls = redis.Redis(host="127.0.0.1", port=redis_server.port, ssl=True)
+    sentence = "built without OpenSSL (install OpenSSL's headers, e.g. Debian's libssl-dev"
+    with pytest.raises(redlease.ConfigError, match="TLS") as info:
         redlease.Elector(tls, "sel", engine="native")
-    assert redlease.Elector(tls, "sel").engine == "python"
+    assert sentence in str(info.value)
+    auto = redlease.Elector(tls, "sel")
+    assert auto.engine == "python"
+    assert sentence in auto.engine_reason
+    # A plain client still runs natively in such a build.
+    assert redlease.Elector(redis_server.client(), "sel").engine == "native"
 
 
 def test_without_the_extension_auto_runs_python_and_native_says_why(

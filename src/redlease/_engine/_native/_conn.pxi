@@ -38,11 +38,14 @@ cdef struct rl_conn:
     int drop_when_done    # Pool.close() ran inside this connection's call: drop it after
     int cancel_fd         # readable -> abort the round trip (keeper close)
     int err_kind
+    int tls_check_hostname  # with tls_ctx: the certificate must name ``host``
     int hello_replies
     int64_t last_used
     size_t hello_len
     size_t reply_len
     char* hello
+    void* tls_ctx         # SSL_CTX (a reference of this connection's own), or NULL: plain
+    void* ssl             # SSL of the open connection, when tls_ctx is set (see _tls.pxi)
     rl_buf w              # the command being sent; for a script, its EVALSHA
     rl_buf e              # that script's EVAL twin, sent on NOSCRIPT
     rl_buf r              # bytes read and not yet consumed
@@ -74,6 +77,10 @@ cdef int conn_fail_with_reply(rl_conn* c) noexcept nogil:
 
 cdef void conn_drop(rl_conn* c) noexcept nogil:
     """Forget the socket. In a forked child this sends nothing: the parent still holds it."""
+    if c.ssl != NULL:
+        # Freed, not shut down: no close_notify, nothing written.
+        rl_tls_free(c.ssl)
+        c.ssl = NULL
     if c.fd >= 0:
         close(c.fd)
         c.fd = -1
@@ -83,6 +90,8 @@ cdef void conn_drop(rl_conn* c) noexcept nogil:
 
 cdef void conn_free(rl_conn* c) noexcept nogil:
     conn_drop(c)
+    rl_tls_ctx_free(c.tls_ctx)
+    c.tls_ctx = NULL
     buf_free(&c.w)
     buf_free(&c.e)
     buf_free(&c.r)
@@ -158,6 +167,8 @@ cdef int run_signal_handlers() noexcept nogil:
 cdef int conn_send(rl_conn* c, const char* data, size_t n, int64_t deadline) noexcept nogil:
     cdef size_t off = 0
     cdef ssize_t k
+    if c.ssl != NULL:
+        return tls_send(c, data, n, deadline)
     while off < n:
         k = send(c.fd, data + off, n - off, MSG_NOSIGNAL)
         if k >= 0:
@@ -191,6 +202,10 @@ cdef int conn_read_reply(rl_conn* c, int64_t deadline) noexcept nogil:
                 conn_fail(c, RL_ENOMEM, "out of memory parsing a reply")
                 conn_drop(c)
                 return -1
+        if c.ssl != NULL:
+            if tls_read_more(c, deadline) < 0:
+                return -1
+            continue
         if conn_wait(c, POLLIN, deadline, "reading from") < 0:
             return -1
         if buf_reserve(&c.r, READ_CHUNK) < 0:
@@ -317,6 +332,8 @@ cdef int conn_connect(rl_conn* c, int64_t deadline) noexcept nogil:
         c.fd = fd
         c.r.len = 0
         c.reply_len = 0
+        if c.tls_ctx != NULL and tls_start(c, deadline) < 0:
+            return -1
         if conn_handshake(c, deadline) < 0:
             return -1
         c.last_used = rl_now_ns()
@@ -337,8 +354,9 @@ cdef int conn_ready(rl_conn* c, int64_t deadline) noexcept nogil:
             pfd.fd = c.fd
             pfd.events = POLLIN
             pfd.revents = 0
-            # Nothing is owed to us on an idle connection: readable means EOF or junk.
-            if rl_ppoll(&pfd, 1, 0) != 0:
+            # Nothing is owed to us on an idle connection: readable means EOF
+            # or junk (or, on TLS, maybe only TLS records of its own).
+            if rl_ppoll(&pfd, 1, 0) != 0 and not tls_idle_input_ok(c):
                 conn_drop(c)
     if c.fd < 0:
         return conn_connect(c, deadline)

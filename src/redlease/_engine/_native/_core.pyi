@@ -23,6 +23,35 @@ class _Endpoint(Protocol):
     def password(self) -> str | None: ...
     @property
     def client_name(self) -> str | None: ...
+    @property
+    def tls(self) -> _TLS | None:
+        """Optional: an endpoint without the attribute is plain TCP or a unix socket."""
+
+class _TLS(Protocol):
+    """What ``Target`` reads of ``endpoint.tls``: the fields of ``redlease._engine.client.TLS``."""
+
+    @property
+    def ca_certs(self) -> str | None: ...
+    @property
+    def ca_path(self) -> str | None: ...
+    @property
+    def ca_data(self) -> str | bytes | None: ...
+    @property
+    def certfile(self) -> str | None: ...
+    @property
+    def keyfile(self) -> str | None: ...
+    @property
+    def key_password(self) -> str | None: ...
+    @property
+    def cert_reqs(self) -> str: ...
+    @property
+    def check_hostname(self) -> bool: ...
+
+FEATURES: frozenset[str]
+"""What this build serves beyond plain TCP and unix sockets: ``"tls"`` when built with OpenSSL."""
+
+OPENSSL_VERSION: str
+"""The OpenSSL this build runs with, or "" when built without it."""
 
 class ScriptRef:
     """A Lua script as the wire wants it: its SHA1 and its source, both UTF-8 bytes."""
@@ -37,6 +66,8 @@ class Target:
     """Where to connect and what to say first (AUTH, SELECT, CLIENT SETNAME).
 
     Made from an endpoint; its password is never shown (no attribute, no repr).
+    With ``endpoint.tls`` (an optional attribute, ``_TLS | None``) every
+    connection speaks TLS; settings that cannot be used raise ConfigError.
     """
 
     @property
@@ -53,6 +84,8 @@ class Target:
     def client_name(self) -> str | None: ...
     @property
     def address(self) -> str: ...
+    @property
+    def tls(self) -> bool: ...
     def __init__(self, endpoint: _Endpoint) -> None: ...
 
 class Pool:

@@ -32,6 +32,9 @@ released.
 #   _resp_parse.pxi    RESP2 replies -> C nodes (no GIL) -> Python objects
 #   _conn.pxi          one connection: connect, handshake, send and read
 #                      under a deadline, scripts with the NOSCRIPT fallback
+#   _tls.pxi           TLS on a connection (OpenSSL, glue in rl_tls.h): the
+#                      context from the ssl_* settings, handshake, reads and
+#                      writes without the GIL; FEATURES says if it is built
 #   _pool.pxi          the Python-facing connection objects: ScriptRef,
 #                      Target, Pool, and failures as redis-py exceptions
 #   _keeper_thread.pxi the renewal thread (no GIL, ever)
@@ -59,6 +62,7 @@ include "_posix.pxi"
 include "_resp_encode.pxi"
 include "_resp_parse.pxi"
 include "_conn.pxi"
+include "_tls.pxi"
 include "_pool.pxi"
 include "_keeper_thread.pxi"
 include "_keeper.pxi"

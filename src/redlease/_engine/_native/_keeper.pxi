@@ -370,6 +370,7 @@ cdef class Keeper:
         self._forked = True
         # Threads that were waiting in the parent do not exist here.
         self._waiters = 0
+        tls_forget_after_fork(&k.conn)
         conn_drop(&k.conn)
         if k.ctl_fd >= 0:
             close(k.ctl_fd)

@@ -145,6 +145,16 @@ cdef int keeper_send(rl_conn* c, const char* data, size_t n, int64_t deadline,
         return ROUND_SKIPPED
     if first:
         trip.t_send = rl_now_ns()
+    if c.ssl != NULL:
+        # What the TLS connection takes now; a failure is recorded (and the
+        # connection dropped) already.
+        sent = tls_try_send(c, data, n)
+        pthread_mutex_unlock(&k.mu)
+        if sent < 0:
+            return -1
+        if <size_t>sent < n:
+            return conn_send(c, data + sent, n - <size_t>sent, deadline)
+        return 0
     while True:
         sent = send(c.fd, data, n, MSG_NOSIGNAL | MSG_DONTWAIT)
         if sent >= 0 or errno != EINTR:

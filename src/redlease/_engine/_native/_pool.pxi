@@ -82,9 +82,14 @@ cdef class Target:
     """Where to connect and what to say first (AUTH, SELECT, CLIENT SETNAME).
 
     Made from an endpoint (``redlease._engine.client.Endpoint``, or any object
-    with its fields: ``host port path db username password client_name``).
-    The password is kept only inside the encoded handshake: no attribute,
-    repr or error message of the core shows it.
+    with its fields: ``host port path db username password client_name``,
+    and optionally ``tls``). The password is kept only inside the encoded
+    handshake: no attribute, repr or error message of the core shows it.
+
+    With ``endpoint.tls`` set (a ``redlease._engine.client.TLS``) every
+    connection speaks TLS; its context is built here, once, and a setting
+    that cannot be used (a missing or unparsable file, a wrong key password)
+    raises ConfigError now, naming the setting and the file.
     """
 
     cdef readonly object host
@@ -93,10 +98,20 @@ cdef class Target:
     cdef readonly int db
     cdef readonly object username
     cdef readonly object client_name
+    cdef readonly bint tls
+    cdef bint _check_hostname
+    cdef void* _tls_ctx
     cdef bytes _host_b
     cdef bytes _path_b
     cdef bytes _hello
     cdef int _hello_replies
+
+    def __cinit__(self):
+        self._tls_ctx = NULL
+
+    def __dealloc__(self):
+        rl_tls_ctx_free(self._tls_ctx)
+        self._tls_ctx = NULL
 
     def __init__(self, endpoint not None):
         cdef rl_buf b
@@ -135,13 +150,25 @@ cdef class Target:
         finally:
             buf_free(&b)
         self._hello_replies = len(hello)
+        tls = getattr(endpoint, "tls", None)
+        rl_tls_ctx_free(self._tls_ctx)
+        self._tls_ctx = NULL
+        self.tls = False
+        if tls is not None:
+            if self.path is not None:
+                raise _ConfigError("TLS over a unix socket is not supported")
+            self._tls_ctx = make_tls_context(tls)
+            self.tls = True
+            # As redis-py does: no hostname check when no certificate is checked.
+            self._check_hostname = bool(tls.check_hostname) and str(tls.cert_reqs) != "none"
 
     @property
     def address(self):
         return self.path if self.path else f"{self.host}:{self.port}"
 
     def __repr__(self):
-        return f"Target({self.address!r}, db={self.db})"
+        tls = ", tls=True" if self.tls else ""
+        return f"Target({self.address!r}, db={self.db}{tls})"
 
     cdef int init_conn(self, rl_conn* c) except -1:
         cdef bytes address = self.address.encode("utf-8", "replace")[:299]
@@ -155,6 +182,10 @@ cdef class Target:
         strncpy(c.address, PyBytes_AS_STRING(address), 299)
         c.hello_len = <size_t>len(self._hello)
         c.hello_replies = self._hello_replies
+        if self._tls_ctx != NULL:
+            rl_tls_ctx_up_ref(self._tls_ctx)
+            c.tls_ctx = self._tls_ctx
+            c.tls_check_hostname = 1 if self._check_hostname else 0
         if c.hello_len:
             c.hello = <char*>realloc(NULL, c.hello_len)
             if c.hello == NULL:
@@ -305,4 +336,5 @@ cdef class Pool:
         for i in range(self.size):
             # The thread that held it does not exist in the child.
             rl_mutex_init_errorcheck(&self.slots[i].mu)
+            tls_forget_after_fork(&self.slots[i].conn)
             conn_drop(&self.slots[i].conn)
