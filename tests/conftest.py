@@ -8,13 +8,21 @@ that refuses connections.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 
 from helpers import BlackHole, ClosedPort, require_native
-from redlease._testing import RedisServer
+from redlease._testing import (
+    ClusterSet,
+    RedisServer,
+    SentinelSet,
+    ServerTLS,
+    TLSMaterials,
+    tls_unsupported_reason,
+)
 
 ENGINES = ("python", "native")
 
@@ -82,3 +90,107 @@ def closed_port() -> Iterator[ClosedPort]:
         yield port
     finally:
         port.close()
+
+
+# -- TLS, Sentinel and Cluster topologies -------------------------------------------
+#
+# Sentinel and Cluster sets take a few seconds to build. Each comes twice: a
+# module-scoped one shared by a file's read-mostly tests (which must leave
+# its topology as they found it), and a function-scoped ``*_fresh`` one for
+# tests that fail over, kill or migrate.
+
+
+def _require_tls() -> None:
+    """Skip (or, with ``REDLEASE_REQUIRE_TLS=1``, fail) when no redis-server speaks TLS."""
+    reason = tls_unsupported_reason()
+    if reason is not None:
+        if os.environ.get("REDLEASE_REQUIRE_TLS") == "1":
+            pytest.fail(f"REDLEASE_REQUIRE_TLS=1 but {reason}")
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def tls_materials() -> Iterator[TLSMaterials]:
+    """Certificates minted for this run: test CA, server, client, mismatched, unrelated CA."""
+    materials = TLSMaterials()
+    try:
+        yield materials
+    finally:
+        materials.stop()
+
+
+@pytest.fixture
+def make_tls_server(tls_materials: TLSMaterials) -> Iterator[Callable[..., RedisServer]]:
+    """``make_tls_server(auth_clients="no", mismatched=False)``: a started TLS-only server.
+
+    ``auth_clients`` is ``"no"``, ``"yes"`` or ``"optional"``; ``mismatched``
+    serves a certificate whose names do not match 127.0.0.1. Every server
+    made is stopped after the test.
+    """
+    _require_tls()
+    servers: list[RedisServer] = []
+
+    def make(auth_clients: str = "no", *, mismatched: bool = False) -> RedisServer:
+        tls = ServerTLS(tls_materials, auth_clients=auth_clients, mismatched=mismatched)
+        server = RedisServer(tls=tls)
+        servers.append(server)
+        return server.start()
+
+    try:
+        yield make
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture
+def tls_server(make_tls_server: Callable[..., RedisServer]) -> RedisServer:
+    """A TLS-only redis-server (no client certificate asked); ``.tls.materials`` has the certs.
+
+    ``tls_server.client()`` verifies it against the test CA, hostname included.
+    """
+    return make_tls_server()
+
+
+def _sentinel_set() -> SentinelSet:
+    return SentinelSet().start()
+
+
+@pytest.fixture(scope="module")
+def sentinel_set() -> Iterator[SentinelSet]:
+    """A master, a replica and three sentinels shared by a module: do not fail it over."""
+    topology = _sentinel_set()
+    try:
+        yield topology
+    finally:
+        topology.stop()
+
+
+@pytest.fixture
+def sentinel_set_fresh() -> Iterator[SentinelSet]:
+    """A Sentinel set of the test's own, to fail over, kill or freeze at will."""
+    topology = _sentinel_set()
+    try:
+        yield topology
+    finally:
+        topology.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster_set() -> Iterator[ClusterSet]:
+    """Three masters with a replica each, shared by a module: leave every slot where it was."""
+    topology = ClusterSet().start()
+    try:
+        yield topology
+    finally:
+        topology.stop()
+
+
+@pytest.fixture
+def cluster_set_fresh() -> Iterator[ClusterSet]:
+    """A cluster of the test's own, to fail over, kill, migrate or freeze at will."""
+    topology = ClusterSet().start()
+    try:
+        yield topology
+    finally:
+        topology.stop()

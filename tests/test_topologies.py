@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -22,7 +21,7 @@ from redis.sentinel import Sentinel
 import redlease
 import redlease.aio
 from helpers import elected_token, require_native, wait_until
-from redlease._testing import RedisServer, find_redis_server
+from redlease._testing import ClusterSet, RedisServer, SentinelSet
 
 
 def _lead_and_fence(elector: redlease.Elector, key: str) -> int:
@@ -84,37 +83,9 @@ def test_wrong_password_surfaces_through_on_error_and_never_elects(
 
 
 @pytest.fixture
-def sentinel(redis_server: RedisServer, tmp_path: Path) -> Iterator[Sentinel]:
-    """One sentinel watching ``redis_server`` as master ``svc``."""
-    probe = RedisServer()
-    probe.start()
-    port = probe.port
-    probe.stop()
-    assert port is not None
-    conf = tmp_path / "sentinel.conf"
-    conf.write_text(
-        f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\n"
-        f"sentinel monitor svc 127.0.0.1 {redis_server.port} 1\n"
-    )
-    proc = subprocess.Popen(
-        [find_redis_server(), str(conf), "--sentinel"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        manager = Sentinel([("127.0.0.1", port)], socket_timeout=1)
-        wait_until(lambda: _master_known(manager), timeout=10, what="sentinel to know the master")
-        yield manager
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-def _master_known(manager: Sentinel) -> bool:
-    try:
-        return manager.discover_master("svc") is not None
-    except redis.exceptions.RedisError:
-        return False
+def sentinel(sentinel_set: SentinelSet) -> Sentinel:
+    """A redis-py ``Sentinel`` for the module's Sentinel set (master ``svc``, three sentinels)."""
+    return sentinel_set.manager()
 
 
 def test_sentinel_master_client_runs_on_the_python_engine(sentinel: Sentinel) -> None:
@@ -135,62 +106,16 @@ def test_native_engine_refuses_a_sentinel_client_and_says_why(sentinel: Sentinel
 
 # -- Cluster ------------------------------------------------------------------------
 
-_SLOTS = 16384
-
-
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisCluster]:
-    """Three cluster-enabled masters splitting the slots, and a client for them.
+def cluster(cluster_set: ClusterSet) -> Iterator[RedisCluster]:
+    """A client for the module's cluster: three masters with a replica each.
 
     Shared by this module's tests (a cluster takes seconds to converge); each
     test uses names of its own.
     """
-    nodes: list[RedisServer] = []
-    try:
-        while len(nodes) < 3:
-            nodes.append(_cluster_node())
-        clients = [node.client() for node in nodes]
-        share = _SLOTS // len(nodes)
-        for i, c in enumerate(clients):
-            end = _SLOTS if i == len(nodes) - 1 else (i + 1) * share
-            c.execute_command("CLUSTER ADDSLOTS", *range(i * share, end))
-        for c in clients[1:]:
-            c.execute_command("CLUSTER MEET", "127.0.0.1", nodes[0].port)
-        wait_until(
-            lambda: all(_cluster_ok(c) for c in clients),
-            timeout=20,
-            interval=0.1,
-            what="the cluster to converge",
-        )
-        client = RedisCluster(
-            startup_nodes=[ClusterNode("127.0.0.1", n.port) for n in nodes if n.port],
-            socket_timeout=2,
-        )
-        yield client
-        client.close()
-    finally:
-        for node in nodes:
-            node.stop()
-
-
-def _cluster_ok(node: redis.Redis) -> bool:
-    info = node.execute_command("CLUSTER INFO")
-    if isinstance(info, dict):
-        return bool(info.get("cluster_state") == "ok")
-    return b"cluster_state:ok" in info
-
-
-def _cluster_node() -> RedisServer:
-    # A cluster bus listens on port + 10000, so the node's port must be <= 55535.
-    for _ in range(50):
-        node = RedisServer(args=["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"])
-        try:
-            node.start()
-        except redlease.RedleaseError:
-            node.stop()
-            continue
-        return node
-    raise AssertionError("no free port <= 55535 for a cluster node")
+    client = cluster_set.client(socket_timeout=2)
+    yield client
+    client.close()
 
 
 def test_cluster_name_without_hash_tag_is_a_config_error(cluster: RedisCluster) -> None:

