@@ -21,6 +21,10 @@ the GIL never *blocks* on one of our mutexes (it may ``trylock``), and the
 keeper thread never wants the GIL. A thread may take the GIL while holding a
 pool slot mutex, because whoever waits for that mutex waits with the GIL
 released.
+The discovery state a Target shares with its connections
+(master address, slot map; _discovery.pxi) has a mutex that is held only to
+copy a few bytes, never across I/O and never while waiting for anything, so
+any thread may block on it, the keeper thread included.
 """
 
 # One extension, one file per concern, included in dependency order. Every
@@ -32,6 +36,8 @@ released.
 #   _resp_parse.pxi    RESP2 replies -> C nodes (no GIL) -> Python objects
 #   _conn.pxi          one connection: connect, handshake, send and read
 #                      under a deadline, scripts with the NOSCRIPT fallback
+#   _discovery.pxi     which server: the master the sentinels name, the owner
+#                      of a cluster slot; MOVED / ASK / READONLY followed
 #   _pool.pxi          the Python-facing connection objects: ScriptRef,
 #                      Target, Pool, and failures as redis-py exceptions
 #   _keeper_thread.pxi the renewal thread (no GIL, ever)
@@ -59,6 +65,7 @@ include "_posix.pxi"
 include "_resp_encode.pxi"
 include "_resp_parse.pxi"
 include "_conn.pxi"
+include "_discovery.pxi"
 include "_pool.pxi"
 include "_keeper_thread.pxi"
 include "_keeper.pxi"
@@ -75,3 +82,8 @@ def _after_fork_in_child():
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# What this build serves beyond a fixed TCP address or unix socket (see
+# redlease._engine.select).
+FEATURES = frozenset(_DISCOVERY_FEATURES)

@@ -25,6 +25,8 @@ cdef object make_exception(int kind, bytes message):
         return _parse_error(text)
     if kind == RL_ENOMEM:
         return MemoryError(text)
+    if kind == RL_ENOMASTER:
+        return _RedisMasterNotFoundError(text)
     return _RedisResponseError(text)
 
 
@@ -97,6 +99,14 @@ cdef class Target:
     cdef bytes _path_b
     cdef bytes _hello
     cdef int _hello_replies
+    cdef void* disco      # Sentinel / Cluster: how the server is found (_discovery.pxi)
+
+    def __cinit__(self):
+        self.disco = NULL
+
+    def __dealloc__(self):
+        disco_release(self.disco)
+        self.disco = NULL
 
     def __init__(self, endpoint not None):
         cdef rl_buf b
@@ -135,6 +145,15 @@ cdef class Target:
         finally:
             buf_free(&b)
         self._hello_replies = len(hello)
+        if self.disco == NULL:
+            self.disco = disco_from_endpoint(endpoint)
+
+    @property
+    def kind(self):
+        """``"direct"``, ``"sentinel"`` or ``"cluster"``: how the server is found."""
+        if self.disco == NULL:
+            return "direct"
+        return "sentinel" if (<rl_disco*>self.disco).kind == DISCO_SENTINEL else "cluster"
 
     @property
     def address(self):
@@ -160,6 +179,7 @@ cdef class Target:
             if c.hello == NULL:
                 raise MemoryError()
             memcpy(c.hello, PyBytes_AS_STRING(self._hello), c.hello_len)
+        disco_attach(c, self.disco)
         return 0
 
 
@@ -247,8 +267,9 @@ cdef class Pool:
         cdef int rc
         try:
             put_evalsha(&c.w, ref.sha, ref.source, keys, args, &cmd)
+            c.slot = disco_slot_for(c.disco, keys)
             with nogil:
-                rc = conn_run_script(c, deadline, &cmd, send_all, NULL)
+                rc = route_run(c, deadline, &cmd, send_all, NULL, True)
             if rc < 0:
                 raise conn_exception(c)
             return take_reply(c)
@@ -264,8 +285,9 @@ cdef class Pool:
         try:
             c.w.len = 0
             put_command(&c.w, args)
+            c.slot = -1
             with nogil:
-                rc = conn_run_command(c, deadline)
+                rc = route_run(c, deadline, NULL, send_all, NULL, False)
             if rc < 0:
                 raise conn_exception(c)
             return take_reply(c)
@@ -302,6 +324,7 @@ cdef class Pool:
 
     cdef void after_fork_in_child(self) noexcept:
         cdef int i
+        disco_after_fork(self.target.disco)
         for i in range(self.size):
             # The thread that held it does not exist in the child.
             rl_mutex_init_errorcheck(&self.slots[i].mu)
