@@ -15,7 +15,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError, NoScriptError, RedisError, ResponseError, TimeoutError
+from redis.exceptions import (
+    AskError,
+    ConnectionError,
+    MovedError,
+    NoScriptError,
+    RedisError,
+    ResponseError,
+    TimeoutError,
+)
 from redis.retry import Retry
 
 from .._scripts import Script
@@ -91,7 +99,10 @@ class BoundedConnection:
             conn.send_command(*args)
             return conn.read_response(timeout=remaining(deadline))
         except ResponseError as exc:
-            if self._cluster and str(exc).startswith(("MOVED", "ASK")):
+            # redis-py strips the MOVED / ASK word: its class says which it was.
+            if self._cluster and (
+                isinstance(exc, AskError) or str(exc).startswith(("MOVED", "ASK"))
+            ):
                 self._reroute()
             raise
         except (RedisError, OSError) as exc:
@@ -116,8 +127,28 @@ class BoundedConnection:
         args: Sequence[EncodableT],
         timeout: float,
     ) -> Any:
-        """EVALSHA, and EVAL once on NOSCRIPT, within one overall deadline."""
+        """EVALSHA, and EVAL once on NOSCRIPT, within one overall deadline.
+
+        On a cluster a MOVED reply (the command was not executed there) is
+        followed once: the slot map was refreshed, and the command is sent
+        to the slot's new owner.
+        """
         deadline = time.monotonic() + timeout
+        try:
+            return self._eval_script(script, keys, args, deadline)
+        except MovedError:
+            if not self._cluster:
+                raise
+        return self._eval_script(script, keys, args, deadline)
+
+    def _eval_script(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        deadline: float,
+    ) -> Any:
+        timeout = remaining(deadline)
         try:
             return self.execute(("EVALSHA", script.sha, len(keys), *keys, *args), timeout)
         except NoScriptError:
