@@ -99,10 +99,11 @@ def time_failover(
             time.sleep(0.01)
         leading = time.monotonic() - began
         token = elector.token()
+        lost = bool(stepped)
     ok = "yes" if leading < 30 else "NO"
     return (
         f"{elector.engine:<7} {named:9.2f} {leading:9.2f} {ok:>4}   "
-        f"token {first} -> {token} ({'kept' if token == first and not stepped else 're-elected'})"
+        f"token {first} -> {token} ({'re-elected' if lost else 'kept'})"
     )
 
 

@@ -225,3 +225,28 @@ def test_native_cluster_leader_keeps_its_lease_through_a_long_gil_holding_call(
         if contender is not None:
             contender.close()
         _stop(e)
+
+
+def test_pool_routes_each_call_to_its_keys_slot(
+    cluster_set: ClusterSet, cluster: RedisCluster
+) -> None:
+    core = require_native()
+    from redlease._engine.client import native_endpoint
+
+    endpoint, why = native_endpoint(cluster)
+    assert endpoint is not None, why
+    target = core.Target(endpoint)
+    assert target.kind == "cluster"
+    assert target.address.startswith("cluster:")
+    pool = core.Pool(target, 1)
+    script = core.ScriptRef(
+        "d8f2fad9f8e86a53d2a6ebd960b33c4972cacc37", "return redis.call('SET', KEYS[1], ARGV[1])"
+    )
+    try:
+        # Keys of every master's slots, one after the other, on one connection.
+        for key in ("a", "b", "c", "d", "{x}1", "{y}2"):
+            assert pool.execute(script, [key], ["v-" + key], 2.0) == b"OK"
+            assert cluster_set.node_for_key(key).client().get(key) == b"v-" + key.encode()
+        assert pool.command(["PING"], 2.0) == b"PONG"
+    finally:
+        pool.close()

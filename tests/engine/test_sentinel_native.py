@@ -214,3 +214,21 @@ def test_native_sentinel_leader_keeps_its_lease_through_a_long_gil_holding_call(
         if contender is not None:
             contender.close()
         _stop(e)
+
+
+def test_target_and_pool_through_the_sentinels(sentinel_set: SentinelSet) -> None:
+    core = require_native()
+    from redlease._engine.client import native_endpoint
+
+    endpoint, why = native_endpoint(sentinel_set.master_for())
+    assert endpoint is not None, why
+    target = core.Target(endpoint)
+    assert target.kind == "sentinel"
+    assert target.address == "sentinel:svc"
+    pool = core.Pool(target, 1)
+    try:
+        assert pool.command(["ROLE"], 2.0)[0] == b"master"
+        port = pool.command(["CONFIG", "GET", "port"], 2.0)[1]
+        assert int(port) == sentinel_set.master().port
+    finally:
+        pool.close()

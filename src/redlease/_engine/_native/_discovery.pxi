@@ -104,6 +104,7 @@ cdef void disco_attach(rl_conn* c, void* p) noexcept nogil:
     c.slot = -1
     if p != NULL:
         rl_add_fetch(&(<rl_disco*>p).refs, 1)
+        c.port = -1         # no address until the sentinels or the slot map give one
     c.disco = p
 
 
@@ -198,6 +199,14 @@ cdef void* disco_from_endpoint(object endpoint) except? NULL:
         disco_release(d)
         raise
     return d
+
+
+cdef str disco_describe(void* p):
+    """How the server is found, for messages: ``sentinel:<service>``, ``cluster:<seed>``."""
+    cdef rl_disco* d = <rl_disco*>p
+    if d.kind == DISCO_SENTINEL:
+        return "sentinel:" + d.service.decode("utf-8", "replace")
+    return f"cluster:{d.peers[0].host.decode('utf-8', 'replace')}:{d.peers[0].port}"
 
 
 # ---------------------------------------------------------------- slots (no GIL)

@@ -157,6 +157,8 @@ cdef class Target:
 
     @property
     def address(self):
+        if self.disco != NULL:
+            return disco_describe(self.disco)
         return self.path if self.path else f"{self.host}:{self.port}"
 
     def __repr__(self):
