@@ -196,16 +196,6 @@ def _sentinel_contenders(topology: SentinelSet, engine: str) -> list[Contender]:
     return contenders
 
 
-@python_engine_xfail(
-    reason=(
-        "SENTINEL FAILOVER leaves the old master writable until the sentinels demote it "
-        "(~10 s later): the Python engine's open connections stay on it and keep renewing "
-        "there without a single error, so 6 s after the failover the new master holds no "
-        "lease; only the demotion's client kill (ConnectionError 'Connection closed by "
-        "server.', ~11 s) ends the terms, re-elected on the new master with token+1 ~13 s "
-        "after the failover"
-    ),
-)
 def test_elector_follows_a_sentinel_failover(sentinel_set_fresh: SentinelSet, engine: str) -> None:
     topology = sentinel_set_fresh
     contenders = _sentinel_contenders(topology, engine)
@@ -231,13 +221,6 @@ def _longest_overlap(a: redlease.Elector, b: redlease.Elector, duration: float) 
     return longest
 
 
-@python_engine_xfail(
-    reason=(
-        "after SENTINEL FAILOVER the leader keeps renewing on the old master, still "
-        "writable until the sentinels demote it (~10 s), while a newcomer that asks the "
-        "sentinels is elected on the new master about a TTL later: two leaders for ~10 s"
-    ),
-)
 def test_no_second_leader_after_a_sentinel_failover(
     sentinel_set_fresh: SentinelSet, engine: str
 ) -> None:
@@ -330,9 +313,9 @@ def test_elector_follows_a_migration_of_its_slot(
 
 @python_engine_xfail(
     reason=(
-        "the Python engine does not follow ASK: with the slot MIGRATING and the keys moved, "
-        "every renewal fails with AskError '<slot> 127.0.0.1:<target port>' (retried on the "
-        "source after a slot-map refresh) and both terms are lost after the TTL"
+        "the Python engine's renewals fail with AskError / TRYAGAIN ('Multiple keys request "
+        "during rehashing of slot') while the slot is half migrated, and both terms are lost "
+        "after the TTL"
     ),
 )
 def test_elector_keeps_leading_while_its_slot_is_mid_migration(

@@ -8,7 +8,10 @@ migration really moves the keys, and nothing is left running afterwards.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -214,9 +217,9 @@ def test_sentinel_kill_master_with_passwords_promotes_the_replica() -> None:
     with SentinelSet(password="data-secret", sentinel_password="sentinel-secret") as topology:
         old_node = topology.master()
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(host="127.0.0.1", port=old_node.port, password="wrong").ping()
+            redis.Redis(host="127.0.0.1", port=old_node.port, password="wrong", **FAST).ping()
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(host="127.0.0.1", port=topology.sentinels[0].port).ping()
+            redis.Redis(host="127.0.0.1", port=topology.sentinels[0].port, **FAST).ping()
         client = topology.master_for(**FAST)
         client.set("k", "kept")
         wait_until(
@@ -355,3 +358,33 @@ def test_cluster_frozen_master_is_replaced_and_rejoins_when_thawed(
     cluster.wait_healthy()
     assert cluster.replicas_of(replica) == [master]
     assert cluster.client().set("{freeze}:k", "v")
+
+
+# -- cleanup at exit -------------------------------------------------------------------------
+
+_ABANDON = """
+import json
+from redlease._testing import ClusterSet, SentinelSet, TLSRedisServer, tls_unsupported_reason
+sentinel = SentinelSet(sentinels=1, quorum=1).start()
+cluster = ClusterSet(masters=1, replicas_per_master=0).start()
+servers = [*sentinel.data_nodes, *sentinel.sentinels, *cluster.nodes]
+paths = [str(s.dir) for s in servers]
+if tls_unsupported_reason() is None:
+    tls = TLSRedisServer().start()
+    servers.append(tls)
+    paths += [str(tls.dir), str(tls.materials.dir)]
+servers[0].pause()  # a frozen process must not hold up the exit either
+print(json.dumps({"pids": [s.pid for s in servers], "paths": paths}), flush=True)
+raise RuntimeError("the test process dies without stopping anything")
+"""
+
+
+def test_everything_left_running_is_stopped_at_interpreter_exit() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _ABANDON], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1 and "dies without stopping" in done.stderr, done.stderr
+    left = json.loads(done.stdout.splitlines()[-1])
+    assert len(left["pids"]) >= 4
+    assert not [pid for pid in left["pids"] if _alive(pid)]
+    assert not [path for path in left["paths"] if Path(path).exists()]

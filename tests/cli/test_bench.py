@@ -118,3 +118,30 @@ def test_the_native_probe_agrees_with_the_engine_auto_picks(
 
     assert available == (picked == "native")
     assert (why == "") == available
+
+
+@pytest.mark.topology
+@pytest.mark.parametrize("topology", ["tls", "sentinel", "cluster"])
+def test_bench_measures_both_engines_on_a_deployment_it_starts(topology: str) -> None:
+    result = redlease_cli(
+        "bench", "--topology", topology, "--seconds", "0.3", "--load", "idle", timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    described = {"tls": "over TLS", "sentinel": "Sentinel-managed", "cluster": "Redis Cluster"}
+    assert "server: " in result.stdout and described[topology] in result.stdout
+    writes = next(line for line in result.stdout.splitlines() if line.startswith("fenced writes/s"))
+    cells = writes.split()[2:]
+    assert len(cells) == 2
+    # Each engine either measured writes or says in one sentence why it cannot serve this client.
+    for engine, cell in zip(("native", "python"), cells, strict=True):
+        if cell == "unavailable":
+            assert f"{engine}: unavailable: " in result.stdout
+        else:
+            assert int(cell.replace(",", "")) > 0
+    assert "python: unavailable" not in result.stdout
+
+
+def test_bench_refuses_a_url_for_a_topology_it_starts_itself() -> None:
+    result = redlease_cli("bench", "--topology", "cluster", "--redis", "redis://127.0.0.1:1")
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith("--redis is for plain")

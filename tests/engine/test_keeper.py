@@ -494,3 +494,30 @@ def test_a_forked_child_cannot_renew_or_use_the_parents_sockets(
     finally:
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_lose_ends_an_active_term_at_once_and_reports_why(
+    keepers: Keepers, rc: redis.Redis
+) -> None:
+    k = keepers(ttl=5.0, interval=0.05)
+    keepers.start(k)
+    wait_until(lambda: keepers.renewals() >= 1, 2.0)
+    k.lose(redis.exceptions.ConnectionError("the sentinels switched the master"))
+    assert (k.state, k.token) == (LOST, 0)
+    assert k.wait(1.0), "a loss wakes the waiter"
+    errors = k.pop_errors()
+    assert [type(e) for e in errors][-1:] == [redis.exceptions.ConnectionError]
+    assert "switched the master" in str(errors[-1])
+    count = keepers.renewals()
+    time.sleep(0.2)
+    assert keepers.renewals() == count, "a lost term is not renewed"
+
+
+def test_lose_leaves_a_term_that_is_not_active_alone(keepers: Keepers) -> None:
+    k = keepers(ttl=1.0, interval=0.05)
+    k.lose(redis.exceptions.ConnectionError("no term yet"))
+    assert k.state != LOST and k.pop_errors() == []
+    keepers.start(k)
+    k.end()
+    k.lose(redis.exceptions.ConnectionError("after the end"))
+    assert k.state == ENDED and k.pop_errors() == []

@@ -121,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds per measurement and engine (default 3)")
     bench.add_argument("--redis", metavar="URL",
                       help="Redis URL (default: REDIS_URL, else embedded)")
+    bench.add_argument("--topology", choices=("plain", "tls", "sentinel", "cluster"),
+                       default="plain",
+                       help="plain: --redis or an embedded server; tls, sentinel, cluster: "
+                       "private servers of that kind started for the run (default plain)")
     return parser
 
 
@@ -152,7 +156,11 @@ def run(args: argparse.Namespace) -> int:
         from . import bench as _bench
 
         return _bench.main(
-            url_from(args.redis), engine=args.engine, load=args.load, seconds=args.seconds
+            url_from(args.redis),
+            engine=args.engine,
+            load=args.load,
+            seconds=args.seconds,
+            topology=args.topology,
         )
     raise CliError(f"unknown command {args.command!r}")  # pragma: no cover - argparse stops it
 

@@ -26,7 +26,8 @@ import redlease
 
 from .. import _scripts
 from .._keys import ElectionKeys
-from .redisurl import CliError, Target, one_line, redis_target
+from .redisurl import CliError, one_line
+from .topology import BenchServer, bench_server
 
 TTL = 2.0
 """Lease TTL of the benchmark's electors: long enough to survive a 200 ms GIL hold."""
@@ -251,10 +252,10 @@ def lateness_under_load(
 
 
 def measure(
-    target: Target, engine: str, load: str, seconds: float, progress: Progress, gil_n: int
+    target: BenchServer, engine: str, load: str, seconds: float, progress: Progress, gil_n: int
 ) -> Result:
     """Renew lateness under ``load``, then fenced-write throughput, for one engine."""
-    name = f"redlease-bench-{secrets.token_hex(3)}"
+    name = target.name(f"redlease-bench-{secrets.token_hex(3)}")
     client = target.client()
     elector = redlease.Elector(client, name, ttl=TTL, renew_interval=RENEW_INTERVAL, engine=engine)
     result = Result(engine=elector.engine)
@@ -264,7 +265,7 @@ def measure(
         token = wait_for_token(elector)
         tick = progress.phase(f"{engine}: renew lateness, {load} load", seconds)
         lateness = lateness_under_load(
-            elector, token, target.client(), load, seconds, gil_n, tick
+            elector, token, target.monitor_client(name), load, seconds, gil_n, tick
         )
         result.lateness = lateness.own
         result.server_lateness = lateness.server
@@ -305,7 +306,7 @@ def wait_for_token(elector: redlease.Elector, timeout: float = TTL + 5.0) -> int
     raise CliError(f"the {elector.engine} elector was not elected within {timeout:g} s")
 
 
-def render(results: list[Result], load: str, seconds: float, target: Target) -> str:
+def render(results: list[Result], load: str, seconds: float, target: BenchServer) -> str:
     """The side-by-side table."""
     lines = [
         f"redlease bench: {seconds:g} s per measurement; load {load!r}: {LOAD_DESCRIPTIONS[load]}",
@@ -384,7 +385,9 @@ def _ms(value: float | None) -> str:
     return f"{ms:.3f} ms" if ms < 10 else f"{ms:.1f} ms"
 
 
-def main(url: str | None, *, engine: str, load: str, seconds: float) -> int:
+def main(
+    url: str | None, *, engine: str, load: str, seconds: float, topology: str = "plain"
+) -> int:
     """Run the benchmark and print the table; returns the exit status."""
     wanted = ["native", "python"] if engine == "both" else [engine]
     ok, why = native_engine_available()
@@ -394,13 +397,16 @@ def main(url: str | None, *, engine: str, load: str, seconds: float) -> int:
     progress = Progress(total_phases=2 * len(runnable))
     gil_n = gil_call_size() if load == "gil" and runnable else 0
     results: list[Result] = []
-    with redis_target(url) as target:
+    with bench_server(topology, url) as target:
         for name in wanted:
             if name == "native" and not ok:
                 results.append(Result(engine="native", unavailable=why))
                 continue
             try:
                 results.append(measure(target, name, load, seconds, progress, gil_n))
+            except redlease.ConfigError as exc:
+                # This engine cannot serve this deployment's client: say why.
+                results.append(Result(engine=name, unavailable=str(exc)))
             except redis.RedisError as exc:
                 raise CliError(
                     f"Redis failed during the {name} benchmark: {one_line(exc)}"

@@ -96,6 +96,10 @@ class Keeper(Protocol):
         """End the term (token cleared first); idempotent; a LOST term stays LOST."""
         ...
 
+    def lose(self, error: Exception) -> None:
+        """End an ACTIVE term as LOST now and report ``error`` (no-op otherwise)."""
+        ...
+
     def wait(self, timeout: float | None) -> bool:
         """Block until woken (loss, error, ``notify()``); False on timeout. Consumes the wake-up."""
         ...

@@ -268,6 +268,14 @@ def _sentinels(pool: Any) -> tuple[Sentinels | None, str]:
     ), ""
 
 
+def sentinels_of(client: object) -> Sentinels | None:
+    """The sentinels behind a Sentinel ``master_for`` client, or None for any other client."""
+    pool = getattr(client, "connection_pool", None)
+    if not isinstance(pool, SentinelConnectionPool) or not pool.is_master:
+        return None
+    return _sentinels(pool)[0]
+
+
 def _cluster_endpoint(client: Any) -> tuple[Endpoint | None, str]:
     manager = client.nodes_manager
     kwargs: dict[str, Any] = dict(manager.connection_kwargs)

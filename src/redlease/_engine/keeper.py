@@ -102,6 +102,14 @@ class PythonKeeper:
             self._cond.notify_all()
         self.notify()
 
+    def lose(self, error: Exception) -> None:
+        """End an ACTIVE term as LOST now, reporting ``error`` (e.g. the master was switched)."""
+        with self._cond:
+            if self._state == ACTIVE:
+                self._errors.append(error)
+                self._lose()
+                self._cond.notify_all()
+
     def wait(self, timeout: float | None) -> bool:
         if self._closed:
             return True

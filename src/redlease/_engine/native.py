@@ -17,6 +17,7 @@ from .._scripts import Script
 from ._native import _core as _native
 from .base import CALL_CONNECTIONS, DEFAULT_WRITE_TIMEOUT, WRITE_CONNECTIONS, EncodableT
 from .client import Endpoint
+from .failover import MasterSwitches
 
 
 class NativeEngine:
@@ -42,6 +43,7 @@ class NativeEngine:
         self._writes = _native.Pool(self._target, WRITE_CONNECTIONS)
         self._refs: dict[str, _native.ScriptRef] = {}
         self._keepers: weakref.WeakSet[_native.Keeper] = weakref.WeakSet()
+        self._switches = MasterSwitches(endpoint.sentinels, self._forget_master)
 
     def __repr__(self) -> str:
         return f"<NativeEngine {self.endpoint.address} db={self.endpoint.db}>"
@@ -84,10 +86,18 @@ class NativeEngine:
         """A new native keeper renewing with ``script`` on its own connection and thread."""
         keeper = _native.Keeper(self._target, self._ref(script), keys, args, interval, ttl)
         self._keepers.add(keeper)
+        self._switches.track(keeper)
         return keeper
+
+    def _forget_master(self) -> None:
+        # The sentinels named a new master: the next connect must ask them again.
+        forget = getattr(self._target, "forget_master", None)
+        if forget is not None:
+            forget()
 
     def close(self) -> None:
         """Close every connection of this engine, its keepers' included. Idempotent."""
+        self._switches.close()
         for keeper in list(self._keepers):
             keeper.close()
         self._calls.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,7 +22,6 @@ from redis.exceptions import (
     MovedError,
     NoScriptError,
     RedisError,
-    ResponseError,
     TimeoutError,
 )
 from redis.retry import Retry
@@ -34,15 +34,22 @@ from .base import (
     EncodableT,
     remaining,
 )
-from .client import is_cluster
+from .client import is_cluster, sentinels_of
+from .failover import MasterSwitches
 from .keeper import PythonKeeper
 
+_MAX_REDIRECTS = 3
 
-def _connection_factory(client: Any, key: str | bytes | None) -> Callable[[], Any]:
+
+def _connection_factory(
+    client: Any, key: str | bytes | None, node_addr: tuple[str, int] | None = None
+) -> Callable[[], Any]:
     """A factory of standalone redis-py connections like ``client``'s, with no retries.
 
     The user's client keeps its own settings for its own commands; ours get a
     per-call deadline instead of whatever retry policy the client carries.
+    On a cluster the connection goes to the owner of ``key``'s slot, or to
+    ``node_addr`` when given (an ASK redirection).
     """
     if is_cluster(client):
         node = client.get_default_node() if key is None else client.get_node_from_key(key)
@@ -50,6 +57,8 @@ def _connection_factory(client: Any, key: str | bytes | None) -> Callable[[], An
     else:
         pool = client.connection_pool
     kwargs = dict(pool.connection_kwargs)
+    if node_addr is not None:
+        kwargs["host"], kwargs["port"] = node_addr
     for private in ("maint_notifications_pool_handler", "maint_notifications_config"):
         kwargs.pop(private, None)
     if pool.__class__.__name__ == "SentinelConnectionPool":
@@ -76,15 +85,28 @@ class BoundedConnection:
     connection is dropped and reopened on the next call.
     """
 
-    def __init__(self, client: Any, key: str | bytes | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        key: str | bytes | None = None,
+        node_addr: tuple[str, int] | None = None,
+    ) -> None:
         self._client = client
         self._cluster = is_cluster(client)
         self._key = key
-        self._make = _connection_factory(client, key)
+        self._make = _connection_factory(client, key, node_addr)
         self._conn: Any = None
+        self._stale = False
+
+    def invalidate(self) -> None:
+        """Reconnect before the next round trip: the server behind this one has changed."""
+        self._stale = True
 
     def execute(self, args: Sequence[Any], timeout: float) -> Any:
         deadline = time.monotonic() + timeout
+        if self._stale:
+            self._stale = False
+            self.drop()
         conn = self._conn
         try:
             if conn is None:
@@ -98,11 +120,8 @@ class BoundedConnection:
                 sock.settimeout(remaining(deadline))
             conn.send_command(*args)
             return conn.read_response(timeout=remaining(deadline))
-        except ResponseError as exc:
-            # redis-py strips the MOVED / ASK word: its class says which it was.
-            if self._cluster and (
-                isinstance(exc, AskError) or str(exc).startswith(("MOVED", "ASK"))
-            ):
+        except MovedError:
+            if self._cluster:
                 self._reroute()
             raise
         except (RedisError, OSError) as exc:
@@ -126,35 +145,42 @@ class BoundedConnection:
         keys: Sequence[str | bytes],
         args: Sequence[EncodableT],
         timeout: float,
+        asking: bool = False,
     ) -> Any:
         """EVALSHA, and EVAL once on NOSCRIPT, within one overall deadline.
 
-        On a cluster a MOVED reply (the command was not executed there) is
-        followed once: the slot map was refreshed, and the command is sent
-        to the slot's new owner.
+        On a cluster, an ASK redirection (the slot is being migrated and the
+        keys have moved) is followed once: ASKING + the script on the target
+        node. A MOVED reply raises after the slot map was refreshed; nothing
+        ran, so the caller may send again.
         """
         deadline = time.monotonic() + timeout
         try:
-            return self._eval_script(script, keys, args, deadline)
+            return self._script(("EVALSHA", script.sha), keys, args, deadline, asking)
+        except NoScriptError:
+            return self._script(("EVAL", script.source), keys, args, deadline, asking)
         except MovedError:
-            if not self._cluster:
+            raise
+        except AskError as exc:
+            if asking or not self._cluster:
                 raise
-        return self._eval_script(script, keys, args, deadline)
+            target = BoundedConnection(self._client, self._key, exc.node_addr)
+            try:
+                return target.eval_script(script, keys, args, remaining(deadline), asking=True)
+            finally:
+                target.drop()
 
-    def _eval_script(
+    def _script(
         self,
-        script: Script,
+        head: tuple[str, str],
         keys: Sequence[str | bytes],
         args: Sequence[EncodableT],
         deadline: float,
+        asking: bool,
     ) -> Any:
-        timeout = remaining(deadline)
-        try:
-            return self.execute(("EVALSHA", script.sha, len(keys), *keys, *args), timeout)
-        except NoScriptError:
-            return self.execute(
-                ("EVAL", script.source, len(keys), *keys, *args), remaining(deadline)
-            )
+        if asking:
+            self.execute(("ASKING",), remaining(deadline))
+        return self.execute((*head, len(keys), *keys, *args), remaining(deadline))
 
     def drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -179,6 +205,7 @@ class _Pool:
         self._size = size
         self._cond = threading.Condition()
         self._busy = 0
+        self._generation = 0
         self._idle: dict[object, list[BoundedConnection]] = {}
 
     def eval_script(
@@ -190,17 +217,34 @@ class _Pool:
     ) -> Any:
         deadline = time.monotonic() + timeout
         key = keys[0] if keys and self._cluster else None
-        route = self._client.get_node_from_key(key).name if key is not None else None
-        conn = self._take(route, key, deadline)
-        try:
-            return conn.eval_script(script, keys, args, remaining(deadline))
-        finally:
-            with self._cond:
-                self._busy -= 1
-                self._idle.setdefault(route, []).append(conn)
-                self._cond.notify()
+        for redirect in range(_MAX_REDIRECTS + 1):
+            route = self._client.get_node_from_key(key).name if key is not None else None
+            conn, generation = self._take(route, key, deadline)
+            keep = True
+            try:
+                return conn.eval_script(script, keys, args, remaining(deadline))
+            except MovedError:
+                # Nothing ran, and the slot map was refreshed: send again to the
+                # new owner while the deadline allows.
+                keep = False
+                if redirect == _MAX_REDIRECTS or time.monotonic() >= deadline:
+                    raise
+            finally:
+                self._give(route, conn, generation, keep)
+        raise AssertionError("unreachable")
 
-    def _take(self, route: object, key: str | bytes | None, deadline: float) -> BoundedConnection:
+    def _give(self, route: object, conn: BoundedConnection, generation: int, keep: bool) -> None:
+        with self._cond:
+            self._busy -= 1
+            if keep and generation == self._generation:
+                self._idle.setdefault(route, []).append(conn)
+            else:
+                conn.drop()  # rerouted, or opened before the server changed
+            self._cond.notify()
+
+    def _take(
+        self, route: object, key: str | bytes | None, deadline: float
+    ) -> tuple[BoundedConnection, int]:
         with self._cond:
             while self._busy >= self._size:
                 left = deadline - time.monotonic()
@@ -208,10 +252,20 @@ class _Pool:
                     raise TimeoutError("redlease: every connection busy past the deadline")
                 self._cond.wait(left)
             self._busy += 1
+            generation = self._generation
             idle = self._idle.get(route)
             if idle:
-                return idle.pop()
-        return BoundedConnection(self._client, key)
+                return idle.pop(), generation
+        return BoundedConnection(self._client, key), generation
+
+    def invalidate(self) -> None:
+        """Every connection reconnects before its next round trip (busy ones included)."""
+        with self._cond:
+            self._generation += 1
+            conns = [conn for idle in self._idle.values() for conn in idle]
+            self._idle.clear()
+        for conn in conns:
+            conn.drop()
 
     def close(self) -> None:
         with self._cond:
@@ -240,6 +294,8 @@ class PythonEngine:
         )
         self._calls = _Pool(client, CALL_CONNECTIONS)
         self._writes = _Pool(client, WRITE_CONNECTIONS)
+        self._keeper_conns: weakref.WeakSet[BoundedConnection] = weakref.WeakSet()
+        self._switches = MasterSwitches(sentinels_of(client), self._forget_master)
 
     def call(
         self,
@@ -269,13 +325,23 @@ class PythonEngine:
     ) -> PythonKeeper:
         keys, args = tuple(keys), tuple(args)
         conn = BoundedConnection(self._client, keys[0] if keys else None)
+        self._keeper_conns.add(conn)
 
         def renew(timeout: float) -> Any:
             return conn.eval_script(script, keys, args, timeout)
 
-        return PythonKeeper(renew, interval=interval, ttl=ttl, on_close=conn.drop)
+        keeper = PythonKeeper(renew, interval=interval, ttl=ttl, on_close=conn.drop)
+        self._switches.track(keeper)
+        return keeper
+
+    def _forget_master(self) -> None:
+        self._calls.invalidate()
+        self._writes.invalidate()
+        for conn in list(self._keeper_conns):
+            conn.invalidate()
 
     def close(self) -> None:
+        self._switches.close()
         self._calls.close()
         self._writes.close()
 

@@ -118,8 +118,13 @@ _live_lock = threading.Lock()
 
 
 def register(thing: _Stoppable) -> None:
-    """Have ``thing.stop()`` called at interpreter exit unless ``unregister``-ed first."""
+    """Have ``thing.stop()`` called at interpreter exit unless ``unregister``-ed first.
+
+    Registering again makes ``thing`` the newest: a set registers once more
+    when its members are up, so that it is stopped before them.
+    """
     with _live_lock:
+        _live.pop(id(thing), None)
         _live[id(thing)] = thing
 
 

@@ -99,6 +99,7 @@ class SentinelSet:
             except BaseException:
                 self.stop()
                 raise
+            register(self)
             return self
 
     def stop(self) -> None:

@@ -448,6 +448,16 @@ cdef void sentinel_forget(rl_disco* d, const rl_addr* a) noexcept nogil:
     pthread_mutex_unlock(&d.mu)
 
 
+cdef void disco_forget_master(void* p) noexcept nogil:
+    """Forget the master whatever it was (the sentinels announced a switch)."""
+    cdef rl_disco* d = <rl_disco*>p
+    if d == NULL or d.kind != DISCO_SENTINEL:
+        return
+    pthread_mutex_lock(&d.mu)
+    d.master_known = 0
+    pthread_mutex_unlock(&d.mu)
+
+
 cdef int check_role(rl_conn* c, int64_t deadline) noexcept nogil:
     """0 when ``ROLE`` says master (or cannot be asked), 1 when not (dropped), -1 on failure."""
     cdef rl_node* items

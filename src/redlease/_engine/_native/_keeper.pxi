@@ -189,6 +189,20 @@ cdef class Keeper:
         pthread_cond_signal(&k.cv)
         pthread_mutex_unlock(&k.mu)
 
+    def lose(self, error):
+        """End an ACTIVE term as LOST now; ``error``'s text is reported as a ConnectionError."""
+        cdef rl_keeper* k = self.k
+        cdef bytes msg = str(error).encode("utf-8", "replace")[:ERR_MSG - 1]
+        if k == NULL:
+            return
+        pthread_mutex_lock(&k.mu)
+        if rl_load(&k.state) == ST_ACTIVE:
+            k.gen += 1
+            keeper_record_error(k, RL_ECONN, msg)
+            keeper_lose(k)
+            pthread_cond_signal(&k.cv)
+        pthread_mutex_unlock(&k.mu)
+
     def wait(self, timeout=None):
         """Block until woken (loss, error, ``notify()``); False on timeout. Consumes the wake-up."""
         cdef rl_keeper* k = self.k

@@ -148,6 +148,10 @@ cdef class Target:
         if self.disco == NULL:
             self.disco = disco_from_endpoint(endpoint)
 
+    def forget_master(self):
+        """Sentinel: the master may have changed; connections ask the sentinels before their next use."""
+        disco_forget_master(self.disco)
+
     @property
     def kind(self):
         """``"direct"``, ``"sentinel"`` or ``"cluster"``: how the server is found."""

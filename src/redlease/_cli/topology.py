@@ -1,0 +1,88 @@
+"""The deployments ``redlease bench`` can measure on: plain, TLS, Sentinel, Cluster.
+
+Plain uses ``--redis URL`` or an embedded server; the others start their own
+private servers on loopback through the test-server manager (a TLS server
+with certificates minted for the run, a master with a replica and three
+sentinels, a three-master cluster with replicas) and stop them afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from .redisurl import CliError, one_line, redis_target
+
+TOPOLOGIES = ("plain", "tls", "sentinel", "cluster")
+
+
+@dataclass(frozen=True)
+class BenchServer:
+    """Where a benchmark runs: a client like a user's, and a way to watch the serving node."""
+
+    description: str
+    make_client: Callable[..., Any]
+    make_monitor: Callable[[str], redis.Redis]
+    tagged: bool = False
+    """Names need a hash tag (Cluster)."""
+
+    def client(self, **kwargs: Any) -> Any:
+        """A new client of the kind this deployment's users have."""
+        return self.make_client(**kwargs)
+
+    def monitor_client(self, name: str) -> redis.Redis:
+        """A plain client of the node that serves ``name``'s keys (for MONITOR)."""
+        return self.make_monitor(name)
+
+    def name(self, base: str) -> str:
+        """``base`` as an elector name that works here (hash-tagged on a cluster)."""
+        return f"{{{base}}}" if self.tagged else base
+
+
+@contextmanager
+def bench_server(topology: str, url: str | None) -> Iterator[BenchServer]:
+    """The deployment ``topology`` names, started (or reached) for the block's duration."""
+    if topology == "plain":
+        with redis_target(url) as target:
+            yield BenchServer(
+                description=target.description,
+                make_client=target.client,
+                make_monitor=lambda _name: target.client(),
+            )
+        return
+    if url is not None:
+        raise CliError(f"--topology {topology} starts its own servers; --redis is for plain")
+    from .. import _testing
+
+    try:
+        if topology == "tls":
+            tls = _testing.TLSRedisServer()
+            with tls:
+                yield BenchServer(
+                    description="a private redis-server over TLS on loopback",
+                    make_client=tls.client,
+                    make_monitor=lambda _name: tls.client(),
+                )
+        elif topology == "sentinel":
+            with _testing.SentinelSet() as sentinels:
+                yield BenchServer(
+                    description="a Sentinel-managed master (1 replica, 3 sentinels) on loopback",
+                    make_client=sentinels.master_for,
+                    make_monitor=lambda _name: sentinels.master().client(),
+                )
+        elif topology == "cluster":
+            with _testing.ClusterSet() as cluster:
+                yield BenchServer(
+                    description="a Redis Cluster (3 masters, 1 replica each) on loopback",
+                    make_client=cluster.client,
+                    make_monitor=lambda name: cluster.node_for_key(name).client(),
+                    tagged=True,
+                )
+        else:
+            raise CliError(f"unknown topology {topology!r}; choose one of {', '.join(TOPOLOGIES)}")
+    except (_testing.RedisServerError, OSError) as exc:
+        raise CliError(f"could not start the {topology} servers: {one_line(exc)}") from None

@@ -1,0 +1,191 @@
+"""Hearing a Sentinel failover the moment the sentinels announce it.
+
+After a failover the old master keeps answering as a master until the
+sentinels reconfigure it (about ten seconds on default settings): a lease
+renewed there, and a fenced write sent there, land on a server whose data is
+about to be thrown away. The sentinels announce the switch on their
+``+switch-master`` channel (``<service> <old ip> <old port> <new ip> <new
+port>``); ``SwitchWatcher`` listens there and calls back at once, so the
+engine can end every term the old master granted and look for the new one.
+
+One watcher per engine, started with its first keeper, on a daemon thread
+that only listens: losing its subscription costs nothing but the early
+notice (the renewal deadline still bounds every term), and it resubscribes,
+trying the sentinels in turn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .client import TLS, Sentinels
+
+SWITCH_CHANNEL = "+switch-master"
+_POLL = 0.2
+_RETRY = 0.5
+
+
+def _tls_kwargs(tls: TLS | None) -> dict[str, Any]:
+    if tls is None:
+        return {}
+    return {
+        "ssl": True,
+        "ssl_ca_certs": tls.ca_certs,
+        "ssl_ca_path": tls.ca_path,
+        "ssl_ca_data": tls.ca_data,
+        "ssl_certfile": tls.certfile,
+        "ssl_keyfile": tls.keyfile,
+        "ssl_password": tls.key_password,
+        "ssl_cert_reqs": tls.cert_reqs,
+        "ssl_check_hostname": tls.check_hostname,
+    }
+
+
+def parse_switch(data: object) -> tuple[str, tuple[str, int], tuple[str, int]] | None:
+    """``(service, old address, new address)`` from a ``+switch-master`` message, or None."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+    parts = text.split()
+    if len(parts) != 5:
+        return None
+    try:
+        return parts[0], (parts[1], int(parts[2])), (parts[3], int(parts[4]))
+    except ValueError:
+        return None
+
+
+class SwitchWatcher:
+    """Calls ``on_switch(old, new)`` when the sentinels switch ``sentinels.service``'s master."""
+
+    def __init__(
+        self,
+        sentinels: Sentinels,
+        on_switch: Callable[[tuple[str, int], tuple[str, int]], object],
+    ) -> None:
+        self._sentinels = sentinels
+        self._on_switch = on_switch
+        self._closed = threading.Event()
+        self._subscribed = threading.Event()
+        self._pid = os.getpid()
+        self._thread = threading.Thread(
+            target=self._main, name=f"redlease-sentinel-{sentinels.service}", daemon=True
+        )
+        _live_watchers.add(self)
+        self._thread.start()
+
+    @property
+    def subscribed(self) -> threading.Event:
+        """Set while a subscription is live (for tests and diagnostics)."""
+        return self._subscribed
+
+    def close(self) -> None:
+        """Stop listening and join the thread (bounded by one poll). Idempotent."""
+        self._closed.set()
+        if self._thread is not threading.current_thread() and os.getpid() == self._pid:
+            self._thread.join(2.0)
+
+    def _main(self) -> None:
+        turn = 0
+        while not self._closed.is_set():
+            host, port = self._sentinels.addresses[turn % len(self._sentinels.addresses)]
+            turn += 1
+            try:
+                self._listen(host, port)
+            except Exception:
+                # Any failure only costs the early notice: try the next sentinel.
+                self._subscribed.clear()
+                self._closed.wait(_RETRY)
+
+    def _listen(self, host: str, port: int) -> None:
+        client = redis.Redis(
+            host=host,
+            port=port,
+            username=self._sentinels.username,
+            password=self._sentinels.password,
+            socket_timeout=_POLL * 5,
+            socket_connect_timeout=_POLL * 5,
+            retry=Retry(NoBackoff(), 0),
+            **_tls_kwargs(self._sentinels.tls),
+        )
+        pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        try:
+            pubsub.subscribe(SWITCH_CHANNEL)
+            while not self._closed.is_set():
+                message = pubsub.get_message(timeout=_POLL)
+                if pubsub.subscribed:
+                    self._subscribed.set()
+                if message is None or message.get("type") != "message":
+                    continue
+                switch = parse_switch(message.get("data"))
+                if switch is not None and switch[0] == self._sentinels.service:
+                    self._on_switch(switch[1], switch[2])
+        finally:
+            self._subscribed.clear()
+            with contextlib.suppress(Exception):
+                pubsub.close()
+            with contextlib.suppress(Exception):
+                client.close()
+
+
+_live_watchers: weakref.WeakSet[SwitchWatcher] = weakref.WeakSet()
+
+
+def _forget_after_fork() -> None:
+    # The listening thread does not exist in a forked child.
+    for watcher in list(_live_watchers):
+        watcher._closed.set()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+class MasterSwitches:
+    """The keepers of one engine, and the watcher that ends their terms on a switch.
+
+    ``track(keeper)`` starts the watcher with the first keeper of a
+    Sentinel-managed engine (nothing happens for other endpoints). On a
+    switch, ``forget_master()`` runs first (the engine drops what points at
+    the old master), then every tracked keeper's ACTIVE term is lost with a
+    ConnectionError that says why.
+    """
+
+    def __init__(self, sentinels: Sentinels | None, forget_master: Callable[[], object]) -> None:
+        self._sentinels = sentinels
+        self._forget_master = forget_master
+        self._keepers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._watcher: SwitchWatcher | None = None
+
+    def track(self, keeper: Any) -> None:
+        if self._sentinels is None:
+            return
+        with self._lock:
+            self._keepers.add(keeper)
+            if self._watcher is None:
+                self._watcher = SwitchWatcher(self._sentinels, self._switched)
+
+    def _switched(self, old: tuple[str, int], new: tuple[str, int]) -> None:
+        self._forget_master()
+        assert self._sentinels is not None
+        error = redis.exceptions.ConnectionError(
+            f"the sentinels switched {self._sentinels.service!r} from {old[0]}:{old[1]} to "
+            f"{new[0]}:{new[1]}: a term the old master granted has ended"
+        )
+        with self._lock:
+            keepers = list(self._keepers)
+        for keeper in keepers:
+            keeper.lose(error)
+
+    def close(self) -> None:
+        with self._lock:
+            watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.close()
