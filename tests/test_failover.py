@@ -18,7 +18,7 @@ Select them with ``pytest -m failover``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +28,16 @@ import redis
 import redlease
 from helpers import Events, RunThread, Terms, elected_token, wait_until
 from redlease._testing import ClusterSet, RedisServer, SentinelSet, key_slot
+from topology_helpers import close_all_engines
 
 pytestmark = [pytest.mark.failover, pytest.mark.topology]
+
+
+@pytest.fixture(autouse=True)
+def _close_engines() -> Iterator[None]:
+    yield
+    close_all_engines()
+
 
 TTL = 1.0
 

@@ -23,6 +23,13 @@ import redlease._engine.select
 import redlease.aio
 from helpers import elected_token, require_native, wait_until
 from redlease._testing import ClusterSet, RedisServer, SentinelSet
+from topology_helpers import close_all_engines
+
+
+@pytest.fixture(autouse=True)
+def _close_engines() -> Iterator[None]:
+    yield
+    close_all_engines()
 
 
 def _lead_and_fence(elector: redlease.Elector, key: str) -> int:

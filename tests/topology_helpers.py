@@ -3,6 +3,7 @@ process, and waiting for an elector to lead on a given data node."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -100,3 +101,22 @@ def wait_leading_on(node: RedisServer, elector: redlease.Elector, timeout: float
                 f"(token {elector.token()})"
             )
         time.sleep(0.02)
+
+
+def close_all_engines() -> None:
+    """Close the engine of every Elector still alive (its connections and Sentinel watcher).
+
+    A stopped Elector keeps its engine for a later start; on a Sentinel client
+    the engine's ``+switch-master`` watcher thread keeps retrying sentinels
+    that a finished test has stopped. Tests on topologies close them after
+    each test so later tests see no such thread.
+    """
+    from redlease import _elector
+    from redlease._engine import failover
+
+    for election in list(_elector._live_elections):
+        with contextlib.suppress(Exception):
+            election.engine.close()
+    # Engines of electors already collected: their watchers outlive them.
+    for watcher in list(failover._live_watchers):
+        watcher.close()

@@ -15,9 +15,16 @@ from redis.crc import key_slot as redis_key_slot
 import redlease
 from helpers import Events, elected_token, gil_call_size, hold_gil, require_native
 from redlease._testing import ClusterSet, RedisServer, key_slot
-from topology_helpers import ProcessContender, wait_leading_on
+from topology_helpers import ProcessContender, close_all_engines, wait_leading_on
 
 pytestmark = [pytest.mark.topology]
+
+
+@pytest.fixture(autouse=True)
+def _close_engines() -> Iterator[None]:
+    yield
+    close_all_engines()
+
 
 TTL = 1.0
 MARGIN = 3.0

@@ -13,9 +13,16 @@ import redis.sentinel
 import redlease
 from helpers import ClosedPort, Events, elected_token, gil_call_size, hold_gil, require_native
 from redlease._testing import SentinelSet
-from topology_helpers import ProcessContender, wait_leading_on
+from topology_helpers import ProcessContender, close_all_engines, wait_leading_on
 
 pytestmark = [pytest.mark.topology]
+
+
+@pytest.fixture(autouse=True)
+def _close_engines() -> Iterator[None]:
+    yield
+    close_all_engines()
+
 
 TTL = 1.0
 MARGIN = 3.0
@@ -58,11 +65,14 @@ def test_native_elector_on_a_sentinel_master_elects_and_fences(
 def test_native_locker_on_a_sentinel_master_keeps_its_lock(sentinel_set: SentinelSet) -> None:
     locker = redlease.RedisLocker(sentinel_set.master_for(socket_timeout=1), prefix="sn-locks:")
     assert locker.engine == "native"
-    with locker.hold("job", ttl=0.5) as held:
-        time.sleep(1.0)
-        assert not held.done.is_set()
-        with pytest.raises(redlease.NotAcquired):
-            locker.try_acquire("job")
+    try:
+        with locker.hold("job", ttl=0.5) as held:
+            time.sleep(1.0)
+            assert not held.done.is_set()
+            with pytest.raises(redlease.NotAcquired):
+                locker.try_acquire("job")
+    finally:
+        locker.close()
 
 
 @pytest.mark.parametrize("fault", ["failover", "kill_master"])
