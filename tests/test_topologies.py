@@ -19,9 +19,17 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.sentinel import Sentinel
 
 import redlease
+import redlease._engine.select
 import redlease.aio
 from helpers import elected_token, require_native, wait_until
 from redlease._testing import ClusterSet, RedisServer, SentinelSet
+from topology_helpers import close_all_engines
+
+
+@pytest.fixture(autouse=True)
+def _close_engines() -> Iterator[None]:
+    yield
+    close_all_engines()
 
 
 def _lead_and_fence(elector: redlease.Elector, key: str) -> int:
@@ -88,23 +96,39 @@ def sentinel(sentinel_set: SentinelSet) -> Sentinel:
     return sentinel_set.manager()
 
 
-def test_sentinel_master_client_runs_on_the_python_engine(sentinel: Sentinel) -> None:
+def test_sentinel_master_client_runs_on_the_native_engine(sentinel: Sentinel) -> None:
+    require_native()
     client = sentinel.master_for("svc", socket_timeout=1)
     e = redlease.Elector(client, "sentinel", ttl=0.5)
-    assert e.engine == "python"
+    assert e.engine == "native"
     token = _lead_and_fence(e, "sentinel:state")
     assert client.get("sentinel:state") == b"v1"
     assert int(client.get("sentinel:fence:applied")) == token
 
 
-def test_native_engine_refuses_a_sentinel_client_and_says_why(sentinel: Sentinel) -> None:
+def test_sentinel_master_client_on_the_python_engine(sentinel: Sentinel) -> None:
+    client = sentinel.master_for("svc", socket_timeout=1)
+    e = redlease.Elector(client, "sentinel-py", ttl=0.5, engine="python")
+    token = _lead_and_fence(e, "sentinel-py:state")
+    assert int(client.get("sentinel-py:fence:applied")) == token
+
+
+def test_native_engine_refuses_a_sentinel_client_and_says_why(
+    sentinel: Sentinel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build of the extension without Sentinel support: auto falls back, native refuses."""
     require_native()
+    monkeypatch.setattr(redlease._engine.select, "native_features", lambda: frozenset())
     client = sentinel.master_for("svc")
+    e = redlease.Elector(client, "sentinel")
+    assert e.engine == "python"
+    assert "Sentinel" in e.engine_reason
     with pytest.raises(redlease.ConfigError, match="Sentinel"):
         redlease.Elector(client, "sentinel", engine="native")
 
 
 # -- Cluster ------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def cluster(cluster_set: ClusterSet) -> Iterator[RedisCluster]:
@@ -123,13 +147,20 @@ def test_cluster_name_without_hash_tag_is_a_config_error(cluster: RedisCluster) 
         redlease.Elector(cluster, "no-tag")
 
 
-def test_cluster_elector_with_hash_tag_elects_and_fences(cluster: RedisCluster) -> None:
-    e = redlease.Elector(cluster, "{job}", ttl=0.5)
-    assert e.engine == "python"
+def test_cluster_elector_with_hash_tag_elects_and_fences(
+    cluster: RedisCluster, engine: str
+) -> None:
+    e = redlease.Elector(cluster, "{job}", ttl=0.5, engine=engine)
+    assert e.engine == engine
     token = _lead_and_fence(e, "{job}:state")
     assert cluster.get("{job}:state") == b"v1"
     assert int(cluster.get("{job}:fence:applied")) == token
     assert not cluster.exists("{job}:leader")
+
+
+def test_cluster_elector_runs_on_the_native_engine_by_default(cluster: RedisCluster) -> None:
+    require_native()
+    assert redlease.Elector(cluster, "{auto}").engine == "native"
 
 
 def test_cluster_contenders_hand_over_with_increasing_tokens(cluster: RedisCluster) -> None:
@@ -148,17 +179,22 @@ def test_cluster_contenders_hand_over_with_increasing_tokens(cluster: RedisClust
     assert t2 > t1
 
 
-def test_native_engine_refuses_a_cluster_client(cluster: RedisCluster) -> None:
+def test_native_engine_refuses_a_cluster_client(
+    cluster: RedisCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build of the extension without Cluster support: auto falls back, native refuses."""
     require_native()
+    monkeypatch.setattr(redlease._engine.select, "native_features", lambda: frozenset())
+    assert redlease.Elector(cluster, "{job}").engine == "python"
     with pytest.raises(redlease.ConfigError, match="RedisCluster"):
         redlease.Elector(cluster, "{job}", engine="native")
 
 
-def test_cluster_locker_needs_a_hash_tag_and_then_works(cluster: RedisCluster) -> None:
+def test_cluster_locker_needs_a_hash_tag_and_then_works(cluster: RedisCluster, engine: str) -> None:
     with pytest.raises(redlease.ConfigError, match="hash tag"):
-        redlease.RedisLocker(cluster, prefix="locks:")
-    locker = redlease.RedisLocker(cluster, prefix="{locks}:")
-    assert locker.engine == "python"
+        redlease.RedisLocker(cluster, prefix="locks:", engine=engine)
+    locker = redlease.RedisLocker(cluster, prefix="{locks}:", engine=engine)
+    assert locker.engine == engine
     with locker.hold("nightly", ttl=0.5) as held:
         assert held.fencing_token >= 1
         with pytest.raises(redlease.NotAcquired):
@@ -231,7 +267,8 @@ def test_aio_elector_on_a_sentinel_master(sentinel: Sentinel) -> None:
         manager = redis.asyncio.sentinel.Sentinel([("127.0.0.1", port)], socket_timeout=1)
         client = manager.master_for("svc", socket_timeout=2)
         e = redlease.aio.Elector(client, "aio-sentinel", ttl=0.5)
-        assert e.engine == "python"
+        # Its sync twin is a Sentinel master client: native when the extension is built.
+        assert e.engine == ("native" if redlease._engine.select.native_available()[0] else "python")
         token = await _aio_lead_and_fence(e, "aio-sentinel:state")
         assert await client.get("aio-sentinel:state") == b"v1"
         await client.aclose()

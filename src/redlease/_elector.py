@@ -117,7 +117,9 @@ class Election:
         self.engine: Engine = make_engine(client, engine)
         self._observer = observer or Observer()
         self.keys = ElectionKeys(self.config.name)
-        self.fence = Fence(self.engine, self.keys.applied, self.config.name)
+        self.fence = Fence(
+            self.engine, self.keys.applied, self.config.name, cluster=is_cluster(client)
+        )
         # What the leader function gets as its second argument, for a token.
         self._fencer: Callable[[int], Any] = fencer or (lambda _token: None)
         self._mutex = threading.Lock()

@@ -23,6 +23,9 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from redis.crc import key_slot
+from redis.exceptions import ResponseError
+
 from . import _scripts
 from ._engine import EncodableT, Engine
 from ._errors import TooManyEvalBodies
@@ -84,10 +87,14 @@ class Fence:
     Fencer). ``write``/``write_async`` send a request and return ``applied``.
     """
 
-    def __init__(self, engine: Engine, applied_key: str, name: str) -> None:
+    def __init__(
+        self, engine: Engine, applied_key: str, name: str, *, cluster: bool = False
+    ) -> None:
         self._engine = engine
         self._applied_key = applied_key
         self._name = name
+        # On a cluster every key of a write must live in the name's slot.
+        self._slot = _slot(applied_key) if cluster else None
         self._mutex = threading.Lock()
         self._eval_scripts: dict[str, Script] = {}
 
@@ -157,7 +164,25 @@ class Fence:
         checked = check_token(token)
         if checked < 1:
             return None  # the inert and non-positive tokens never write
+        if self._slot is not None:
+            self._check_slots(keys)
         return script, (self._applied_key, *keys), (str(checked), *args)
+
+    def _check_slots(self, keys: tuple[str | bytes, ...]) -> None:
+        """Refuse, before anything is sent, a cluster write with a key outside the name's slot.
+
+        The fence mark lives in the name's slot and the script reads it and
+        writes the keys atomically, which one node can only do for keys of
+        its own slot. The error is the one the server would give, with the
+        keys named.
+        """
+        foreign = [k for k in keys if _slot(k) != self._slot]
+        if foreign:
+            raise ResponseError(
+                f"CROSSSLOT Keys in request don't hash to the same slot: fenced write keys "
+                f"{foreign!r} are not in slot {self._slot} of {self._name!r}; on a cluster "
+                f"give every key the name's hash tag"
+            )
 
 
 class Fencer:
@@ -202,3 +227,7 @@ class Fencer:
 
     def __repr__(self) -> str:
         return f"<redlease.Fencer {self._elector.config.name!r} token={self.token}>"
+
+
+def _slot(key: str | bytes) -> int:
+    return int(key_slot(key.encode() if isinstance(key, str) else key))

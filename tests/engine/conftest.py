@@ -79,9 +79,7 @@ def native_keepers() -> Iterator[Callable[..., Any]]:
         unix: bool = False,
     ) -> Any:
         target = server.unix_target() if unix else server.target()
-        k = native.Keeper(
-            target, native_ref(RENEW), [key], [owner, int(ttl * 1000)], interval, ttl
-        )
+        k = native.Keeper(target, native_ref(RENEW), [key], [owner, int(ttl * 1000)], interval, ttl)
         made.append(k)
         return k
 

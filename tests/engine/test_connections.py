@@ -322,4 +322,3 @@ def test_many_threads_share_a_pool(pool: Any, rc: redis.Redis) -> None:
     assert errors == []
     assert int(rc.get("counter") or 0) == 8 * 300
     assert 1 <= pool.connections <= 2
-

@@ -74,9 +74,7 @@ def test_keeper_over_a_unix_socket(keepers: Keepers, rc: redis.Redis) -> None:
     assert rc.pttl("lease") > 0
 
 
-def test_keeper_is_lost_at_once_when_the_lease_is_gone(
-    keepers: Keepers, rc: redis.Redis
-) -> None:
+def test_keeper_is_lost_at_once_when_the_lease_is_gone(keepers: Keepers, rc: redis.Redis) -> None:
     k = keepers(ttl=1.0, interval=0.1)
     keepers.start(k)
     wait_until(lambda: keepers.renewals() >= 1, 2.0)
@@ -149,9 +147,7 @@ def test_end_clears_the_token_and_stops_renewing(keepers: Keepers, rc: redis.Red
     assert k.state == ENDED
 
 
-def test_a_renewal_in_flight_cannot_revive_an_ended_term(
-    keepers: Keepers, server: Server
-) -> None:
+def test_a_renewal_in_flight_cannot_revive_an_ended_term(keepers: Keepers, server: Server) -> None:
     k = keepers(ttl=3.0, interval=0.4)
     keepers.start(k)
     wait_until(lambda: keepers.renewals() >= 1, 2.0)
@@ -286,9 +282,7 @@ def test_close_wakes_every_waiter_and_frees_the_fds_after_them(
         fd = k.fileno()
         returned: list[bool] = []
         waiters = [
-            threading.Thread(
-                target=lambda k=k, out=returned: out.append(k.wait(None)), daemon=True
-            )
+            threading.Thread(target=lambda k=k, out=returned: out.append(k.wait(None)), daemon=True)
             for _ in range(4)
         ]
         for t in waiters:
@@ -383,7 +377,10 @@ def test_keeper_holds_the_lease_while_the_gil_is_held(
     # One C call that never releases the GIL, calibrated to about 1.5 s.
     n = gil_call_size(1.5)
     monitor = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import sys, time, redis
             r = redis.Redis(port={server.port}, socket_timeout=5)
             r.ping()
@@ -394,8 +391,11 @@ def test_keeper_holds_the_lease_while_the_gil_is_held(
                 lowest = min(lowest, r.pttl("lease"))
                 time.sleep(0.005)
             print(lowest, flush=True)
-        """)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        """),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert monitor.stdout is not None and monitor.stdin is not None
     try:

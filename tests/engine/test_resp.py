@@ -94,7 +94,6 @@ def test_malformed_replies_are_rejected(data: bytes) -> None:
         native._parse_reply(data)
 
 
-
 def test_array_counts_that_overflow_the_element_tally_are_rejected() -> None:
     # Two huge counts used to wrap the count of elements still owed, so the
     # reply "completed" with far fewer nodes than its arrays claim and turning
@@ -160,4 +159,3 @@ def test_a_reply_nested_deeper_than_the_c_stack_does_not_crash() -> None:
         """
     )
     assert child.returncode == 0 and child.stdout.strip() == "fine", child.stderr[-2000:]
-

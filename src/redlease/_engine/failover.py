@@ -71,7 +71,9 @@ class SwitchWatcher:
         on_switch: Callable[[tuple[str, int], tuple[str, int]], object],
     ) -> None:
         self._sentinels = sentinels
-        self._on_switch = on_switch
+        # Weakly held: the listening thread must not keep its engine alive,
+        # and ends once the engine is gone.
+        self._on_switch = weakref.WeakMethod(on_switch)
         self._closed = threading.Event()
         self._subscribed = threading.Event()
         self._pid = os.getpid()
@@ -94,7 +96,7 @@ class SwitchWatcher:
 
     def _main(self) -> None:
         turn = 0
-        while not self._closed.is_set():
+        while not self._closed.is_set() and self._on_switch() is not None:
             host, port = self._sentinels.addresses[turn % len(self._sentinels.addresses)]
             turn += 1
             try:
@@ -120,13 +122,17 @@ class SwitchWatcher:
             pubsub.subscribe(SWITCH_CHANNEL)
             while not self._closed.is_set():
                 message = pubsub.get_message(timeout=_POLL)
+                on_switch = self._on_switch()
+                if on_switch is None:
+                    return  # the engine that listened is gone
                 if pubsub.subscribed:
                     self._subscribed.set()
                 if message is None or message.get("type") != "message":
                     continue
                 switch = parse_switch(message.get("data"))
                 if switch is not None and switch[0] == self._sentinels.service:
-                    self._on_switch(switch[1], switch[2])
+                    on_switch(switch[1], switch[2])
+                del on_switch
         finally:
             self._subscribed.clear()
             with contextlib.suppress(Exception):
@@ -159,7 +165,7 @@ class MasterSwitches:
 
     def __init__(self, sentinels: Sentinels | None, forget_master: Callable[[], object]) -> None:
         self._sentinels = sentinels
-        self._forget_master = forget_master
+        self._forget_master = weakref.WeakMethod(forget_master)
         self._keepers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._watcher: SwitchWatcher | None = None
@@ -173,7 +179,9 @@ class MasterSwitches:
                 self._watcher = SwitchWatcher(self._sentinels, self._switched)
 
     def _switched(self, old: tuple[str, int], new: tuple[str, int]) -> None:
-        self._forget_master()
+        forget_master = self._forget_master()
+        if forget_master is not None:
+            forget_master()
         assert self._sentinels is not None
         error = redis.exceptions.ConnectionError(
             f"the sentinels switched {self._sentinels.service!r} from {old[0]}:{old[1]} to "
@@ -189,3 +197,9 @@ class MasterSwitches:
             watcher, self._watcher = self._watcher, None
         if watcher is not None:
             watcher.close()
+
+    def __del__(self) -> None:
+        # The engine is gone without close(): let the listening thread go too.
+        watcher = self._watcher
+        if watcher is not None:
+            watcher._closed.set()

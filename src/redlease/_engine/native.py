@@ -91,9 +91,7 @@ class NativeEngine:
 
     def _forget_master(self) -> None:
         # The sentinels named a new master: the next connect must ask them again.
-        forget = getattr(self._target, "forget_master", None)
-        if forget is not None:
-            forget()
+        self._target.forget_master()
 
     def close(self) -> None:
         """Close every connection of this engine, its keepers' included. Idempotent."""

@@ -1,7 +1,7 @@
 """The pure-Python engine: redis-py connections and a Python renewal thread.
 
 It is the reference the native engine is measured against, and the engine
-for clients the native one cannot serve (TLS, Sentinel, Cluster). Its
+for clients the native one cannot serve (TLS, where the build lacks it). Its
 renewals run on a Python thread, so they are late whenever another thread
 holds the GIL for long: that is the limitation the native engine removes.
 """

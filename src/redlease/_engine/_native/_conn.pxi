@@ -40,6 +40,8 @@ cdef struct rl_conn:
     int err_kind
     int tls_check_hostname  # with tls_ctx: the certificate must name ``host``
     int hello_replies
+    int slot              # cluster slot of the command in ``w`` (-1: none); see _discovery.pxi
+    void* disco           # how the server is found (Sentinel, Cluster), or NULL: a fixed address
     int64_t last_used
     size_t hello_len
     size_t reply_len
@@ -102,6 +104,8 @@ cdef void conn_free(rl_conn* c) noexcept nogil:
     free(c.hello)
     c.hello = NULL
     c.hello_len = 0
+    disco_release(c.disco)
+    c.disco = NULL
 
 
 cdef int conn_io_error(rl_conn* c, int err, const char* what) noexcept nogil:

@@ -6,6 +6,9 @@ from typing import Any, Protocol, TypeAlias
 
 _Encodable: TypeAlias = str | bytes | bytearray | memoryview | int | float
 
+FEATURES: frozenset[str]
+"""What this build serves beyond a fixed address: ``"sentinel"``, ``"cluster"``, ``"tls"``."""
+
 class _Endpoint(Protocol):
     """What ``Target`` reads: the fields of ``redlease._engine.client.Endpoint``."""
 
@@ -47,9 +50,6 @@ class _TLS(Protocol):
     @property
     def check_hostname(self) -> bool: ...
 
-FEATURES: frozenset[str]
-"""What this build serves beyond plain TCP and unix sockets: ``"tls"`` when built with OpenSSL."""
-
 OPENSSL_VERSION: str
 """The OpenSSL this build runs with, or "" when built without it."""
 
@@ -86,6 +86,8 @@ class Target:
     def address(self) -> str: ...
     @property
     def tls(self) -> bool: ...
+    def kind(self) -> str: ...
+    def forget_master(self) -> None: ...
     def __init__(self, endpoint: _Endpoint) -> None: ...
 
 class Pool:
@@ -153,3 +155,4 @@ class Keeper:
 def _encode_command(args: Sequence[_Encodable]) -> bytes: ...
 def _parse_reply(data: bytes) -> tuple[Any, int] | None: ...
 def _monotonic() -> float: ...
+def _key_slot(key: str | bytes) -> int: ...

@@ -21,6 +21,10 @@ the GIL never *blocks* on one of our mutexes (it may ``trylock``), and the
 keeper thread never wants the GIL. A thread may take the GIL while holding a
 pool slot mutex, because whoever waits for that mutex waits with the GIL
 released.
+The discovery state a Target shares with its connections
+(master address, slot map; _discovery.pxi) has a mutex that is held only to
+copy a few bytes, never across I/O and never while waiting for anything, so
+any thread may block on it, the keeper thread included.
 """
 
 # One extension, one file per concern, included in dependency order. Every
@@ -35,6 +39,8 @@ released.
 #   _tls.pxi           TLS on a connection (OpenSSL, glue in rl_tls.h): the
 #                      context from the ssl_* settings, handshake, reads and
 #                      writes without the GIL; FEATURES says if it is built
+#   _discovery.pxi     which server: the master the sentinels name, the owner
+#                      of a cluster slot; MOVED / ASK / READONLY followed
 #   _pool.pxi          the Python-facing connection objects: ScriptRef,
 #                      Target, Pool, and failures as redis-py exceptions
 #   _keeper_thread.pxi the renewal thread (no GIL, ever)
@@ -63,6 +69,7 @@ include "_resp_encode.pxi"
 include "_resp_parse.pxi"
 include "_conn.pxi"
 include "_tls.pxi"
+include "_discovery.pxi"
 include "_pool.pxi"
 include "_keeper_thread.pxi"
 include "_keeper.pxi"
@@ -79,3 +86,8 @@ def _after_fork_in_child():
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# What this build serves beyond a fixed TCP address or unix socket (see
+# redlease._engine.select).
+FEATURES = frozenset(_DISCOVERY_FEATURES + _TLS_FEATURES)

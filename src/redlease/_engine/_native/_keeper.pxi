@@ -58,6 +58,7 @@ cdef class Keeper:
         rl_cond_init(&k.cv)
         self.k = k
         target.init_conn(&k.conn)
+        k.conn.slot = disco_slot_for(k.conn.disco, keys)
         k.interval_ns = <int64_t>(interval * 1e9)
         k.ttl_ns = <int64_t>(ttl * 1e9)
         # The renewal command and its EVAL twin are built once, here: the
@@ -72,10 +73,13 @@ cdef class Keeper:
         k.conn.cancel_fd = k.ctl_fd
         # Resolve now, on the caller's thread: name lookups have no deadline,
         # and the keeper's thread must never block past its lease.
-        with nogil:
-            rc = conn_resolve(&k.conn)
-        if rc < 0:
-            raise conn_exception(&k.conn)
+        # (Through sentinels or on a cluster the address is only known later,
+        # and is given as an IP address, which resolves without a lookup.)
+        if k.conn.disco == NULL:
+            with nogil:
+                rc = conn_resolve(&k.conn)
+            if rc < 0:
+                raise conn_exception(&k.conn)
         k.conn.keep_addrs = 1
         _live.add(self)
 

@@ -180,7 +180,7 @@ cdef int keeper_round(rl_keeper* k, uint64_t gen, int64_t deadline, int64_t* t_s
     trip.k = k
     trip.gen = gen
     trip.t_send = 0
-    rc = conn_run_script(c, deadline, NULL, keeper_send, &trip)
+    rc = route_run(c, deadline, NULL, keeper_send, &trip, True)
     t_send[0] = trip.t_send
     if rc == ROUND_SKIPPED:
         return ROUND_SKIPPED

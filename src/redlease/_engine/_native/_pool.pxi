@@ -25,6 +25,8 @@ cdef object make_exception(int kind, bytes message):
         return _parse_error(text)
     if kind == RL_ENOMEM:
         return MemoryError(text)
+    if kind == RL_ENOMASTER:
+        return _RedisMasterNotFoundError(text)
     return _RedisResponseError(text)
 
 
@@ -105,6 +107,14 @@ cdef class Target:
     cdef bytes _path_b
     cdef bytes _hello
     cdef int _hello_replies
+    cdef void* disco      # Sentinel / Cluster: how the server is found (_discovery.pxi)
+
+    def __cinit__(self):
+        self.disco = NULL
+
+    def __dealloc__(self):
+        disco_release(self.disco)
+        self.disco = NULL
 
     def __cinit__(self):
         self._tls_ctx = NULL
@@ -161,9 +171,24 @@ cdef class Target:
             self.tls = True
             # As redis-py does: no hostname check when no certificate is checked.
             self._check_hostname = bool(tls.check_hostname) and str(tls.cert_reqs) != "none"
+        if self.disco == NULL:
+            self.disco = disco_from_endpoint(endpoint)
+
+    def forget_master(self):
+        """Sentinel: the master may have changed; connections ask the sentinels before their next use."""
+        disco_forget_master(self.disco)
+
+    @property
+    def kind(self):
+        """``"direct"``, ``"sentinel"`` or ``"cluster"``: how the server is found."""
+        if self.disco == NULL:
+            return "direct"
+        return "sentinel" if (<rl_disco*>self.disco).kind == DISCO_SENTINEL else "cluster"
 
     @property
     def address(self):
+        if self.disco != NULL:
+            return disco_describe(self.disco)
         return self.path if self.path else f"{self.host}:{self.port}"
 
     def __repr__(self):
@@ -191,6 +216,7 @@ cdef class Target:
             if c.hello == NULL:
                 raise MemoryError()
             memcpy(c.hello, PyBytes_AS_STRING(self._hello), c.hello_len)
+        disco_attach(c, self.disco)
         return 0
 
 
@@ -278,8 +304,9 @@ cdef class Pool:
         cdef int rc
         try:
             put_evalsha(&c.w, ref.sha, ref.source, keys, args, &cmd)
+            c.slot = disco_slot_for(c.disco, keys)
             with nogil:
-                rc = conn_run_script(c, deadline, &cmd, send_all, NULL)
+                rc = route_run(c, deadline, &cmd, send_all, NULL, True)
             if rc < 0:
                 raise conn_exception(c)
             return take_reply(c)
@@ -295,8 +322,9 @@ cdef class Pool:
         try:
             c.w.len = 0
             put_command(&c.w, args)
+            c.slot = -1
             with nogil:
-                rc = conn_run_command(c, deadline)
+                rc = route_run(c, deadline, NULL, send_all, NULL, False)
             if rc < 0:
                 raise conn_exception(c)
             return take_reply(c)
@@ -333,6 +361,7 @@ cdef class Pool:
 
     cdef void after_fork_in_child(self) noexcept:
         cdef int i
+        disco_after_fork(self.target.disco)
         for i in range(self.size):
             # The thread that held it does not exist in the child.
             rl_mutex_init_errorcheck(&self.slots[i].mu)

@@ -62,9 +62,8 @@ from libc.string cimport strcmp
 
 from redlease._errors import ConfigError as _ConfigError
 
-# What this build serves beyond plain TCP and unix sockets (read by engine
-# selection, redlease._engine.select.native_features).
-FEATURES = frozenset({"tls"}) if rl_tls_available() else frozenset()
+# "tls" when this build has OpenSSL (part of FEATURES, in _core.pyx).
+_TLS_FEATURES = ("tls",) if rl_tls_available() else ()
 
 # The OpenSSL this build runs with ("" without one).
 OPENSSL_VERSION = rl_tls_version().decode("ascii", "replace")

@@ -1,0 +1,259 @@
+"""The native engine on a Redis Cluster: it routes to the owner of the name's
+slot itself, without the GIL, follows MOVED and ASK, and refreshes its slot map
+after a failover."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+from redis.crc import key_slot as redis_key_slot
+
+import redlease
+from helpers import Events, elected_token, gil_call_size, hold_gil, require_native
+from redlease._testing import ClusterSet, RedisServer, key_slot
+from topology_helpers import ProcessContender, close_all_engines, wait_leading_on
+
+pytestmark = [pytest.mark.topology]
+
+
+@pytest.fixture(autouse=True)
+def _close_engines() -> Iterator[None]:
+    yield
+    close_all_engines()
+
+
+TTL = 1.0
+MARGIN = 3.0
+STOP_WITHIN = 3.0
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_set: ClusterSet) -> Iterator[RedisCluster]:
+    client = cluster_set.client(socket_timeout=2)
+    yield client
+    client.close()
+
+
+def _elector(
+    client: RedisCluster,
+    name: str,
+    events: Events | None = None,
+    ttl: float = TTL,
+    engine: str = "native",
+) -> redlease.Elector:
+    if engine == "native":
+        require_native()
+    e = redlease.Elector(
+        client, name, ttl=ttl, engine=engine, observer=events.observer() if events else None
+    )
+    assert e.engine == engine
+    return e
+
+
+def _stop(e: redlease.Elector) -> None:
+    began = time.monotonic()
+    e.stop(timeout=STOP_WITHIN)
+    assert time.monotonic() - began < STOP_WITHIN, "stop() took too long"
+
+
+SLOT_KEYS: list[str | bytes] = ["", "foo", "{job}:leader", "{job}", "a{b}c{d}", "{}x", "x{}{y}"]
+SLOT_KEYS += ["{a", "a}", "é{ü}", b"\xff{\x00}"]
+
+
+@pytest.mark.parametrize("key", SLOT_KEYS)
+def test_key_slot_in_c_is_the_clusters(key: str | bytes) -> None:
+    core = require_native()
+    raw = key.encode() if isinstance(key, str) else key
+    assert core._key_slot(key) == redis_key_slot(raw)
+
+
+def test_native_elector_on_a_cluster_fences_on_the_slots_owner(
+    cluster_set: ClusterSet, cluster: RedisCluster
+) -> None:
+    e = _elector(cluster, "{cn-basic}")
+    with e:
+        token = elected_token(e)
+        assert e.fence_set(token, "{cn-basic}:state", "v1")
+        assert e.fence_eval(
+            token,
+            "redis.call('SET', KEYS[2], ARGV[2]) redis.call('SET', KEYS[3], ARGV[3])",
+            ["{cn-basic}:a", "{cn-basic}:b"],
+            ["1", "2"],
+        )
+        assert not e.fence_set(token - 1, "{cn-basic}:state", "stale")
+    owner = cluster_set.node_for_key("{cn-basic}").client()
+    assert owner.get("{cn-basic}:state") == b"v1"
+    assert owner.get("{cn-basic}:b") == b"2"
+    assert int(owner.get("{cn-basic}:fence:applied")) == token
+
+
+def test_a_fenced_write_with_a_key_in_another_slot_is_refused_before_sending(
+    cluster: RedisCluster, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = f"{{cn-cross-{engine}}}"
+    e = _elector(cluster, name, engine=engine)
+    with e:
+        token = elected_token(e)
+        sent: list[object] = []
+        engine_obj = e._election.engine
+        real_write = engine_obj.write
+        monkeypatch.setattr(engine_obj, "write", lambda *a: sent.append(a) or real_write(*a))
+        with pytest.raises(redis.exceptions.ResponseError, match=r"^CROSSSLOT.*'elsewhere'"):
+            e.fence_set(token, "elsewhere", "x")
+        with pytest.raises(redis.exceptions.ResponseError, match=r"^CROSSSLOT.*'other:b'"):
+            e.fence_eval(token, "return 1", [f"{name}:a", "other:b"], [])
+        with pytest.raises(redis.exceptions.ResponseError, match=r"^CROSSSLOT"):
+            e.fence_hset(token, "h", "f", "v")
+        assert sent == [], "a cross-slot write reached the engine"
+        assert e.fence_set(token, f"{name}:ok", "x")
+    assert cluster.get("elsewhere") is None
+
+
+@pytest.mark.parametrize("fault", ["failover", "kill_master"])
+def test_native_elector_follows_its_slot_to_the_new_master(
+    cluster_set_fresh: ClusterSet, fault: str
+) -> None:
+    topology = cluster_set_fresh
+    name = "{cn-fo}"
+    slot = key_slot(name)
+    events = Events()
+    e = _elector(topology.client(socket_timeout=1), name, events)
+    e.start()
+    try:
+        first = elected_token(e, timeout=10)
+        assert topology.master_for_slot(slot).client().wait(1, 2000) >= 1
+        began = time.monotonic()
+        new = getattr(topology, fault)(slot)
+        took = time.monotonic() - began
+        token = wait_leading_on(new, e, TTL + MARGIN)
+        print(f"{fault}: {took:.2f} s, leading on the new owner {time.monotonic() - began:.2f} s")
+        if events.count("stepped_down"):
+            assert token > first
+        else:
+            assert token == first
+        assert e.fence_set(token, f"{name}:state", "after")
+        assert new.client().get(f"{name}:state") == b"after"
+        if token != first:
+            assert not e.fence_set(first, f"{name}:state", "stale")
+    finally:
+        _stop(e)
+
+
+def test_native_elector_follows_a_migration_of_its_slot(cluster_set_fresh: ClusterSet) -> None:
+    topology = cluster_set_fresh
+    name = "{cn-mig}"
+    slot = key_slot(name)
+    events = Events()
+    e = _elector(topology.client(socket_timeout=1), name, events)
+    e.start()
+    try:
+        first = elected_token(e, timeout=10)
+        target = next(m for m in topology.masters() if m is not topology.master_for_slot(slot))
+        assert topology.migrate_slot(slot, target) >= 3
+        token = wait_leading_on(target, e, TTL + MARGIN)
+        assert token == first and events.count("stepped_down") == 0, events.kinds()
+        assert e.fence_set(token, f"{name}:state", "moved")
+        assert target.client().get(f"{name}:state") == b"moved"
+    finally:
+        _stop(e)
+
+
+def _get_asking(node: RedisServer, key: str) -> bytes | None:
+    """GET on a node importing the key's slot (ASKING first, on the same connection)."""
+    pipe = node.client().pipeline(transaction=False)
+    pipe.execute_command("ASKING")
+    pipe.get(key)
+    value: bytes | None = pipe.execute()[1]
+    return value
+
+
+def test_native_elector_keeps_leading_while_its_slot_is_mid_migration(
+    cluster_set_fresh: ClusterSet,
+) -> None:
+    """The lease's keys moved, the slot not yet handed over: every renewal gets ASK."""
+    topology = cluster_set_fresh
+    name = "{cn-ask}"
+    slot = key_slot(name)
+    events = Events()
+    e = _elector(topology.client(socket_timeout=1), name, events)
+    e.start()
+    try:
+        first = elected_token(e, timeout=10)
+        # A multi-key write during a migration needs all its keys on one side
+        # (else TRYAGAIN): the state key exists before the keys move.
+        assert e.fence_set(first, f"{name}:state", "before")
+        target = next(m for m in topology.masters() if m is not topology.master_for_slot(slot))
+        migration = topology.begin_migration(slot, target)
+        try:
+            assert migration.move_keys() >= 3
+            time.sleep(3 * TTL)
+            assert events.count("stepped_down") == 0, events.kinds()
+            assert e.token() == first
+            assert _get_asking(target, f"{name}:leader") == e.instance_id.encode()
+            # The source answers ASK: ASKING and the write go to the target.
+            assert e.fence_set(first, f"{name}:state", "asked")
+            assert _get_asking(target, f"{name}:state") == b"asked"
+        finally:
+            migration.finish()
+        assert e.fence_set(first, f"{name}:state", "after")
+        assert target.client().get(f"{name}:state") == b"after"
+    finally:
+        _stop(e)
+
+
+def test_native_cluster_leader_keeps_its_lease_through_a_long_gil_holding_call(
+    cluster_set: ClusterSet, cluster: RedisCluster
+) -> None:
+    ttl = 0.3
+    name = "{cn-gil}"
+    n = gil_call_size(1.5)
+    e = _elector(cluster, name, ttl=ttl)
+    e.start()
+    contender = None
+    try:
+        token = elected_token(e)
+        seeds = [(n.host, n.port) for n in cluster.get_nodes()]
+        contender = ProcessContender(
+            "client = redis.cluster.RedisCluster(startup_nodes=["
+            f"redis.cluster.ClusterNode(h, p) for h, p in {seeds!r}], socket_timeout=2)",
+            name,
+            ttl,
+        )
+        held = hold_gil(n)
+        assert held > 3 * ttl, f"the C call held the GIL for only {held:.2f} s"
+        assert e.token() == token
+        assert cluster.get(f"{name}:leader") == e.instance_id.encode()
+        assert contender.elections() == [], "the other process took over during the call"
+    finally:
+        if contender is not None:
+            contender.close()
+        _stop(e)
+
+
+def test_pool_routes_each_call_to_its_keys_slot(
+    cluster_set: ClusterSet, cluster: RedisCluster
+) -> None:
+    core = require_native()
+    from redlease._engine.client import native_endpoint
+
+    endpoint, why = native_endpoint(cluster)
+    assert endpoint is not None, why
+    target = core.Target(endpoint)
+    assert target.kind == "cluster"
+    assert target.address.startswith("cluster:")
+    pool = core.Pool(target, 1)
+    script = core.ScriptRef(
+        "d8f2fad9f8e86a53d2a6ebd960b33c4972cacc37", "return redis.call('SET', KEYS[1], ARGV[1])"
+    )
+    try:
+        # Keys of every master's slots, one after the other, on one connection.
+        for key in ("a", "b", "c", "d", "{x}1", "{y}2"):
+            assert pool.execute(script, [key], ["v-" + key], 2.0) == b"OK"
+            assert cluster_set.node_for_key(key).client().get(key) == b"v-" + key.encode()
+        assert pool.command(["PING"], 2.0) == b"PONG"
+    finally:
+        pool.close()
