@@ -7,6 +7,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -294,3 +295,18 @@ def test_aio_elector_on_a_cluster(cluster: RedisCluster) -> None:
         return token
 
     assert asyncio.run(scenario()) >= 1
+
+
+def test_a_stopped_sentinel_elector_stops_listening_for_switches(
+    sentinel_set: SentinelSet, engine: str
+) -> None:
+    def listeners() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("redlease-sentinel-")]
+
+    before = len(listeners())
+    client = sentinel_set.master_for(socket_timeout=1)
+    e = redlease.Elector(client, "listen", ttl=0.5, engine=engine)
+    with e:
+        elected_token(e)
+        wait_until(lambda: len(listeners()) > before, timeout=5, what="a +switch-master listener")
+    wait_until(lambda: len(listeners()) == before, timeout=5, what="the listener to end")

@@ -84,6 +84,11 @@ class Keeper(Protocol):
         ...
 
     @property
+    def closed(self) -> bool:
+        """True once ``close()`` ran."""
+        ...
+
+    @property
     def state(self) -> int:
         """IDLE, ACTIVE, LOST or ENDED."""
         ...

@@ -69,11 +69,15 @@ class SwitchWatcher:
         self,
         sentinels: Sentinels,
         on_switch: Callable[[tuple[str, int], tuple[str, int]], object],
+        still_wanted: Callable[[], bool] = lambda: True,
     ) -> None:
         self._sentinels = sentinels
         # Weakly held: the listening thread must not keep its engine alive,
         # and ends once the engine is gone.
         self._on_switch = weakref.WeakMethod(on_switch)
+        self._still_wanted = weakref.WeakMethod(still_wanted) if hasattr(
+            still_wanted, "__self__"
+        ) else (lambda: still_wanted)
         self._closed = threading.Event()
         self._subscribed = threading.Event()
         self._pid = os.getpid()
@@ -82,6 +86,11 @@ class SwitchWatcher:
         )
         _live_watchers.add(self)
         self._thread.start()
+
+    @property
+    def finished(self) -> bool:
+        """True once the watcher stopped (closed, or nothing to listen for any more)."""
+        return self._closed.is_set()
 
     @property
     def subscribed(self) -> threading.Event:
@@ -94,9 +103,18 @@ class SwitchWatcher:
         if self._thread is not threading.current_thread() and os.getpid() == self._pid:
             self._thread.join(2.0)
 
+    def _wanted(self) -> bool:
+        if self._closed.is_set() or self._on_switch() is None:
+            return False
+        still_wanted = self._still_wanted()
+        if still_wanted is None or not still_wanted():
+            self._closed.set()
+            return False
+        return True
+
     def _main(self) -> None:
         turn = 0
-        while not self._closed.is_set() and self._on_switch() is not None:
+        while self._wanted():
             host, port = self._sentinels.addresses[turn % len(self._sentinels.addresses)]
             turn += 1
             try:
@@ -120,7 +138,7 @@ class SwitchWatcher:
         pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         try:
             pubsub.subscribe(SWITCH_CHANNEL)
-            while not self._closed.is_set():
+            while self._wanted():
                 message = pubsub.get_message(timeout=_POLL)
                 on_switch = self._on_switch()
                 if on_switch is None:
@@ -176,7 +194,18 @@ class MasterSwitches:
         with self._lock:
             self._keepers.add(keeper)
             if self._watcher is None:
-                self._watcher = SwitchWatcher(self._sentinels, self._switched)
+                self._watcher = SwitchWatcher(self._sentinels, self._switched, self._wanted)
+
+    def _wanted(self) -> bool:
+        # Listen while a run is going: its keeper is open (terms and follower
+        # polls alike); a stopped elector's engine stops listening. Decided
+        # under the lock track() takes, so a new run always gets a listener.
+        with self._lock:
+            wanted = any(not keeper.closed for keeper in self._keepers)
+            if not wanted and self._watcher is not None:
+                self._watcher._closed.set()
+                self._watcher = None
+            return wanted
 
     def _switched(self, old: tuple[str, int], new: tuple[str, int]) -> None:
         forget_master = self._forget_master()

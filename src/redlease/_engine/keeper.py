@@ -71,6 +71,11 @@ class PythonKeeper:
         return self._token
 
     @property
+    def closed(self) -> bool:
+        """True once ``close()`` ran (or in a forked child)."""
+        return self._closed
+
+    @property
     def state(self) -> int:
         return self._state
 
