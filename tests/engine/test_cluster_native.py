@@ -257,3 +257,27 @@ def test_pool_routes_each_call_to_its_keys_slot(
         assert pool.command(["PING"], 2.0) == b"PONG"
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_a_cluster_where_no_node_answers_is_reported_and_never_elects(
+    cluster_set_fresh: ClusterSet, engine: str
+) -> None:
+    client = cluster_set_fresh.client(socket_timeout=0.5, socket_connect_timeout=0.5)
+    events = Events()
+    e = _elector(client, "{cn-dark}", events, engine=engine)
+    cluster_set_fresh.stop()  # every node gone: masters and replicas
+    e.start(None)
+    deadline = time.monotonic() + 4 * TTL
+    while time.monotonic() < deadline and len(events.values("error")) < 2:
+        time.sleep(0.05)
+    assert e.token() is None
+    _stop(e)  # bounded with every node gone
+    errors = events.values("error")
+    assert "elected" not in events.kinds()
+    unreachable = (
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+        redis.exceptions.RedisClusterException,
+    )
+    assert errors and all(isinstance(x, unreachable) for x in errors), errors
