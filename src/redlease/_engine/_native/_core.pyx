@@ -39,8 +39,11 @@ any thread may block on it, the keeper thread included.
 #   _tls.pxi           TLS on a connection (OpenSSL, glue in rl_tls.h): the
 #                      context from the ssl_* settings, handshake, reads and
 #                      writes without the GIL; FEATURES says if it is built
-#   _discovery.pxi     which server: the master the sentinels name, the owner
-#                      of a cluster slot; MOVED / ASK / READONLY followed
+#   _discovery.pxi     which server: the shared state of one Target (master
+#                      address, slot map), slot hashing, short-lived peers
+#   _sentinel.pxi      asking the sentinels for the master, checking ROLE
+#   _cluster.pxi       the slot map from CLUSTER SLOTS, MOVED / ASK parsing
+#   _route.pxi         one routed round trip: MOVED / ASK / READONLY followed
 #   _pool.pxi          the Python-facing connection objects: ScriptRef,
 #                      Target, Pool, and failures as redis-py exceptions
 #   _keeper_thread.pxi the renewal thread (no GIL, ever)
@@ -70,6 +73,9 @@ include "_resp_parse.pxi"
 include "_conn.pxi"
 include "_tls.pxi"
 include "_discovery.pxi"
+include "_sentinel.pxi"
+include "_cluster.pxi"
+include "_route.pxi"
 include "_pool.pxi"
 include "_keeper_thread.pxi"
 include "_keeper.pxi"
