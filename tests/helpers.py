@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -262,3 +265,56 @@ def hold_gil(n: int) -> float:
     started = time.monotonic()
     sum(range(n))
     return time.monotonic() - started
+
+
+class ProcessContender:
+    """An elector (Python engine) for ``name`` in another process, reporting each election.
+
+    ``client_code`` is Python that binds ``client`` (redis, redis.sentinel and
+    redis.cluster are imported).
+    """
+
+    def __init__(self, client_code: str, name: str, ttl: float) -> None:
+        script = textwrap.dedent(
+            """
+            import sys, threading, redis, redis.sentinel, redis.cluster, redlease
+            {client_code}
+            def elected(token):
+                print("elected", token, flush=True)
+            e = redlease.Elector(client, {name!r}, ttl={ttl}, engine="python",
+                                 observer=redlease.Observer(on_elected=elected))
+            stop = threading.Event()
+            threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+            print("ready", flush=True)
+            e.run(None, stop=stop)
+            """
+        ).format(client_code=client_code, name=name, ttl=ttl)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.lines: list[str] = []
+        assert self.proc.stdout.readline().strip() == "ready"
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.strip())
+
+    def elections(self) -> list[str]:
+        return [line for line in self.lines if line.startswith("elected")]
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(5)

@@ -7,17 +7,13 @@ and loses it on the pure-Python engine (its renewer is a Python thread).
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-import threading
 from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 
 import redlease
-from helpers import gil_call_size, hold_gil, require_native, wait_until
+from helpers import ProcessContender, gil_call_size, hold_gil, require_native, wait_until
 from redlease._engine import LOST
 from redlease._testing import RedisServer
 
@@ -25,62 +21,19 @@ NAME = "gil"
 TTL = 0.3
 
 
-class Contender:
+def start_contender(server: RedisServer) -> ProcessContender:
     """An elector for the same name in another process, reporting each election."""
-
-    def __init__(self, server: RedisServer) -> None:
-        script = textwrap.dedent(
-            f"""
-            import sys, threading, redis, redlease
-            client = redis.Redis(host="127.0.0.1", port={server.port}, socket_timeout=2)
-            def elected(token):
-                print("elected", token, flush=True)
-            e = redlease.Elector(client, {NAME!r}, ttl={TTL}, engine="python",
-                                 observer=redlease.Observer(on_elected=elected))
-            stop = threading.Event()
-            threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
-            print("ready", flush=True)
-            e.run(None, stop=stop)
-            """
-        )
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", script],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        self.lines: list[str] = []
-        assert self.proc.stdout.readline().strip() == "ready"
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.strip())
-
-    def elections(self) -> list[str]:
-        return [line for line in self.lines if line.startswith("elected")]
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._reader.join(5)
+    client = f'client = redis.Redis(host="127.0.0.1", port={server.port}, socket_timeout=2)'
+    return ProcessContender(client, NAME, TTL)
 
 
 @pytest.fixture
-def contenders(redis_server: RedisServer) -> Iterator[Callable[[], Contender]]:
+def contenders(redis_server: RedisServer) -> Iterator[Callable[[], ProcessContender]]:
     """Start a contender once we lead (it must not win the first election)."""
-    started: list[Contender] = []
+    started: list[ProcessContender] = []
 
-    def start() -> Contender:
-        started.append(Contender(redis_server))
+    def start() -> ProcessContender:
+        started.append(start_contender(redis_server))
         return started[-1]
 
     try:
@@ -104,7 +57,7 @@ def lead_with(client: redis.Redis, engine: str) -> tuple[redlease.Elector, list[
 
 
 def test_native_leader_keeps_its_lease_through_a_long_gil_holding_call(
-    client: redis.Redis, contenders: Callable[[], Contender]
+    client: redis.Redis, contenders: Callable[[], ProcessContender]
 ) -> None:
     require_native()
     n = gil_call_size(1.5)
@@ -123,7 +76,7 @@ def test_native_leader_keeps_its_lease_through_a_long_gil_holding_call(
 
 
 def test_python_leader_loses_its_lease_through_the_same_call(
-    client: redis.Redis, contenders: Callable[[], Contender]
+    client: redis.Redis, contenders: Callable[[], ProcessContender]
 ) -> None:
     n = gil_call_size(1.5)
     e, terms = lead_with(client, "python")

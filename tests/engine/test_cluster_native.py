@@ -13,9 +13,9 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot as redis_key_slot
 
 import redlease
-from helpers import Events, elected_token, gil_call_size, hold_gil, require_native
+from helpers import Events, ProcessContender, elected_token, gil_call_size, hold_gil, require_native
 from redlease._testing import ClusterSet, RedisServer, key_slot
-from topology_helpers import ProcessContender, close_all_engines, wait_leading_on
+from topology_helpers import close_all_engines, wait_leading_on
 
 pytestmark = [pytest.mark.topology]
 

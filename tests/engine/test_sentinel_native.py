@@ -11,9 +11,17 @@ import redis
 import redis.sentinel
 
 import redlease
-from helpers import ClosedPort, Events, elected_token, gil_call_size, hold_gil, require_native
+from helpers import (
+    ClosedPort,
+    Events,
+    ProcessContender,
+    elected_token,
+    gil_call_size,
+    hold_gil,
+    require_native,
+)
 from redlease._testing import SentinelSet
-from topology_helpers import ProcessContender, close_all_engines, wait_leading_on
+from topology_helpers import close_all_engines, wait_leading_on
 
 pytestmark = [pytest.mark.topology]
 

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +26,7 @@ import redlease
 import redlease.aio
 from helpers import (
     Events,
+    ProcessContender,
     elected_token,
     gil_call_size,
     hold_gil,
@@ -474,63 +472,23 @@ GIL_NAME = "gil-tls"
 GIL_TTL = 0.3
 
 
-class TLSContender:
+def start_tls_contender(server: RedisServer) -> ProcessContender:
     """An elector for the same name in another process, over TLS, reporting each election."""
-
-    def __init__(self, server: RedisServer) -> None:
-        kwargs = {k: v for k, v in tls_client(server).connection_pool.connection_kwargs.items()}
-        settings = {
-            key: kwargs[key]
-            for key in ("host", "port", "ssl_ca_certs", "ssl_cert_reqs", "ssl_check_hostname")
-        }
-        script = textwrap.dedent(
-            f"""
-            import sys, threading, redis, redlease
-            client = redis.Redis(ssl=True, socket_timeout=2, **{settings!r})
-            def elected(token):
-                print("elected", token, flush=True)
-            e = redlease.Elector(client, {GIL_NAME!r}, ttl={GIL_TTL}, engine="python",
-                                 observer=redlease.Observer(on_elected=elected))
-            stop = threading.Event()
-            threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
-            print("ready", flush=True)
-            e.run(None, stop=stop)
-            """
-        )
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        assert self.proc.stdout is not None
-        self.lines: list[str] = []
-        assert self.proc.stdout.readline().strip() == "ready"
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.strip())
-
-    def elections(self) -> list[str]:
-        return [line for line in self.lines if line.startswith("elected")]
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._reader.join(5)
+    kwargs = tls_client(server).connection_pool.connection_kwargs
+    settings = {
+        key: kwargs[key]
+        for key in ("host", "port", "ssl_ca_certs", "ssl_cert_reqs", "ssl_check_hostname")
+    }
+    client = f"client = redis.Redis(ssl=True, socket_timeout=2, **{settings!r})"
+    return ProcessContender(client, GIL_NAME, GIL_TTL)
 
 
 @pytest.fixture
-def tls_contender(tls_server: RedisServer) -> Iterator[Callable[[], TLSContender]]:
-    started: list[TLSContender] = []
+def tls_contender(tls_server: RedisServer) -> Iterator[Callable[[], ProcessContender]]:
+    started: list[ProcessContender] = []
 
-    def start() -> TLSContender:
-        started.append(TLSContender(tls_server))
+    def start() -> ProcessContender:
+        started.append(start_tls_contender(tls_server))
         return started[-1]
 
     try:
@@ -541,7 +499,7 @@ def tls_contender(tls_server: RedisServer) -> Iterator[Callable[[], TLSContender
 
 
 def test_a_native_tls_leader_keeps_its_lease_through_a_long_gil_holding_call(
-    tls_server: RedisServer, tls_contender: Callable[[], TLSContender]
+    tls_server: RedisServer, tls_contender: Callable[[], ProcessContender]
 ) -> None:
     require_native_tls()
     n = gil_call_size(1.5)
