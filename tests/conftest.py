@@ -194,3 +194,51 @@ def cluster_set_fresh() -> Iterator[ClusterSet]:
         yield topology
     finally:
         topology.stop()
+
+
+# TLS Sentinel and Cluster: every process TLS-only, replication and the cluster
+# bus included, certificates from the session's ``tls_materials``.
+
+
+@pytest.fixture(scope="module")
+def tls_sentinel_set(tls_materials: TLSMaterials) -> Iterator[SentinelSet]:
+    """A TLS-only Sentinel set shared by a module (sentinels on TLS too): do not fail it over."""
+    _require_tls()
+    topology = SentinelSet(tls=tls_materials).start()
+    try:
+        yield topology
+    finally:
+        topology.stop()
+
+
+@pytest.fixture
+def tls_sentinel_set_fresh(tls_materials: TLSMaterials) -> Iterator[SentinelSet]:
+    """A TLS-only Sentinel set of the test's own, to fail over at will."""
+    _require_tls()
+    topology = SentinelSet(tls=tls_materials).start()
+    try:
+        yield topology
+    finally:
+        topology.stop()
+
+
+@pytest.fixture(scope="module")
+def tls_cluster_set(tls_materials: TLSMaterials) -> Iterator[ClusterSet]:
+    """A TLS-only cluster (tls-cluster, tls-replication) shared by a module."""
+    _require_tls()
+    topology = ClusterSet(tls=tls_materials).start()
+    try:
+        yield topology
+    finally:
+        topology.stop()
+
+
+@pytest.fixture
+def tls_cluster_set_fresh(tls_materials: TLSMaterials) -> Iterator[ClusterSet]:
+    """A TLS-only cluster of the test's own, to fail over at will."""
+    _require_tls()
+    topology = ClusterSet(tls=tls_materials).start()
+    try:
+        yield topology
+    finally:
+        topology.stop()

@@ -281,7 +281,9 @@ def _cluster_endpoint(client: Any) -> tuple[Endpoint | None, str]:
     kwargs: dict[str, Any] = dict(manager.connection_kwargs)
     if kwargs.get("credential_provider") is not None:
         return None, _NEEDS_PASSWORD
-    cls = kwargs.get("connection_class", Connection)
+    # RedisCluster hands ``ssl=True`` on to the Redis of each node, which
+    # picks SSLConnection from it; a ``rediss://`` URL names the class itself.
+    cls = kwargs.get("connection_class") or (SSLConnection if kwargs.get("ssl") else Connection)
     tls, why = _tls(kwargs, cls)
     if why:
         return None, why

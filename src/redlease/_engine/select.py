@@ -19,8 +19,6 @@ _NEEDS = {
     ),
     "sentinel": "the native extension of this build cannot follow a Sentinel-managed master",
     "cluster": "the native extension of this build cannot route a RedisCluster client by slot",
-    "tls+sentinel": "the native engine does not yet combine TLS with a Sentinel-managed master",
-    "tls+cluster": "the native engine does not yet combine TLS with a RedisCluster",
 }
 
 
@@ -50,8 +48,6 @@ def _gap(endpoint: Endpoint) -> str:
         return _NEEDS["tls"]
     if endpoint.kind != "direct" and endpoint.kind not in features:
         return _NEEDS[endpoint.kind]
-    if endpoint.kind != "direct" and (endpoint.tls is not None or sentinel_tls):
-        return _NEEDS["tls+" + endpoint.kind]
     return ""
 
 

@@ -15,6 +15,10 @@ master), ``kill_master(slot)`` (SIGKILL, then the replica's own election),
 ``MIGRATE`` of the keys, ``SETSLOT ... NODE`` everywhere; ``begin_migration``
 stops halfway, where clients get ``ASK``), ``freeze(node)`` / ``thaw(node)``
 (SIGSTOP / SIGCONT; a master frozen past ``node_timeout_ms`` is failed over).
+
+``ClusterSet(tls=TLSMaterials())`` makes every node TLS-only, its cluster bus
+and replication included (``tls-cluster yes``, ``tls-replication yes``), and
+``client()`` a ``RedisCluster(ssl=True, ...)`` verifying against the test CA.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from ._common import (
 )
 from ._migration import SlotMigration
 from .server import RedisServer
+from .tls import ServerTLS, TLSMaterials
 
 __all__ = ["ClusterSet", "NodeInfo", "SlotMigration", "key_slot"]
 
@@ -56,6 +61,7 @@ class ClusterSet:
         args: Sequence[str] = (),
         binary: str | None = None,
         timeout: float = 30.0,
+        tls: TLSMaterials | None = None,
     ) -> None:
         if masters < 1 or replicas_per_master < 0:
             raise RedisServerError("a cluster needs a master and a non-negative replica count")
@@ -73,6 +79,11 @@ class ClusterSet:
             "--repl-diskless-sync-delay", "0",
             *args,
         ]  # fmt: skip
+        if tls is not None:
+            # The bus (on the TLS port + 10000) and replication speak TLS too.
+            self._args += ["--tls-cluster", "yes", "--tls-replication", "yes"]
+        self.tls = tls
+        self._server_tls = ServerTLS(tls) if tls is not None else None
         self._binary = binary
         self.nodes: list[RedisServer] = []
         self._ids: dict[int, str] = {}  # port -> node id
@@ -97,7 +108,12 @@ class ClusterSet:
     def _build(self) -> None:
         total = self._n_masters * (1 + self._n_replicas)
         for _ in range(total):
-            node = RedisServer(args=self._args, binary=self._binary, port_picker=free_cluster_port)
+            node = RedisServer(
+                args=self._args,
+                binary=self._binary,
+                port_picker=free_cluster_port,
+                tls=self._server_tls,
+            )
             self.nodes.append(node)
             node.start()
         for i, node in enumerate(self.nodes):
@@ -168,8 +184,15 @@ class ClusterSet:
             c.close()
 
     def client(self, **kwargs: Any) -> RedisCluster:
-        """A ``redis.RedisCluster`` started from every running node (socket timeout 2 s)."""
+        """A ``redis.RedisCluster`` started from every running node (socket timeout 2 s).
+
+        On a TLS cluster it verifies the nodes against the test CA unless
+        ``kwargs`` say otherwise.
+        """
         kwargs.setdefault("socket_timeout", 2.0)
+        if self.tls is not None:
+            for key, value in self.tls.client_kwargs().items():
+                kwargs.setdefault(key, value)
         node_cls: Any = ClusterNode  # redis-py leaves its constructor unannotated
         startup = [node_cls(LOOPBACK, self._port(n)) for n in self.nodes if n.running]
         return RedisCluster(startup_nodes=startup, **kwargs)

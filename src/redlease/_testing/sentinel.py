@@ -17,6 +17,11 @@ master rejoining as a replica takes the sentinels several seconds more, which
 Every failover is announced on each sentinel's ``+switch-master`` pub/sub
 channel as ``"<service> <old-ip> <old-port> <new-ip> <new-port>"``;
 ``watch_switches()`` records them.
+
+``SentinelSet(tls=TLSMaterials())`` makes every process TLS-only: the data
+nodes replicate over TLS (``tls-replication yes``), the sentinels listen on
+TLS and reach the data nodes over it, and every client here (``manager()``,
+``master_for()``, the probes) verifies them against the materials' CA.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from redis.sentinel import Sentinel
 from ._common import LOOPBACK, RedisServerError, TopologyError, poll, register, unregister
 from ._sentinel_events import Address, SwitchWatcher, pairs
 from .server import RedisServer
+from .tls import ServerTLS, TLSMaterials
 
 __all__ = ["SentinelSet", "SwitchWatcher"]
 
@@ -62,6 +68,7 @@ class SentinelSet:
         sentinel_password: str | None = None,
         binary: str | None = None,
         timeout: float = 30.0,
+        tls: TLSMaterials | None = None,
     ) -> None:
         if replicas < 1 or sentinels < 1 or not 1 <= quorum <= sentinels:
             raise RedisServerError(
@@ -77,6 +84,8 @@ class SentinelSet:
         self._down_after_ms = down_after_ms
         self._failover_timeout_ms = failover_timeout_ms
         self._binary = binary
+        self.tls = tls
+        self._server_tls = ServerTLS(tls) if tls is not None else None
         self.data_nodes: list[RedisServer] = []
         self.sentinels: list[RedisServer] = []
         self._lock = threading.RLock()
@@ -129,10 +138,14 @@ class SentinelSet:
 
     def _data_node(self, extra: Sequence[str]) -> RedisServer:
         args = [*_DATA_ARGS, *extra]
+        if self.tls is not None:
+            args += ["--tls-replication", "yes"]
         if self.password is not None:
             args += ["--requirepass", self.password, "--masterauth", self.password]
         auth = {"password": self.password} if self.password is not None else None
-        node = RedisServer(args=args, binary=self._binary, client_defaults=auth)
+        node = RedisServer(
+            args=args, binary=self._binary, client_defaults=auth, tls=self._server_tls
+        )
         self.data_nodes.append(node)
         node.start()
         return node
@@ -149,12 +162,16 @@ class SentinelSet:
             lines.append(f"sentinel auth-pass {svc} {self.password}")
         if self.sentinel_password is not None:
             lines.append(f"requirepass {self.sentinel_password}")
+        if self.tls is not None:
+            # A sentinel reaches the data nodes (and its peers) over TLS only with this.
+            lines.append("tls-replication yes")
         auth = {"password": self.sentinel_password} if self.sentinel_password is not None else None
         node = RedisServer(
             args=["--sentinel"],
             config="\n".join(lines) + "\n",
             binary=self._binary,
             client_defaults=auth,
+            tls=self._server_tls,
         )
         self.sentinels.append(node)
         node.start()
@@ -180,7 +197,8 @@ class SentinelSet:
         """A redis-py ``Sentinel`` for this set; ``kwargs`` go to the data connections.
 
         The sentinel connections get the sentinels' password, a 1 s timeout
-        and no retries.
+        and no retries; on a TLS set both kinds of connection verify against
+        the test CA (``ssl_*`` in ``kwargs`` win for the data connections).
         """
         # No retries on a sentinel connection: a silent sentinel costs one
         # timeout, then redis-py asks the next.
@@ -193,6 +211,10 @@ class SentinelSet:
             sentinel_kwargs["password"] = self.sentinel_password
         if self.password is not None:
             kwargs.setdefault("password", self.password)
+        if self.tls is not None:
+            sentinel_kwargs.update(self.tls.client_kwargs())
+            for key, value in self.tls.client_kwargs().items():
+                kwargs.setdefault(key, value)
         manager: Sentinel = _Sentinel(
             self.sentinel_addresses(), sentinel_kwargs=sentinel_kwargs, **kwargs
         )

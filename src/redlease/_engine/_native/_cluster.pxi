@@ -87,7 +87,9 @@ cdef int cluster_refresh(rl_conn* c, rl_disco* d, int64_t deadline) noexcept nog
     for i in range(n):
         if rl_now_ns() >= deadline:
             break
-        t = ask_conn(c, &cand[i], c.hello, c.hello_len, c.hello_replies)
+        # Every node of a TLS cluster speaks TLS, with the client's settings.
+        t = ask_conn(c, &cand[i], c.hello, c.hello_len, c.hello_replies,
+                     c.tls_ctx, c.tls_check_hostname)
         if t == NULL:
             free(cand)
             return -1

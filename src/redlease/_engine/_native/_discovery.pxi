@@ -76,6 +76,8 @@ cdef struct rl_disco:
     int s_hello_replies
     char* s_query          # SENTINEL get-master-addr-by-name <service>
     size_t s_query_len
+    void* s_tls_ctx        # the sentinels' own TLS (sentinel_kwargs), or NULL: plain
+    int s_check_hostname
     char service[200]
     # Sentinel: the master as the sentinels last named it.
     int master_known
@@ -95,6 +97,7 @@ cdef void disco_release(void* p) noexcept nogil:
     if rl_add_fetch(&d.refs, -1) == 0:
         free(d.s_hello)
         free(d.s_query)
+        rl_tls_ctx_free(d.s_tls_ctx)
         pthread_mutex_destroy(&d.mu)
         free(d)
 
@@ -193,6 +196,13 @@ cdef void* disco_from_endpoint(object endpoint) except? NULL:
             d.s_query_len = <size_t>len(query)
             service = str(s.service).encode("utf-8", "replace")[:199]
             memcpy(d.service, PyBytes_AS_STRING(service), <size_t>len(service))
+            # The sentinels may speak TLS with settings of their own
+            # (redis-py's sentinel_kwargs), apart from the master's.
+            if s.tls is not None:
+                d.s_tls_ctx = make_tls_context(s.tls)
+                d.s_check_hostname = (
+                    1 if s.tls.check_hostname and str(s.tls.cert_reqs) != "none" else 0
+                )
         else:
             d.stale = 1
     except BaseException:
@@ -329,8 +339,12 @@ cdef int disco_pause(rl_conn* c, int64_t ns, int64_t deadline) noexcept nogil:
 
 
 cdef rl_conn* ask_conn(rl_conn* c, const rl_addr* a, char* hello, size_t hello_len,
-                       int hello_replies) noexcept nogil:
-    """A short-lived connection for one question (its hello borrowed); NULL when out of memory."""
+                       int hello_replies, void* tls_ctx, int check_hostname) noexcept nogil:
+    """A short-lived connection for one question; NULL when out of memory.
+
+    Its hello and its TLS context (NULL: plain) are borrowed from whoever
+    outlives it: the asking connection, or the shared discovery state.
+    """
     cdef rl_conn* t = <rl_conn*>calloc(1, sizeof(rl_conn))
     if t == NULL:
         conn_fail(c, RL_ENOMEM, "out of memory")
@@ -344,12 +358,16 @@ cdef rl_conn* ask_conn(rl_conn* c, const rl_addr* a, char* hello, size_t hello_l
     t.hello = hello
     t.hello_len = hello_len
     t.hello_replies = hello_replies
+    t.tls_ctx = tls_ctx
+    t.tls_check_hostname = check_hostname
     return t
 
 
 cdef void ask_conn_free(rl_conn* t) noexcept nogil:
     t.hello = NULL          # borrowed
     t.hello_len = 0
+    conn_drop(t)            # while its borrowed context is still set: frees the SSL
+    t.tls_ctx = NULL        # borrowed
     conn_free(t)
     free(t)
 

@@ -111,15 +111,12 @@ cdef class Target:
 
     def __cinit__(self):
         self.disco = NULL
-
-    def __dealloc__(self):
-        disco_release(self.disco)
-        self.disco = NULL
-
-    def __cinit__(self):
         self._tls_ctx = NULL
 
     def __dealloc__(self):
+        # One of each: a second definition would silently replace the first.
+        disco_release(self.disco)
+        self.disco = NULL
         rl_tls_ctx_free(self._tls_ctx)
         self._tls_ctx = NULL
 

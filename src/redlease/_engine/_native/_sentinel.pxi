@@ -24,7 +24,8 @@ cdef int sentinel_ask(rl_conn* c, rl_disco* d, int64_t deadline, rl_addr* out) n
             break
         i = (first + j) % n
         peer = d.peers[i]      # peers never change after init
-        t = ask_conn(c, &peer, d.s_hello, d.s_hello_len, d.s_hello_replies)
+        t = ask_conn(c, &peer, d.s_hello, d.s_hello_len, d.s_hello_replies,
+                     d.s_tls_ctx, d.s_check_hostname)
         if t == NULL:
             return -1
         if ask_peer(t, d.s_query, d.s_query_len, share_of(deadline, n - j)) < 0:

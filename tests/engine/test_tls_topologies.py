@@ -1,0 +1,278 @@
+"""TLS together with Sentinel and with Cluster, on both engines.
+
+The deployments are TLS-only: the data nodes replicate over TLS, the sentinels
+listen on TLS (redis-py's ``sentinel_kwargs={"ssl": True, ...}``), a cluster's
+bus speaks TLS (``tls-cluster yes``). The native engine asks the sentinels, and
+a cluster's nodes for ``CLUSTER SLOTS``, over TLS with the client's settings,
+without the GIL; ``auto`` picks it for these clients. A certificate the client
+would reject is rejected the same way: an error through ``on_error``, never an
+election. Failovers over TLS are in ``tests/test_failover.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+import redis
+import redis.exceptions as rex
+from redis.cluster import RedisCluster
+from redis.sentinel import Sentinel
+
+import redlease
+from helpers import Events, elected_token, require_native, stays, wait_until
+from redlease._engine.client import native_endpoint
+from redlease._engine.native import NativeEngine
+from redlease._scripts import fenced_file
+from redlease._testing import ClusterSet, SentinelSet, TLSMaterials, key_slot
+from topology_helpers import close_all_engines
+
+pytestmark = [pytest.mark.topology]
+
+TTL = 1.0
+STOP_WITHIN = 5.0
+TAG = "{tt}"
+_SentinelCls: Any = Sentinel  # redis-py leaves its constructors unannotated
+
+
+@pytest.fixture(autouse=True)
+def _close_engines() -> Iterator[None]:
+    yield
+    close_all_engines()
+
+
+def require_native_tls() -> ModuleType:
+    core = require_native()
+    if "tls" not in core.FEATURES:
+        pytest.skip("the native extension was built without OpenSSL")
+    return core
+
+
+@pytest.fixture
+def tls_engine(engine: str) -> str:
+    """``engine``, with the native one built with TLS."""
+    if engine == "native":
+        require_native_tls()
+    return engine
+
+
+def never_elected(e: redlease.Elector, events: Events) -> BaseException:
+    """Wait for the elector's first error, check it stays a follower; that error."""
+    wait_until(lambda: events.count("error") >= 1, timeout=15, what="an error reported")
+    assert stays(lambda: e.token() is None, 0.5)
+    assert events.count("elected") == 0
+    error: BaseException = events.values("error")[0]
+    return error
+
+
+def _stop(e: redlease.Elector) -> None:
+    began = time.monotonic()
+    e.stop(timeout=STOP_WITHIN)
+    assert time.monotonic() - began < STOP_WITHIN, "stop() took too long"
+
+
+def _elects_renews_and_fences(e: redlease.Elector, events: Events, master: redis.Redis) -> None:
+    name = e.config.name
+    e.start()
+    try:
+        token = elected_token(e, timeout=10)
+        # Several TTLs: the lease is renewed over TLS, never lost.
+        assert stays(lambda: e.token() == token, 3 * TTL, interval=0.05)
+        assert events.count("stepped_down") == 0, events.kinds(errors=True)
+        assert e.fence_set(token, f"{name}:state", "v1")
+        assert not e.fence_set(token - 1, f"{name}:state", "stale")
+        assert master.get(f"{name}:state") == b"v1"
+        assert int(master.get(f"{name}:fence:applied")) == token
+        assert master.get(f"{name}:leader") == e.instance_id.encode()
+    finally:
+        _stop(e)
+
+
+# -- auto picks native ------------------------------------------------------------------
+
+
+def test_auto_runs_tls_sentinel_and_tls_cluster_clients_natively(
+    tls_sentinel_set: SentinelSet, tls_cluster_set: ClusterSet
+) -> None:
+    require_native_tls()
+    sentinel_client = tls_sentinel_set.master_for(socket_timeout=1)
+    endpoint, why = native_endpoint(sentinel_client)
+    assert endpoint is not None, why
+    assert endpoint.tls is not None and endpoint.sentinels is not None
+    assert endpoint.sentinels.tls is not None
+    e = redlease.Elector(sentinel_client, "tt-auto")
+    assert (e.engine, e.engine_reason) == ("native", "")
+    assert redlease.Elector(sentinel_client, "tt-auto", engine="native").engine == "native"
+
+    cluster_client = tls_cluster_set.client()
+    endpoint, why = native_endpoint(cluster_client)
+    assert endpoint is not None and endpoint.tls is not None, why
+    assert endpoint.tls.ca_certs == str(tls_cluster_set.tls.ca_file)  # type: ignore[union-attr]
+    e = redlease.Elector(cluster_client, f"{TAG}:auto")
+    assert (e.engine, e.engine_reason) == ("native", "")
+    locker = redlease.RedisLocker(cluster_client, prefix=f"{TAG}:locks:")
+    try:
+        assert locker.engine == "native"
+    finally:
+        locker.close()
+
+
+def test_a_cluster_client_from_a_rediss_url_is_tls_natively(tls_cluster_set: ClusterSet) -> None:
+    require_native_tls()
+    m = tls_cluster_set.tls
+    assert m is not None
+    node = tls_cluster_set.nodes[0]
+    client = RedisCluster.from_url(
+        f"rediss://127.0.0.1:{node.port}", ssl_ca_certs=str(m.ca_file), socket_timeout=2
+    )
+    try:
+        endpoint, why = native_endpoint(client)
+        assert endpoint is not None and endpoint.tls is not None, why
+        assert redlease.Elector(client, f"{TAG}:url").engine == "native"
+    finally:
+        client.close()
+
+
+# -- elect, renew, fence ------------------------------------------------------------------
+
+
+def test_tls_sentinel_elects_renews_and_fences(
+    tls_sentinel_set: SentinelSet, tls_engine: str
+) -> None:
+    events = Events()
+    client = tls_sentinel_set.master_for(socket_timeout=1)
+    e = redlease.Elector(
+        client, "tt-sn", ttl=TTL, engine=tls_engine, observer=events.observer()
+    )
+    assert e.engine == tls_engine
+    _elects_renews_and_fences(e, events, tls_sentinel_set.master().client())
+
+
+def test_tls_cluster_elects_renews_and_fences(tls_cluster_set: ClusterSet, tls_engine: str) -> None:
+    events = Events()
+    client = tls_cluster_set.client()
+    name = f"{TAG}:cl"
+    e = redlease.Elector(client, name, ttl=TTL, engine=tls_engine, observer=events.observer())
+    assert e.engine == tls_engine
+    owner = tls_cluster_set.master_for_slot(key_slot(TAG)).client()
+    _elects_renews_and_fences(e, events, owner)
+
+
+def test_a_native_lock_on_a_tls_cluster_holds_and_fences(tls_cluster_set: ClusterSet) -> None:
+    require_native_tls()
+    locker = redlease.RedisLocker(tls_cluster_set.client(), prefix=f"{TAG}:locks:")
+    assert locker.engine == "native"
+    try:
+        with locker.hold("job", ttl=0.5) as held:
+            time.sleep(1.0)  # two TTLs: renewed by the watchdog over TLS
+            assert not held.done.is_set()
+            with pytest.raises(redlease.NotAcquired):
+                locker.try_acquire("job")
+    finally:
+        locker.close()
+
+
+# -- certificates the client rejects ------------------------------------------------------
+
+
+def _sentinel_client(
+    topology: SentinelSet, *, sentinel_ca: str, master_ca: str
+) -> redis.Redis:
+    m = topology.tls
+    assert m is not None
+    sentinel_kwargs = {
+        **m.client_kwargs(),
+        "ssl_ca_certs": sentinel_ca,
+        "socket_timeout": 1.0,
+        "socket_connect_timeout": 1.0,
+        # As the harness's own Sentinel client: a refused sentinel costs one
+        # try, not redis-py's backoff (which would outlast stop()'s bound).
+        "retry": None,
+    }
+    manager = _SentinelCls(
+        topology.sentinel_addresses(), sentinel_kwargs=sentinel_kwargs, **m.client_kwargs()
+    )
+    client: redis.Redis = manager.master_for(
+        topology.service, ssl_ca_certs=master_ca, socket_timeout=1
+    )
+    return client
+
+
+def test_a_tls_sentinel_master_signed_by_another_ca_is_rejected_and_never_elected(
+    tls_sentinel_set: SentinelSet, tls_materials: TLSMaterials, tls_engine: str
+) -> None:
+    client = _sentinel_client(
+        tls_sentinel_set,
+        sentinel_ca=str(tls_materials.ca_file),
+        master_ca=str(tls_materials.other_ca_file),
+    )
+    events = Events()
+    e = redlease.Elector(
+        client, "tt-badca", ttl=0.5, acquire_interval=0.05, engine=tls_engine,
+        observer=events.observer(),
+    )  # fmt: skip
+    assert e.engine == tls_engine
+    e.start()
+    try:
+        error = never_elected(e, events)
+    finally:
+        _stop(e)
+    assert isinstance(error, rex.ConnectionError)
+    assert "certificate verify failed" in str(error)
+    assert not tls_sentinel_set.master().client().exists("tt-badca:leader")
+
+
+def test_tls_sentinels_signed_by_another_ca_are_rejected_and_never_elected(
+    tls_sentinel_set: SentinelSet, tls_materials: TLSMaterials, tls_engine: str
+) -> None:
+    client = _sentinel_client(
+        tls_sentinel_set,
+        sentinel_ca=str(tls_materials.other_ca_file),
+        master_ca=str(tls_materials.ca_file),
+    )
+    events = Events()
+    e = redlease.Elector(
+        client, "tt-badsn", ttl=0.5, acquire_interval=0.05, engine=tls_engine,
+        observer=events.observer(),
+    )  # fmt: skip
+    assert e.engine == tls_engine
+    e.start()
+    try:
+        error = never_elected(e, events)
+    finally:
+        _stop(e)
+    # No sentinel could be asked: redis-py's MasterNotFoundError on both engines.
+    assert isinstance(error, redis.sentinel.MasterNotFoundError), repr(error)
+    if tls_engine == "native":
+        assert "certificate verify failed" in str(error)
+    assert not tls_sentinel_set.master().client().exists("tt-badsn:leader")
+
+
+def test_a_tls_cluster_signed_by_another_ca_is_rejected(
+    tls_cluster_set: ClusterSet, tls_materials: TLSMaterials, tls_engine: str
+) -> None:
+    """redis-py's RedisCluster refuses such nodes as it starts; the native engine likewise."""
+    bad_ca = str(tls_materials.other_ca_file)
+    if tls_engine == "python":
+        with pytest.raises((rex.RedisClusterException, rex.ConnectionError)) as info:
+            tls_cluster_set.client(ssl_ca_certs=bad_ca)
+        assert "certificate verify failed" in str(info.value)
+        return
+    # The native engine on the same endpoint but the CA the client would
+    # reject the nodes with: no slot map, no write, no election.
+    good = tls_cluster_set.client()
+    endpoint, why = native_endpoint(good)
+    assert endpoint is not None and endpoint.tls is not None, why
+    bad = dataclasses.replace(endpoint, tls=dataclasses.replace(endpoint.tls, ca_certs=bad_ca))
+    native = NativeEngine(bad, write_timeout=2.0)
+    try:
+        with pytest.raises(rex.ConnectionError) as write_info:
+            native.write(fenced_file("fence_set"), [f"{TAG}:x:fence:applied", f"{TAG}:x"], [1, "v"])
+        assert "certificate verify failed" in str(write_info.value)
+    finally:
+        native.close()
+    assert not good.exists(f"{TAG}:x")
