@@ -214,6 +214,20 @@ def test_elector_follows_a_sentinel_failover(sentinel_set_fresh: SentinelSet, en
     _through(contenders, fault, _sentinel_fence(topology))
 
 
+def test_elector_follows_a_sentinel_failover_over_tls(
+    tls_sentinel_set_fresh: SentinelSet, engine: str
+) -> None:
+    """The same, with every process TLS-only: sentinels, master, replica and replication."""
+    topology = tls_sentinel_set_fresh
+    contenders = _sentinel_contenders(topology, engine)
+    assert all(c.elector.engine == engine for c in contenders)
+
+    def fault() -> RedisServer:
+        return topology.node_at(topology.failover())
+
+    _through(contenders, fault, _sentinel_fence(topology))
+
+
 def _longest_overlap(a: redlease.Elector, b: redlease.Elector, duration: float) -> float:
     """The longest stretch, within ``duration``, during which both believe they lead."""
     longest, since = 0.0, None
@@ -297,6 +311,20 @@ def test_elector_follows_a_cluster_failover_of_its_slot(
 ) -> None:
     cluster = cluster_set_fresh
     contenders = _cluster_contenders(cluster, engine)
+
+    def fault() -> RedisServer:
+        return cluster.failover(key_slot(TAG))
+
+    _through(contenders, fault, _cluster_fence(cluster))
+
+
+def test_elector_follows_a_cluster_failover_of_its_slot_over_tls(
+    tls_cluster_set_fresh: ClusterSet, engine: str
+) -> None:
+    """The same on a TLS-only cluster (tls-cluster, tls-replication)."""
+    cluster = tls_cluster_set_fresh
+    contenders = _cluster_contenders(cluster, engine)
+    assert all(c.elector.engine == engine for c in contenders)
 
     def fault() -> RedisServer:
         return cluster.failover(key_slot(TAG))
