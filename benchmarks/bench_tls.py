@@ -13,8 +13,9 @@ the ``trustme`` test dependency) and measures, over TLS to it:
    - ``python engine``: ``PythonEngine.write`` on a redis-py TLS client;
    - ``redis-py``: ``redis.Redis.evalsha`` over TLS, with hiredis when installed.
 
-   Each runs ``--rounds`` times and the best round counts (a shared machine
-   only ever makes a round slower).
+   Each runs ``--rounds`` times, the contenders' rounds taken in turn (a
+   burst of load from elsewhere lands on all of them alike), and each one's
+   best round counts (a shared machine only ever makes a round slower).
 
 2. Renew lateness while the main thread makes ~200 ms C calls that hold the
    GIL (``sum(range(n))``), for an Elector on each engine leading over TLS
@@ -53,7 +54,7 @@ from redlease._engine.python import PythonEngine
 from redlease._keys import ElectionKeys
 from redlease._scripts import fenced_file
 from redlease._testing import RedisServer, ServerTLS, TLSMaterials
-from timing import Timed, time_calls
+from timing import Timed, time_interleaved
 
 
 def fenced_writes(server: RedisServer, seconds: float, rounds: int) -> list[Timed]:
@@ -72,7 +73,7 @@ def fenced_writes(server: RedisServer, seconds: float, rounds: int) -> list[Time
         ("redis-py", lambda: client.evalsha(script.sha, 2, *keys, *args)),
     ]
     try:
-        return [time_calls(name, op, seconds, rounds) for name, op in contenders]
+        return time_interleaved(contenders, seconds, rounds)
     finally:
         native.close()
         python.close()
@@ -107,8 +108,8 @@ def ms(value: float | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=1.5, help="length of one write round")
-    parser.add_argument("--rounds", type=int, default=3, help="write rounds per contender")
+    parser.add_argument("--seconds", type=float, default=0.5, help="length of one write round")
+    parser.add_argument("--rounds", type=int, default=9, help="write rounds per contender")
     parser.add_argument(
         "--lateness-seconds", type=float, default=5.0, help="GIL-hog window per engine"
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from redlease._cli.bench import percentile
@@ -66,3 +66,28 @@ def time_calls(
             best = timed
     assert best is not None
     return best
+
+
+def time_interleaved(
+    contenders: Sequence[tuple[str, Callable[[], object]]],
+    seconds: float,
+    rounds: int,
+    warmup: int = 200,
+) -> list[Timed]:
+    """``time_calls`` for several operations, their rounds taken in turn; the best of each.
+
+    Round 1 of every contender, then round 2 of every contender, and so on:
+    a burst of load from elsewhere on a shared machine lands on all of them
+    alike instead of on whichever happened to run its rounds back to back
+    then, so the ratios of one run compare like with like.
+    """
+    best: dict[str, Timed] = {}
+    for name, op in contenders:
+        for _ in range(warmup):
+            op()
+    for _ in range(rounds):
+        for name, op in contenders:
+            timed = time_calls(name, op, seconds, rounds=1, warmup=0)
+            if name not in best or timed.rate > best[name].rate:
+                best[name] = timed
+    return [best[name] for name, _ in contenders]

@@ -291,17 +291,16 @@ cdef ssize_t tls_try_send(rl_conn* c, const char* data, size_t n) noexcept nogil
 cdef int tls_read_more(rl_conn* c, int64_t deadline) noexcept nogil:
     """Append at least one decrypted byte to ``c.r``, before ``deadline``.
 
-    Bytes OpenSSL already holds are taken without polling: the socket may
-    have nothing more to say while a whole record waits inside the SSL object.
+    The read is tried before any poll: bytes OpenSSL already holds (a whole
+    record may wait inside the SSL object while the socket has nothing more
+    to say) and a reply that arrived while this thread was busy or
+    descheduled are taken at once, without a poll and the wake-up after it.
+    Only when nothing has come does the connection wait in poll, then read.
     """
     cdef char msg[300]
     cdef size_t got = 0
     cdef int st, sys_errno = 0
-    cdef short want = POLLIN
     while True:
-        if want != POLLIN or not rl_tls_has_pending(c.ssl):
-            if conn_wait(c, want, deadline, "reading from") < 0:
-                return -1
         if buf_reserve(&c.r, READ_CHUNK) < 0:
             conn_fail(c, RL_ENOMEM, "out of memory reading a reply")
             conn_drop(c)
@@ -312,9 +311,11 @@ cdef int tls_read_more(rl_conn* c, int64_t deadline) noexcept nogil:
             c.r.len += got
             return 0
         if st == RL_TLS_WANT_READ:
-            want = POLLIN
+            if conn_wait(c, POLLIN, deadline, "reading from") < 0:
+                return -1
         elif st == RL_TLS_WANT_WRITE:
-            want = POLLOUT
+            if conn_wait(c, POLLOUT, deadline, "reading from") < 0:
+                return -1
         else:
             return tls_fail(c, st, sys_errno, "reading from", msg)
 
@@ -347,3 +348,4 @@ cdef void tls_forget_after_fork(rl_conn* c) noexcept nogil:
     connection per fork, and the connection is then dropped as a plain one.
     """
     c.ssl = NULL
+
