@@ -82,7 +82,7 @@ def time_interleaved(
     then, so the ratios of one run compare like with like.
     """
     best: dict[str, Timed] = {}
-    for name, op in contenders:
+    for _name, op in contenders:
         for _ in range(warmup):
             op()
     for _ in range(rounds):

@@ -145,9 +145,7 @@ def test_tls_sentinel_elects_renews_and_fences(
 ) -> None:
     events = Events()
     client = tls_sentinel_set.master_for(socket_timeout=1)
-    e = redlease.Elector(
-        client, "tt-sn", ttl=TTL, engine=tls_engine, observer=events.observer()
-    )
+    e = redlease.Elector(client, "tt-sn", ttl=TTL, engine=tls_engine, observer=events.observer())
     assert e.engine == tls_engine
     _elects_renews_and_fences(e, events, tls_sentinel_set.master().client())
 
@@ -179,9 +177,7 @@ def test_a_native_lock_on_a_tls_cluster_holds_and_fences(tls_cluster_set: Cluste
 # -- certificates the client rejects ------------------------------------------------------
 
 
-def _sentinel_client(
-    topology: SentinelSet, *, sentinel_ca: str, master_ca: str
-) -> redis.Redis:
+def _sentinel_client(topology: SentinelSet, *, sentinel_ca: str, master_ca: str) -> redis.Redis:
     m = topology.tls
     assert m is not None
     sentinel_kwargs = {
