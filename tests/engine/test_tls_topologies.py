@@ -24,7 +24,16 @@ from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel
 
 import redlease
-from helpers import Events, elected_token, require_native, stays, wait_until
+from helpers import (
+    Events,
+    ProcessContender,
+    elected_token,
+    gil_call_size,
+    hold_gil,
+    require_native,
+    stays,
+    wait_until,
+)
 from redlease._engine.client import native_endpoint
 from redlease._engine.native import NativeEngine
 from redlease._scripts import fenced_file
@@ -272,3 +281,94 @@ def test_a_tls_cluster_signed_by_another_ca_is_rejected(
     finally:
         native.close()
     assert not good.exists(f"{TAG}:x")
+
+
+# -- a build without OpenSSL ----------------------------------------------------------
+
+
+def test_a_build_without_openssl_runs_tls_sentinel_and_cluster_clients_on_python(
+    tls_sentinel_set: SentinelSet, tls_cluster_set: ClusterSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require_native()
+    from redlease._engine import select
+
+    # What such a build reports: Sentinel and Cluster, but no "tls".
+    monkeypatch.setattr(select, "native_features", lambda: frozenset({"sentinel", "cluster"}))
+    sentence = "built without OpenSSL (install OpenSSL's headers, e.g. Debian's libssl-dev"
+    for client, name in (
+        (tls_sentinel_set.master_for(socket_timeout=1), "tt-nossl"),
+        (tls_cluster_set.client(), f"{TAG}:nossl"),
+    ):
+        auto = redlease.Elector(client, name)
+        assert auto.engine == "python"
+        assert sentence in auto.engine_reason
+        with pytest.raises(redlease.ConfigError, match="OpenSSL"):
+            redlease.Elector(client, name, engine="native")
+
+
+# -- the GIL ----------------------------------------------------------------------------
+
+
+def _keeps_its_lease_through_a_gil_holding_call(
+    client: Any, name: str, contender_code: str, leader_of: redis.Redis
+) -> None:
+    """A native leader with a 0.3 s lease, a 1.5 s GIL-holding call, a contender in another
+    process trying meanwhile: the lease stays the leader's."""
+    ttl = 0.3
+    n = gil_call_size(1.5)
+    e = redlease.Elector(client, name, ttl=ttl)
+    assert e.engine == "native", e.engine_reason
+    e.start()
+    contender = None
+    try:
+        token = elected_token(e, timeout=10)
+        contender = ProcessContender(contender_code, name, ttl)
+        held = hold_gil(n)
+        assert held > 3 * ttl, f"the C call held the GIL for only {held:.2f} s"
+        assert e.token() == token
+        assert leader_of.get(f"{name}:leader") == e.instance_id.encode()
+        assert contender.elections() == [], "the other process took over during the call"
+    finally:
+        if contender is not None:
+            contender.close()
+        _stop(e)
+
+
+def test_native_tls_sentinel_leader_keeps_its_lease_through_a_long_gil_holding_call(
+    tls_sentinel_set: SentinelSet,
+) -> None:
+    require_native_tls()
+    m = tls_sentinel_set.tls
+    assert m is not None
+    tls = m.client_kwargs()
+    code = (
+        f"tls = {tls!r}\n"
+        f"client = redis.sentinel.Sentinel({tls_sentinel_set.sentinel_addresses()!r}, "
+        f"sentinel_kwargs=dict(tls, socket_timeout=2), **tls).master_for("
+        f"{tls_sentinel_set.service!r}, socket_timeout=2)"
+    )
+    _keeps_its_lease_through_a_gil_holding_call(
+        tls_sentinel_set.master_for(socket_timeout=1),
+        "tt-gil",
+        code,
+        tls_sentinel_set.master().client(),
+    )
+
+
+def test_native_tls_cluster_leader_keeps_its_lease_through_a_long_gil_holding_call(
+    tls_cluster_set: ClusterSet,
+) -> None:
+    require_native_tls()
+    m = tls_cluster_set.tls
+    assert m is not None
+    node = tls_cluster_set.nodes[0]
+    code = (
+        f"client = redis.cluster.RedisCluster(host='127.0.0.1', port={node.port}, "
+        f"socket_timeout=2, **{m.client_kwargs()!r})"
+    )
+    _keeps_its_lease_through_a_gil_holding_call(
+        tls_cluster_set.client(),
+        f"{TAG}:gil",
+        code,
+        tls_cluster_set.master_for_slot(key_slot(TAG)).client(),
+    )

@@ -15,7 +15,7 @@
 
 from libc.stdint cimport int16_t, uint16_t
 from libc.stdlib cimport malloc
-from libc.string cimport strcmp, strlen
+from libc.string cimport strcmp, strlen, strncmp
 
 from redis.sentinel import MasterNotFoundError as _RedisMasterNotFoundError
 

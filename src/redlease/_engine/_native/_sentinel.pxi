@@ -102,12 +102,40 @@ cdef int check_role(rl_conn* c, int64_t deadline) noexcept nogil:
     return 0
 
 
+cdef void keep_first_failure(rl_conn* c, int* kind, char* msg) noexcept nogil:
+    """Remember the round trip's first failure that was not a timeout."""
+    if kind[0] == RL_OK and c.err_kind != RL_ETIMEOUT and c.err_kind != RL_OK:
+        kind[0] = c.err_kind
+        strncpy(msg, c.err_msg, ERR_MSG - 1)
+        msg[ERR_MSG - 1] = 0
+
+
+cdef int fail_with_first(rl_conn* c, rl_disco* d, int kind, const char* msg) noexcept nogil:
+    """End the round trip: with its first definite failure (a refused certificate, a
+    refused connection...) rather than the timeout or the "no time left" that the
+    retries after it ran into, which would hide why the master could not be used."""
+    cdef char why[ERR_MSG]
+    if kind != RL_OK and (c.err_kind == RL_ETIMEOUT or c.err_kind == RL_ENOMASTER):
+        c.err_kind = kind
+        strncpy(why, msg, ERR_MSG - 1)
+    else:
+        strncpy(why, c.err_msg, ERR_MSG - 1)
+    why[ERR_MSG - 1] = 0
+    if strncmp(why, b"Service '", 9) == 0 or strncmp(why, b"No master found", 15) == 0:
+        strncpy(c.err_msg, why, ERR_MSG - 1)
+    else:
+        snprintf(c.err_msg, ERR_MSG, "Service '%s': %s", d.service, why)
+    return -1
+
+
 cdef int sentinel_prepare(rl_conn* c, rl_disco* d, int64_t deadline) noexcept nogil:
     """Connect ``c`` to the master the sentinels name, a master by its own ``ROLE``."""
     cdef rl_addr cur, found
     cdef int known, rc
     cdef int64_t now, checked
-    cdef char why[ERR_MSG]
+    cdef int first_kind = RL_OK
+    cdef char first_msg[ERR_MSG]
+    first_msg[0] = 0
     while True:
         now = rl_now_ns()
         pthread_mutex_lock(&d.mu)
@@ -119,7 +147,11 @@ cdef int sentinel_prepare(rl_conn* c, rl_disco* d, int64_t deadline) noexcept no
         pthread_mutex_unlock(&d.mu)
         if not known:
             rc = sentinel_ask(c, d, deadline, &found)
-            if rc <= 0:
+            if rc < 0:
+                return -1
+            if rc == 0:
+                if first_kind != RL_OK:
+                    return fail_with_first(c, d, first_kind, first_msg)
                 return -1
             pthread_mutex_lock(&d.mu)
             d.master = found
@@ -149,12 +181,10 @@ cdef int sentinel_prepare(rl_conn* c, rl_disco* d, int64_t deadline) noexcept no
                 return 0
         if conn_stopped(c):
             return -1
+        keep_first_failure(c, &first_kind, first_msg)
         conn_drop(c)
         sentinel_forget(d, &cur)
         if rl_now_ns() + RETRY_PAUSE_NS >= deadline:
-            strncpy(why, c.err_msg, ERR_MSG - 1)
-            why[ERR_MSG - 1] = 0
-            snprintf(c.err_msg, ERR_MSG, "Service '%s': %s", d.service, why)
-            return -1
+            return fail_with_first(c, d, first_kind, first_msg)
         if disco_pause(c, RETRY_PAUSE_NS, deadline) < 0:
             return -1
