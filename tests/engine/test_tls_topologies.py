@@ -372,3 +372,63 @@ def test_native_tls_cluster_leader_keeps_its_lease_through_a_long_gil_holding_ca
         code,
         tls_cluster_set.master_for_slot(key_slot(TAG)).client(),
     )
+
+
+# -- asyncio ------------------------------------------------------------------------------
+
+
+def _aio_leads_and_writes(client: Any, name: str) -> None:
+    """``redlease.aio`` on ``client``: native, elected, a fenced write by the leader."""
+    import asyncio
+
+    import redlease.aio
+
+    async def scenario() -> None:
+        e = redlease.aio.Elector(client, name, ttl=TTL)
+        assert (e.engine, e.engine_reason) == ("native", "")
+        seen: list[tuple[int, bool]] = []
+
+        async def lead(term: redlease.Term, fencer: redlease.aio.Fencer) -> None:
+            seen.append((term.token, await fencer.set(f"{name}:state", "leader-wrote")))
+
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(e.run(lead, stop=stop))
+        deadline = time.monotonic() + 15
+        while not seen and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        stop.set()
+        await task
+        assert seen and seen[0][1], seen
+        assert await client.get(f"{name}:state") == b"leader-wrote"
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(scenario(), 40))
+
+
+def test_aio_on_a_tls_sentinel_master_runs_natively(tls_sentinel_set: SentinelSet) -> None:
+    require_native_tls()
+    import redis.asyncio.sentinel
+
+    m = tls_sentinel_set.tls
+    assert m is not None
+    tls = m.client_kwargs()
+    manager: Any = redis.asyncio.sentinel.Sentinel(
+        tls_sentinel_set.sentinel_addresses(),
+        sentinel_kwargs={**tls, "socket_timeout": 1.0},
+        **tls,
+    )
+    client = manager.master_for(tls_sentinel_set.service, socket_timeout=2)
+    _aio_leads_and_writes(client, "tt-aio")
+
+
+def test_aio_on_a_tls_cluster_runs_natively(tls_cluster_set: ClusterSet) -> None:
+    require_native_tls()
+    import redis.asyncio.cluster
+
+    m = tls_cluster_set.tls
+    assert m is not None
+    node = tls_cluster_set.nodes[0]
+    client = redis.asyncio.cluster.RedisCluster(
+        host="127.0.0.1", port=node.port, socket_timeout=2, **m.client_kwargs()
+    )
+    _aio_leads_and_writes(client, f"{TAG}:aio")

@@ -76,6 +76,15 @@ def _common(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {key: kwargs[key] for key in _COMMON if kwargs.get(key) is not None}
 
 
+def _ssl(kwargs: dict[str, Any], cls: type | None) -> dict[str, Any]:
+    """``ssl=True`` and every ``ssl_*`` option when ``cls`` is an asyncio SSLConnection."""
+    if cls is None or not issubclass(cls, redis.asyncio.SSLConnection):
+        return {}
+    # The threaded classes take the same ssl_* options (None: not set).
+    options = {k: v for k, v in kwargs.items() if k.startswith("ssl_") and v is not None}
+    return {"ssl": True, **options}
+
+
 def _sync_sentinel_master(pool: Any) -> redis.Redis:
     """The same Sentinel-managed master, through a threaded Sentinel client."""
     manager = pool.sentinel_manager
@@ -86,7 +95,12 @@ def _sync_sentinel_master(pool: Any) -> redis.Redis:
     # redis-py leaves Sentinel and ClusterNode untyped.
     sentinel_cls: Any = redis.sentinel.Sentinel
     threaded = sentinel_cls(sentinels, sentinel_kwargs=dict(manager.sentinel_kwargs or {}))
-    master: redis.Redis = threaded.master_for(pool.service_name, **_common(pool.connection_kwargs))
+    # The master's TLS settings ride on the pool's class, not on an ``ssl`` flag.
+    master: redis.Redis = threaded.master_for(
+        pool.service_name,
+        **_common(pool.connection_kwargs),
+        **_ssl(pool.connection_kwargs, pool.connection_class),
+    )
     return master
 
 
@@ -94,7 +108,9 @@ def _sync_cluster(client: Any) -> Any:
     """A threaded RedisCluster over the same nodes, credentials and timeouts."""
     nodes = client.get_nodes() or list(client.nodes_manager.startup_nodes.values())
     node_cls: Any = redis.cluster.ClusterNode
+    kwargs = client.connection_kwargs
     return redis.cluster.RedisCluster(
         startup_nodes=[node_cls(n.host, n.port) for n in nodes],
-        **{k: v for k, v in _common(client.connection_kwargs).items() if k != "db"},
+        **{k: v for k, v in _common(kwargs).items() if k != "db"},
+        **_ssl(kwargs, kwargs.get("connection_class")),
     )
