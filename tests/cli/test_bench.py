@@ -121,13 +121,19 @@ def test_the_native_probe_agrees_with_the_engine_auto_picks(
 
 
 @pytest.mark.topology
-@pytest.mark.parametrize("topology", ["tls", "sentinel", "cluster"])
+@pytest.mark.parametrize("topology", ["tls", "sentinel", "cluster", "tls-sentinel", "tls-cluster"])
 def test_bench_measures_both_engines_on_a_deployment_it_starts(topology: str) -> None:
     result = redlease_cli(
         "bench", "--topology", topology, "--seconds", "0.3", "--load", "idle", timeout=120
     )
     assert result.returncode == 0, result.stderr
-    described = {"tls": "over TLS", "sentinel": "Sentinel-managed", "cluster": "Redis Cluster"}
+    described = {
+        "tls": "over TLS",
+        "sentinel": "Sentinel-managed",
+        "cluster": "Redis Cluster",
+        "tls-sentinel": "Sentinel-managed master (1 replica, 3 sentinels), all over TLS",
+        "tls-cluster": "Redis Cluster (3 masters, 1 replica each) over TLS",
+    }
     assert "server: " in result.stdout and described[topology] in result.stdout
     writes = next(line for line in result.stdout.splitlines() if line.startswith("fenced writes/s"))
     # One cell per engine, then their ratio when both measured.

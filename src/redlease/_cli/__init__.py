@@ -18,6 +18,7 @@ from typing import NoReturn
 from .. import __version__
 from .._keys import ElectionKeys
 from .redisurl import DEFAULT_STATUS_URL, CliError, one_line, url_from
+from .topology import TOPOLOGIES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -121,10 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds per measurement and engine (default 3)")
     bench.add_argument("--redis", metavar="URL",
                       help="Redis URL (default: REDIS_URL, else embedded)")
-    bench.add_argument("--topology", choices=("plain", "tls", "sentinel", "cluster"),
+    bench.add_argument("--topology", choices=TOPOLOGIES,
                        default="plain",
-                       help="plain: --redis or an embedded server; tls, sentinel, cluster: "
-                       "private servers of that kind started for the run (default plain)")
+                       help="plain: --redis or an embedded server; tls, sentinel, cluster, "
+                       "tls-sentinel, tls-cluster: private servers of that kind started for "
+                       "the run (default plain)")
     return parser
 
 

@@ -3,7 +3,9 @@
 Plain uses ``--redis URL`` or an embedded server; the others start their own
 private servers on loopback through the test-server manager (a TLS server
 with certificates minted for the run, a master with a replica and three
-sentinels, a three-master cluster with replicas) and stop them afterwards.
+sentinels, a three-master cluster with replicas; ``tls-sentinel`` and
+``tls-cluster`` are those two with every process TLS-only) and stop them
+afterwards.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import redis
 
 from .redisurl import CliError, one_line, redis_target
 
-TOPOLOGIES = ("plain", "tls", "sentinel", "cluster")
+TOPOLOGIES = ("plain", "tls", "sentinel", "cluster", "tls-sentinel", "tls-cluster")
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,24 @@ def bench_server(topology: str, url: str | None) -> Iterator[BenchServer]:
             with _testing.ClusterSet() as cluster:
                 yield BenchServer(
                     description="a Redis Cluster (3 masters, 1 replica each) on loopback",
+                    make_client=cluster.client,
+                    make_monitor=lambda name: cluster.node_for_key(name).client(),
+                    tagged=True,
+                )
+        elif topology == "tls-sentinel":
+            with _testing.TLSMaterials() as m, _testing.SentinelSet(tls=m) as sentinels:
+                yield BenchServer(
+                    description=(
+                        "a Sentinel-managed master (1 replica, 3 sentinels), all over TLS, "
+                        "on loopback"
+                    ),
+                    make_client=sentinels.master_for,
+                    make_monitor=lambda _name: sentinels.master().client(),
+                )
+        elif topology == "tls-cluster":
+            with _testing.TLSMaterials() as m, _testing.ClusterSet(tls=m) as cluster:
+                yield BenchServer(
+                    description="a Redis Cluster (3 masters, 1 replica each) over TLS on loopback",
                     make_client=cluster.client,
                     make_monitor=lambda name: cluster.node_for_key(name).client(),
                     tagged=True,
