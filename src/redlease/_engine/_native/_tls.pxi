@@ -348,4 +348,3 @@ cdef void tls_forget_after_fork(rl_conn* c) noexcept nogil:
     connection per fork, and the connection is then dropped as a plain one.
     """
     c.ssl = NULL
-
