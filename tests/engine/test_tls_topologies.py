@@ -283,6 +283,35 @@ def test_a_tls_cluster_signed_by_another_ca_is_rejected(
     assert not good.exists(f"{TAG}:x")
 
 
+def test_a_native_elector_on_a_tls_cluster_it_would_reject_is_never_elected(
+    tls_cluster_set: ClusterSet, tls_materials: TLSMaterials, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The elector, not only a write: the rejection comes through on_error, no term begins."""
+    require_native_tls()
+    from redlease._engine import select
+
+    good = tls_cluster_set.client()
+    endpoint, why = native_endpoint(good)
+    assert endpoint is not None and endpoint.tls is not None, why
+    bad_tls = dataclasses.replace(endpoint.tls, ca_certs=str(tls_materials.other_ca_file))
+    bad = dataclasses.replace(endpoint, tls=bad_tls)
+    # The client as redis-py would build it with that CA (its own constructor refuses to).
+    monkeypatch.setattr(select, "native_endpoint", lambda _client: (bad, ""))
+    events = Events()
+    name = f"{TAG}:badca"
+    e = redlease.Elector(
+        good, name, ttl=0.5, acquire_interval=0.05, engine="native", observer=events.observer()
+    )
+    e.start()
+    try:
+        error = never_elected(e, events)
+    finally:
+        _stop(e)
+    assert isinstance(error, rex.ConnectionError)
+    assert "certificate verify failed" in str(error)
+    assert not good.exists(f"{name}:leader")
+
+
 # -- a build without OpenSSL ----------------------------------------------------------
 
 
