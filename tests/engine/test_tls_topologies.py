@@ -12,6 +12,7 @@ election. Failovers over TLS are in ``tests/test_failover.py``.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Iterator
 from types import ModuleType
@@ -38,7 +39,7 @@ from redlease._engine.client import native_endpoint
 from redlease._engine.native import NativeEngine
 from redlease._scripts import fenced_file
 from redlease._testing import ClusterSet, SentinelSet, TLSMaterials, key_slot
-from topology_helpers import close_all_engines
+from topology_helpers import close_all_engines, wait_leading_on
 
 pytestmark = [pytest.mark.topology]
 
@@ -461,3 +462,51 @@ def test_aio_on_a_tls_cluster_runs_natively(tls_cluster_set: ClusterSet) -> None
         host="127.0.0.1", port=node.port, socket_timeout=2, **m.client_kwargs()
     )
     _aio_leads_and_writes(client, f"{TAG}:aio")
+
+
+# -- plain sentinels, a TLS master ------------------------------------------------------
+
+
+@pytest.fixture
+def plain_sentinels_tls_master(tls_materials: TLSMaterials) -> Iterator[SentinelSet]:
+    """Sentinels listening in plain text in front of TLS-only data nodes."""
+    from redlease._testing import tls_unsupported_reason
+
+    reason = tls_unsupported_reason()
+    if reason is not None:
+        if os.environ.get("REDLEASE_REQUIRE_TLS") == "1":
+            pytest.fail(f"REDLEASE_REQUIRE_TLS=1 but {reason}")
+        pytest.skip(reason)
+    topology = SentinelSet(tls=tls_materials, tls_sentinels=False).start()
+    try:
+        yield topology
+    finally:
+        topology.stop()
+
+
+def test_plain_sentinels_and_a_tls_master_elect_fence_and_follow_a_failover(
+    plain_sentinels_tls_master: SentinelSet, tls_engine: str
+) -> None:
+    """Each connection gets its own settings: the sentinels plain, the master over TLS."""
+    topology = plain_sentinels_tls_master
+    client = topology.master_for(socket_timeout=1)
+    endpoint, why = native_endpoint(client)
+    assert endpoint is not None and endpoint.sentinels is not None, why
+    assert endpoint.tls is not None and endpoint.sentinels.tls is None
+    events = Events()
+    e = redlease.Elector(client, "tt-mix", ttl=TTL, engine=tls_engine, observer=events.observer())
+    assert e.engine == tls_engine
+    if tls_engine == "native":
+        assert redlease.Elector(client, "tt-mix").engine == "native"
+    e.start()
+    try:
+        token = elected_token(e, timeout=10)
+        assert e.fence_set(token, "tt-mix:state", "v1")
+        assert topology.master().client().wait(1, 2000) >= 1
+        new_master = topology.node_at(topology.failover())
+        new_token = wait_leading_on(new_master, e, timeout=TTL + 10)
+        assert new_token >= token
+        assert e.fence_set(new_token, "tt-mix:state", "v2")
+        assert new_master.client().get("tt-mix:state") == b"v2"
+    finally:
+        _stop(e)

@@ -22,6 +22,8 @@ channel as ``"<service> <old-ip> <old-port> <new-ip> <new-port>"``;
 nodes replicate over TLS (``tls-replication yes``), the sentinels listen on
 TLS and reach the data nodes over it, and every client here (``manager()``,
 ``master_for()``, the probes) verifies them against the materials' CA.
+With ``tls_sentinels=False`` too, the sentinels listen in plain text (and
+still reach the TLS-only data nodes over TLS): TLS to the master only.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from redis.sentinel import Sentinel
 from ._common import LOOPBACK, RedisServerError, TopologyError, poll, register, unregister
 from ._sentinel_events import Address, SwitchWatcher, pairs
 from .server import RedisServer
-from .tls import ServerTLS, TLSMaterials
+from .tls import ServerTLS, TLSMaterials, tls_binary
 
 __all__ = ["SentinelSet", "SwitchWatcher"]
 
@@ -50,6 +52,11 @@ _Sentinel: Any = Sentinel  # redis-py leaves its constructor unannotated
 # The harness's own look at a node: one try, a short wait.
 _PROBE: dict[str, Any] = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0, "retry": None}
 _DATA_ARGS = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
+
+
+def _pairs(args: list[str]) -> list[tuple[str, str]]:
+    """``["--a", "1", "--b", "2"]`` as config lines' ``("a", "1"), ("b", "2")``."""
+    return [(args[i].removeprefix("--"), args[i + 1]) for i in range(0, len(args), 2)]
 
 
 class SentinelSet:
@@ -69,6 +76,7 @@ class SentinelSet:
         binary: str | None = None,
         timeout: float = 30.0,
         tls: TLSMaterials | None = None,
+        tls_sentinels: bool = True,
     ) -> None:
         if replicas < 1 or sentinels < 1 or not 1 <= quorum <= sentinels:
             raise RedisServerError(
@@ -86,6 +94,7 @@ class SentinelSet:
         self._binary = binary
         self.tls = tls
         self._server_tls = ServerTLS(tls) if tls is not None else None
+        self._sentinel_tls = self._server_tls if tls_sentinels else None
         self.data_nodes: list[RedisServer] = []
         self.sentinels: list[RedisServer] = []
         self._lock = threading.RLock()
@@ -165,13 +174,20 @@ class SentinelSet:
         if self.tls is not None:
             # A sentinel reaches the data nodes (and its peers) over TLS only with this.
             lines.append("tls-replication yes")
+            if self._sentinel_tls is None and self._server_tls is not None:
+                # Listening in plain text, but a TLS client of the data nodes:
+                # the certificate it shows them and the CA it checks them with.
+                lines += [" ".join(pair) for pair in _pairs(self._server_tls.server_args())]
         auth = {"password": self.sentinel_password} if self.sentinel_password is not None else None
+        binary = self._binary
+        if self._server_tls is not None and self._sentinel_tls is None:
+            binary = tls_binary(binary)  # plain listener, TLS client: a TLS build all the same
         node = RedisServer(
             args=["--sentinel"],
             config="\n".join(lines) + "\n",
-            binary=self._binary,
+            binary=binary,
             client_defaults=auth,
-            tls=self._server_tls,
+            tls=self._sentinel_tls,
         )
         self.sentinels.append(node)
         node.start()
@@ -212,7 +228,8 @@ class SentinelSet:
         if self.password is not None:
             kwargs.setdefault("password", self.password)
         if self.tls is not None:
-            sentinel_kwargs.update(self.tls.client_kwargs())
+            if self._sentinel_tls is not None:
+                sentinel_kwargs.update(self.tls.client_kwargs())
             for key, value in self.tls.client_kwargs().items():
                 kwargs.setdefault(key, value)
         manager: Sentinel = _Sentinel(
