@@ -5,9 +5,11 @@
 - ``TLSMaterials``, ``ServerTLS``, ``TLSRedisServer`` (``tls``): certificates
   minted in the test and TLS-only servers using them.
 - ``SentinelSet`` (``sentinel``): a master, replicas and three sentinels;
-  failover, master crash, frozen nodes.
+  failover, master crash, frozen nodes. ``tls=TLSMaterials()`` makes it
+  TLS-only (``tls_sentinels=False``: the sentinels stay plain).
 - ``ClusterSet`` (``cluster``): three masters with a replica each; failover,
-  master crash, live slot migration, frozen nodes.
+  master crash, live slot migration, frozen nodes. ``tls=TLSMaterials()``
+  makes every node TLS-only, its bus and replication included.
 
 Everything started here and still running at interpreter exit is stopped by
 an ``atexit`` hook, and its temporary files removed.
