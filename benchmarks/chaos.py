@@ -70,6 +70,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 NAME = "chaos"
 LIST_KEY = "chaos:log"
@@ -151,9 +153,9 @@ class EventLog:
             os.write(self._fd, line)
 
 
-def _contender_client(args: argparse.Namespace) -> redis.Redis:
+def _contender_client(args: argparse.Namespace, **extra: Any) -> redis.Redis:
     # Timeouts bound every round trip of the fenced writes to about a TTL.
-    timeouts = {"socket_timeout": args.ttl, "socket_connect_timeout": args.ttl}
+    opts = {"socket_timeout": args.ttl, "socket_connect_timeout": args.ttl, **extra}
     if args.sentinels:
         from redis.sentinel import Sentinel
 
@@ -161,12 +163,11 @@ def _contender_client(args: argparse.Namespace) -> redis.Redis:
         manager = Sentinel(
             addresses,
             sentinel_kwargs={"socket_timeout": 1.0, "socket_connect_timeout": 1.0, "retry": None},
-            **timeouts,
         )
-        client: redis.Redis = manager.master_for(args.service)
+        client: redis.Redis = manager.master_for(args.service, **opts)
         return client
     host, port = args.url.rsplit(":", 1)
-    return redis.Redis(host=host, port=int(port), **timeouts)
+    return redis.Redis(host=host, port=int(port), **opts)
 
 
 def _write_error(exc: BaseException) -> dict[str, Any]:
@@ -223,13 +224,17 @@ def contender_lock(args: argparse.Namespace, log: EventLog, stop: threading.Even
     rng = random.Random(args.seed)
     client = _contender_client(args)
     # Our own script on a client that never retries: a write is sent at most once.
-    writer = redis.Redis(**{**client.connection_pool.connection_kwargs, "retry": None})
+    writer = _contender_client(args, retry=Retry(NoBackoff(), 0))
     write = writer.register_script(LOCK_WRITE_SCRIPT)
     locker = redlease.RedisLocker(client, prefix=LOCK_PREFIX, engine=args.engine)
     while not stop.is_set():
         try:
             held = locker.acquire(
-                LOCK_NAME, ttl=args.ttl, wait=args.ttl, retry_interval=args.ttl / 10, auto_renew=True
+                LOCK_NAME,
+                ttl=args.ttl,
+                wait=args.ttl,
+                retry_interval=args.ttl / 10,
+                auto_renew=True,
             )
         except redlease.NotAcquired:
             continue
@@ -319,7 +324,7 @@ class Proxy:
         while not self._closed:
             try:
                 down, _ = self._listener.accept()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -479,7 +484,9 @@ def check(ev: Evidence) -> list[Violation]:
     for pid, (rc, seconds) in sorted(ev.exits.items()):
         if rc is None or seconds > EXIT_GRACE:
             found.append(
-                Violation("exit", f"contender {pid} did not exit within {EXIT_GRACE:.0f} s of SIGTERM")
+                Violation(
+                    "exit", f"contender {pid} did not exit within {EXIT_GRACE:.0f} s of SIGTERM"
+                )
             )
         elif rc != 0:
             found.append(Violation("no-crash", f"contender {pid} exited with status {rc}"))
@@ -496,8 +503,7 @@ def _check_order(entries: Sequence[str]) -> list[Violation]:
             found.append(
                 Violation(
                     "order",
-                    f"token decreased in the fenced list at index {i}: "
-                    f"{previous[1]} then {entry}",
+                    f"token decreased in the fenced list at index {i}: {previous[1]} then {entry}",
                     None,
                     window,
                 )
@@ -522,11 +528,15 @@ def _check_writes(ev: Evidence, elected: dict[int, set[int]]) -> list[Violation]
             outcome = "a" if e["applied"] else "r"
         if outcome == "a" and entry not in in_list:
             found.append(
-                Violation("acknowledged", f"{entry} was reported applied but is not in the list", e["t"])
+                Violation(
+                    "acknowledged", f"{entry} was reported applied but is not in the list", e["t"]
+                )
             )
         elif outcome == "r" and entry in in_list:
             found.append(
-                Violation("acknowledged", f"{entry} was reported rejected but is in the list", e["t"])
+                Violation(
+                    "acknowledged", f"{entry} was reported rejected but is in the list", e["t"]
+                )
             )
     for entry in in_list:
         token, pid, _ = parse_entry(entry)
@@ -624,18 +634,27 @@ class Soak:
             sys.executable,
             os.path.abspath(__file__),
             "--contender",
-            "--slot", str(slot),
-            "--engine", engine,
-            "--mode", self.args.mode,
-            "--ttl", repr(self.ttl),
-            "--write-interval", repr(self.args.write_interval),
-            "--log", str(log),
-            "--seed", str(self.rng.randrange(2**31)),
+            "--slot",
+            str(slot),
+            "--engine",
+            engine,
+            "--mode",
+            self.args.mode,
+            "--ttl",
+            repr(self.ttl),
+            "--write-interval",
+            repr(self.args.write_interval),
+            "--log",
+            str(log),
+            "--seed",
+            str(self.rng.randrange(2**31)),
         ]
         if self.sentinel is not None:
             cmd += [
-                "--sentinels", ",".join(f"{h}:{p}" for h, p in self.sentinel.sentinel_addresses()),
-                "--service", self.sentinel.service,
+                "--sentinels",
+                ",".join(f"{h}:{p}" for h, p in self.sentinel.sentinel_addresses()),
+                "--service",
+                self.sentinel.service,
             ]
         else:
             cmd += ["--url", f"127.0.0.1:{self.proxies[slot].port}"]
@@ -643,7 +662,10 @@ class Soak:
             # A session of its own: a Ctrl-C at the terminal reaches only this
             # script, which then ends every contender by pid.
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT,
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         c = Contender(slot, engine, proc, log, stderr)
@@ -678,9 +700,7 @@ class Soak:
         if self.args.topology == "sentinel":
             self.sentinel = SentinelSet(replicas=1, sentinels=3).start()
             return
-        self.server = RedisServer(
-            args=["--appendonly", "yes", "--appendfsync", "always"]
-        ).start()
+        self.server = RedisServer(args=["--appendonly", "yes", "--appendfsync", "always"]).start()
         for _ in range(self.args.contenders):
             self.proxies.append(Proxy(self.server.address))
 
@@ -720,16 +740,22 @@ class Soak:
             fence_n, applied_n = int(fence or 0), int(applied or 0)
             if fence_n < last_fence:
                 self.live.append(
-                    Violation("fence-monotonic", f"fence counter went from {last_fence} to {fence_n}", now)
+                    Violation(
+                        "fence-monotonic", f"fence counter went from {last_fence} to {fence_n}", now
+                    )
                 )
             if applied_n < last_applied:
                 self.live.append(
                     Violation(
-                        "fence-monotonic", f"applied mark went from {last_applied} to {applied_n}", now
+                        "fence-monotonic",
+                        f"applied mark went from {last_applied} to {applied_n}",
+                        now,
                     )
                 )
             if length < seen:
-                self.live.append(Violation("list-kept", f"the list shrank from {seen} to {length}", now))
+                self.live.append(
+                    Violation("list-kept", f"the list shrank from {seen} to {length}", now)
+                )
             last_fence, last_applied = max(last_fence, fence_n), max(last_applied, applied_n)
             for raw in new:
                 entry = raw.decode()
@@ -877,8 +903,12 @@ class Soak:
                 c.killed = True  # reported once
                 tail = c.stderr.read_text(errors="replace").splitlines()[-10:]
                 self.live.append(
-                    Violation("no-crash", f"contender {c.pid} died on its own (status {rc})",
-                              time.time(), tail)
+                    Violation(
+                        "no-crash",
+                        f"contender {c.pid} died on its own (status {rc})",
+                        time.time(),
+                        tail,
+                    )
                 )
                 self.retired.append(c)
                 self.spawn(c.slot)
@@ -903,12 +933,19 @@ class Soak:
             kind = self.rng.choices(self.kinds, self.weights)[0]
             time.sleep(min(gap, max(0.0, deadline - time.time())))
             self.watch_processes()
-            if args.inject_stale_write and not injected_stale and time.time() > started + args.duration / 2:
+            if (
+                args.inject_stale_write
+                and not injected_stale
+                and time.time() > started + args.duration / 2
+            ):
                 injected_stale = True
                 client = self.direct()
                 client.rpush(LIST_KEY, "1:0:0")
                 client.close()
-                print(f"{_clock(time.time())} injected a stale entry 1:0:0 (the checker must catch it)")
+                print(
+                    f"{_clock(time.time())} injected a stale entry 1:0:0 "
+                    "(the checker must catch it)"
+                )
             if time.time() >= deadline:
                 break
             fault = self.inject(kind)
@@ -917,9 +954,11 @@ class Soak:
             self.watch_processes()
             if not args.quiet:
                 heal = "-" if fault.heal_seconds is None else f"{fault.heal_seconds:.2f}s"
-                print(f"{_clock(fault.start)} {fault.kind:<20} {fault.target:<28} "
-                      f"{fault.end - fault.start:5.2f}s  leader writing again after {heal}",
-                      flush=True)
+                print(
+                    f"{_clock(fault.start)} {fault.kind:<20} {fault.target:<28} "
+                    f"{fault.end - fault.start:5.2f}s  leader writing again after {heal}",
+                    flush=True,
+                )
         time.sleep(0.2)
         self._sampler_stop.set()
         self._sampler.join(5)
@@ -971,14 +1010,20 @@ class Soak:
         terms = sum(1 for e in ev.events if e["ev"] == "elected")
         engines = "both (alternating)" if args.engine == "both" else args.engine
         print()
-        print(f"chaos soak: {elapsed:.0f} s, seed {args.seed}, {args.contenders} contenders, "
-              f"engines {engines}, mode {args.mode}, topology {args.topology}, TTL {self.ttl:g} s")
-        print(f"terms {terms}; writes applied {writes['a']}, rejected {writes['r']}, "
-              f"failed {writes['e']} {dict(errors.most_common(4)) or ''}; "
-              f"list length {len(ev.entries)}; last token {ev.final_fence}; "
-              f"samples {self.samples}")
+        print(
+            f"chaos soak: {elapsed:.0f} s, seed {args.seed}, {args.contenders} contenders, "
+            f"engines {engines}, mode {args.mode}, topology {args.topology}, TTL {self.ttl:g} s"
+        )
+        print(
+            f"terms {terms}; writes applied {writes['a']}, rejected {writes['r']}, "
+            f"failed {writes['e']} {dict(errors.most_common(4)) or ''}; "
+            f"list length {len(ev.entries)}; last token {ev.final_fence}; "
+            f"samples {self.samples}"
+        )
         print()
-        print(f"| {'fault':<20} | {'injected':>8} | {'leader writing again after (p50 / max)':>40} |")
+        print(
+            f"| {'fault':<20} | {'injected':>8} | {'leader writing again after (p50 / max)':>40} |"
+        )
         print(f"| {'-' * 20} | {'-' * 8}: | {'-' * 40}: |")
         by_kind: dict[str, list[Fault]] = defaultdict(list)
         for f in ev.faults:
@@ -995,8 +1040,10 @@ class Soak:
             kept = len(freezes) - len(taken)
             line = f"leader freezes: {len(taken)} replaced, {kept} kept the lease"
             if taken:
-                line += (f"; successor elected after p50 {statistics.median(taken):.2f} s, "
-                         f"max {max(taken):.2f} s (TTL {self.ttl:g} s)")
+                line += (
+                    f"; successor elected after p50 {statistics.median(taken):.2f} s, "
+                    f"max {max(taken):.2f} s (TTL {self.ttl:g} s)"
+                )
             print(line)
         print()
         broken = Counter(v.rule for v in violations)
@@ -1019,8 +1066,10 @@ class Soak:
             if v.t is not None:
                 before = [f for f in ev.faults if f.start <= v.t][-3:]
                 for f in before:
-                    print(f"    preceding fault: {_clock(f.start)} {f.kind} {f.target} "
-                          f"({f.end - f.start:.2f} s)")
+                    print(
+                        f"    preceding fault: {_clock(f.start)} {f.kind} {f.target} "
+                        f"({f.end - f.start:.2f} s)"
+                    )
                 near = [e for e in ev.events if abs(e["t"] - v.t) < 1.0 and e["ev"] != "write"][-8:]
                 for e in near:
                     print(f"    log: {_fmt_event(e)}")
@@ -1055,7 +1104,9 @@ def self_test() -> int:
             {"t": t + 4, "ev": "write", "pid": 22, "slot": 1, "token": 2, "seq": 1, "r": "a"},
             {"t": t + 5, "ev": "write", "pid": 22, "slot": 1, "token": 2, "seq": 2, "r": "e"},
         ]
-        return Evidence("elector", events, ["1:11:1", "2:22:1"], 2, 2, exits={11: (0, 0.1), 22: (0, 0.2)})
+        return Evidence(
+            "elector", events, ["1:11:1", "2:22:1"], 2, 2, exits={11: (0, 0.1), 22: (0, 0.2)}
+        )
 
     plants: dict[str, Any] = {}
 
@@ -1115,7 +1166,7 @@ def self_test() -> int:
     return 0 if ok else 1
 
 
-# -- command line ------------------------------------------------------------------------------------
+# -- command line -----------------------------------------------------------------------------
 
 
 def parse_weights(text: str) -> dict[str, float]:
@@ -1127,12 +1178,15 @@ def parse_weights(text: str) -> dict[str, float]:
         kind = kind.strip()
         if not sep or kind not in DEFAULT_WEIGHTS:
             raise argparse.ArgumentTypeError(
-                f"a weight is KIND=NUMBER with KIND one of {', '.join(DEFAULT_WEIGHTS)}; got {part!r}"
+                f"a weight is KIND=NUMBER with KIND one of {', '.join(DEFAULT_WEIGHTS)}; "
+                f"got {part!r}"
             )
         try:
             weights[kind] = float(value)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"weight of {kind} must be a number, got {value!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"weight of {kind} must be a number, got {value!r}"
+            ) from None
         if weights[kind] < 0:
             raise argparse.ArgumentTypeError(f"weight of {kind} must be >= 0, got {value!r}")
     return weights
@@ -1166,25 +1220,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1, help="fault schedule seed (default 1)")
     p.add_argument("--contenders", type=int, default=4, help="contender processes (default 4)")
     p.add_argument("--ttl", type=positive, default=1.0, help="lease TTL in seconds (default 1.0)")
-    p.add_argument("--engine", choices=("both", "native", "python"), default="both",
-                   help="both: contenders alternate native / python (default)")
-    p.add_argument("--mode", choices=("elector", "lock"), default="elector",
-                   help="contend with Elector (default) or take RedisLocker locks")
-    p.add_argument("--topology", choices=("plain", "sentinel"), default="plain",
-                   help="plain: one redis-server with AOF (default); sentinel: 1 replica, 3 sentinels")
-    p.add_argument("--weights", type=parse_weights, default=dict(DEFAULT_WEIGHTS),
-                   help="fault weights, e.g. 'crash-redis=0,freeze-leader=5' (others keep defaults)")
-    p.add_argument("--gap", type=parse_gap, default=(1.0, 3.0),
-                   help="quiet time between faults, MIN-MAX in TTLs (default 1-3)")
-    p.add_argument("--write-interval", type=positive, default=0.005,
-                   help="seconds between a leader's fenced writes (default 0.005)")
+    p.add_argument(
+        "--engine",
+        choices=("both", "native", "python"),
+        default="both",
+        help="both: contenders alternate native / python (default)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("elector", "lock"),
+        default="elector",
+        help="contend with Elector (default) or take RedisLocker locks",
+    )
+    p.add_argument(
+        "--topology",
+        choices=("plain", "sentinel"),
+        default="plain",
+        help="plain: one redis-server with AOF (default); sentinel: 1 replica, 3 sentinels",
+    )
+    p.add_argument(
+        "--weights",
+        type=parse_weights,
+        default=dict(DEFAULT_WEIGHTS),
+        help="fault weights, e.g. 'crash-redis=0,freeze-leader=5' (others keep defaults)",
+    )
+    p.add_argument(
+        "--gap",
+        type=parse_gap,
+        default=(1.0, 3.0),
+        help="quiet time between faults, MIN-MAX in TTLs (default 1-3)",
+    )
+    p.add_argument(
+        "--write-interval",
+        type=positive,
+        default=0.005,
+        help="seconds between a leader's fenced writes (default 0.005)",
+    )
     p.add_argument("--workdir", help="where contender logs go (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the contender logs of a clean run")
     p.add_argument("--quiet", action="store_true", help="no line per fault")
-    p.add_argument("--inject-stale-write", action="store_true",
-                   help="push a stale entry past the fence mid-run: the checker must fail the run")
-    p.add_argument("--self-test", action="store_true",
-                   help="check the checker on crafted evidence and exit")
+    p.add_argument(
+        "--inject-stale-write",
+        action="store_true",
+        help="push a stale entry past the fence mid-run: the checker must fail the run",
+    )
+    p.add_argument(
+        "--self-test", action="store_true", help="check the checker on crafted evidence and exit"
+    )
     # The contender process (this same script, started by the soak).
     p.add_argument("--contender", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--slot", type=int, default=0, help=argparse.SUPPRESS)
@@ -1202,7 +1284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.self_test:
         return self_test()
     if args.contenders < 2:
-        raise SystemExit(f"--contenders must be at least 2 (a leader and a follower), got {args.contenders}")
+        raise SystemExit(
+            f"--contenders must be at least 2 (a leader and a follower), got {args.contenders}"
+        )
     soak = Soak(args)
 
     def on_term(signum: int, frame: Any) -> None:
