@@ -404,6 +404,7 @@ class Fault:
     victim_pid: int = 0
     heal_seconds: float | None = None  # heal -> a leader wrote again
     successor_seconds: float | None = None  # leader freezes: freeze -> another's election
+    stepdown_seconds: float | None = None  # replaced leader: resume -> it stepped down
 
 
 @dataclass
@@ -1083,6 +1084,12 @@ class Soak:
                     f"max {max(taken):.2f} s (TTL {self.ttl:g} s)"
                 )
             print(line)
+            down = [f.stepdown_seconds for f in freezes if f.stepdown_seconds is not None]
+            if down:
+                print(
+                    f"replaced leaders stepped down after resuming: p50 "
+                    f"{statistics.median(down):.3f} s, max {max(down):.3f} s"
+                )
         print()
         broken = Counter(v.rule for v in violations)
         print(f"| {'invariant':<62} | {'result':<12} |")
@@ -1127,6 +1134,12 @@ def successor_times(faults: list[Fault], events: list[dict[str, Any]]) -> None:
         for e in events:
             if e["ev"] == "elected" and f.start < e["t"] < horizon and e["pid"] != f.victim_pid:
                 f.successor_seconds = e["t"] - f.start
+                break
+        if f.successor_seconds is None:
+            continue
+        for e in events:
+            if e["ev"] == "stepped_down" and e["pid"] == f.victim_pid and e["t"] >= f.end:
+                f.stepdown_seconds = e["t"] - f.end
                 break
 
 
@@ -1254,9 +1267,10 @@ def positive(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        description="Chaos soak: fenced work under injected faults, then an invariant check. "
-        "Exit status 1 on any violation.",
-        epilog="fault kinds: " + ", ".join(DEFAULT_WEIGHTS),
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Exit status: 0 every invariant held, 1 a violation (evidence printed), "
+        "2 the soak itself failed, 130 interrupted.",
     )
     p.add_argument("--duration", type=positive, default=60.0, help="seconds of faults (default 60)")
     p.add_argument("--seed", type=int, default=1, help="fault schedule seed (default 1)")
