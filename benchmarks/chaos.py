@@ -635,6 +635,7 @@ class Soak:
         if not any(self.weights):
             raise SystemExit("every fault weight is 0: nothing to inject")
         self.samples = 0
+        self.fence_seen: list[tuple[float, int]] = []  # (first seen at, counter)
 
     # -- processes ---------------------------------------------------------------------------
 
@@ -774,6 +775,8 @@ class Soak:
                 self.live.append(
                     Violation("list-kept", f"the list shrank from {seen} to {length}", now)
                 )
+            if fence_n > last_fence:
+                self.fence_seen.append((now, fence_n))
             last_fence, last_applied = max(last_fence, fence_n), max(last_applied, applied_n)
             for raw in new:
                 entry = raw.decode()
@@ -1059,6 +1062,7 @@ class Soak:
                 f"acknowledged writes lost to failovers (asynchronous replication, "
                 f"README 'Correctness boundary'): {ev.lost_to_failover}"
             )
+        report_unclaimed(ev, self.fence_seen)
         print()
         print(
             f"| {'fault':<20} | {'injected':>8} | {'leader writing again after (p50 / max)':>40} |"
@@ -1123,6 +1127,30 @@ class Soak:
                 for e in near:
                     print(f"    log: {_fmt_event(e)}")
         print(f"\ncontender logs kept in {self.workdir}")
+
+
+def report_unclaimed(ev: Evidence, fence_seen: list[tuple[float, int]]) -> None:
+    """Tokens the counter handed out that no contender logged an election for, and when.
+
+    An acquire that won at Redis but whose reply a fault swallowed (a timeout, a
+    reset, a killed contender) uses a token nobody leads with; the fence is
+    still sound. The sampler saw the counter move, so each such token is
+    placed in time and next to the fault in progress.
+    """
+    claimed = {e["token"] for e in ev.events if e["ev"] == "elected"}
+    unclaimed = [t for t in range(1, ev.final_fence + 1) if t not in claimed]
+    if not unclaimed:
+        return
+    kinds: Counter[str] = Counter()
+    for token in unclaimed:
+        seen = next((t for t, n in fence_seen if n >= token), None)
+        if seen is None:
+            kinds["unsampled"] += 1
+            continue
+        during = [f for f in ev.faults if f.start - 0.1 <= seen <= f.end + 2.0]
+        kinds[during[-1].kind if during else "no fault within 2 s"] += 1
+    detail = ", ".join(f"{k} {n}" for k, n in kinds.most_common())
+    print(f"tokens issued with no election logged: {len(unclaimed)} (seen during: {detail})")
 
 
 def successor_times(faults: list[Fault], events: list[dict[str, Any]]) -> None:
