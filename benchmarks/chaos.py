@@ -102,16 +102,26 @@ PLAIN_KINDS = (
     "freeze-follower",
     "freeze-redis",
     "kill-contender",
+    "stop-contender",
+    "stop-partitioned",
     "crash-redis",
     "partition-blackhole",
     "partition-reset",
 )
-SENTINEL_KINDS = ("freeze-leader", "freeze-follower", "kill-contender", "failover")
+SENTINEL_KINDS = (
+    "freeze-leader",
+    "freeze-follower",
+    "kill-contender",
+    "stop-contender",
+    "failover",
+)
 DEFAULT_WEIGHTS = {
     "freeze-leader": 3.0,
     "freeze-follower": 1.0,
     "freeze-redis": 2.0,
     "kill-contender": 2.0,
+    "stop-contender": 1.0,
+    "stop-partitioned": 1.0,
     "crash-redis": 1.0,
     "partition-blackhole": 2.0,
     "partition-reset": 1.0,
@@ -635,6 +645,7 @@ class Soak:
         if not any(self.weights):
             raise SystemExit("every fault weight is 0: nothing to inject")
         self.samples = 0
+        self.stops: dict[int, tuple[int | None, float]] = {}  # SIGTERMs during the run
         self.fence_seen: list[tuple[float, int]] = []  # (first seen at, counter)
 
     # -- processes ---------------------------------------------------------------------------
@@ -856,6 +867,30 @@ class Soak:
             victim.proc.wait()
             self.retired.append(victim)
             self.spawn(victim.slot)
+        elif kind in ("stop-contender", "stop-partitioned"):
+            # A graceful stop (SIGTERM) must end the process within the grace
+            # period even when Redis cannot be reached: release is bounded.
+            victim = self.pick(prefer_leader=rng.random() < 0.7)
+            fault.target, fault.victim_pid = f"{victim.instance_id} ({victim.engine})", victim.pid
+            fault.start = time.time()
+            proxy = self.proxies[victim.slot] if kind == "stop-partitioned" else None
+            if proxy is not None:
+                proxy.set_mode("blackhole")
+            victim.killed = True  # its exit is expected; its status is checked here
+            os.kill(victim.pid, signal.SIGTERM)
+            sent = time.monotonic()
+            try:
+                rc: int | None = victim.proc.wait(EXIT_GRACE)
+            except subprocess.TimeoutExpired:
+                rc = None
+            self.stops[victim.pid] = (rc, time.monotonic() - sent)
+            if rc is None:
+                os.kill(victim.pid, signal.SIGKILL)
+                victim.proc.wait()
+            if proxy is not None:
+                proxy.set_mode("pass")
+            self.retired.append(victim)
+            self.spawn(victim.slot)
         elif kind == "crash-redis":
             fault.target = "redis-server"
             fault.start = time.time()
@@ -992,7 +1027,7 @@ class Soak:
         self._sampler_stop.set()
         self._sampler.join(5)
         # The list is read once every contender has stopped writing.
-        exits = self.stop_contenders()
+        exits = {**self.stops, **self.stop_contenders()}
         client = self.direct(2.0)
         entries = [e.decode() for e in client.lrange(LIST_KEY, 0, -1)]
         final_fence = int(client.get(self.fence_key) or 0)
@@ -1057,12 +1092,27 @@ class Soak:
             f"list length {len(ev.entries)}; last token {ev.final_fence}; "
             f"samples {self.samples}"
         )
+        in_list = set(ev.entries)
+        landed = sum(
+            1
+            for e in ev.events
+            if e["ev"] == "write"
+            and e["r"] == "e"
+            and f"{e['token']}:{e['pid']}:{e['seq']}" in in_list
+        )
+        print(f"failed writes (outcome unknown to the writer) found in the list: {landed}")
         if ev.replicated:
             print(
                 f"acknowledged writes lost to failovers (asynchronous replication, "
                 f"README 'Correctness boundary'): {ev.lost_to_failover}"
             )
         report_unclaimed(ev, self.fence_seen)
+        took = [seconds for rc, seconds in ev.exits.values() if rc is not None]
+        if took:
+            print(
+                f"contenders stopped by SIGTERM: {len(ev.exits)} ({len(self.stops)} during the "
+                f"run), exited after p50 {statistics.median(took):.2f} s, max {max(took):.2f} s"
+            )
         print()
         print(
             f"| {'fault':<20} | {'injected':>8} | {'leader writing again after (p50 / max)':>40} |"
