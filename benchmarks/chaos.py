@@ -149,18 +149,19 @@ INVARIANTS = {
 
 
 class EventLog:
-    """Append-only JSON lines, one write(2) per event: a SIGKILL loses nothing already logged."""
+    """Append-only JSON lines, one write(2) per event: a SIGKILL loses nothing already logged.
+
+    No lock: an O_APPEND write of one line is atomic, and the SIGTERM handler
+    logs too (a lock held by the interrupted main thread would deadlock it).
+    """
 
     def __init__(self, path: str, slot: int) -> None:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._base = {"pid": os.getpid(), "slot": slot}
-        self._lock = threading.Lock()
 
     def event(self, ev: str, **fields: Any) -> None:
         record = {"t": time.time(), "ev": ev, **self._base, **fields}
-        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-        with self._lock:
-            os.write(self._fd, line)
+        os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
 
 
 def _contender_client(args: argparse.Namespace, **extra: Any) -> redis.Redis:
@@ -698,6 +699,13 @@ class Soak:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        # Ready once it logged "start": its SIGTERM handler is installed by then,
+        # so a stop aimed at it is a graceful stop, not the default action.
+        deadline = time.monotonic() + 30.0
+        while proc.poll() is None and time.monotonic() < deadline:
+            if log.exists() and log.stat().st_size > 0:
+                break
+            time.sleep(0.01)
         c = Contender(slot, engine, proc, log, stderr)
         if slot < len(self.contenders):
             self.contenders[slot] = c
@@ -1214,6 +1222,12 @@ def successor_times(faults: list[Fault], events: list[dict[str, Any]]) -> None:
                 f.successor_seconds = e["t"] - f.start
                 break
         if f.successor_seconds is None:
+            continue
+        mine = [e for e in events if e["pid"] == f.victim_pid and e["t"] < f.start]
+        states = [e["ev"] for e in mine if e["ev"] in ("elected", "stepped_down")]
+        if not states or states[-1] != "elected":
+            # The lease named it, but it was not leading (an acquire whose
+            # reply a fault swallowed): nothing to step down from.
             continue
         for e in events:
             if e["ev"] == "stepped_down" and e["pid"] == f.victim_pid and e["t"] >= f.end:
