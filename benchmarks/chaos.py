@@ -699,6 +699,11 @@ class Soak:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        c = Contender(slot, engine, proc, log, stderr)
+        if slot < len(self.contenders):
+            self.contenders[slot] = c
+        else:
+            self.contenders.append(c)
         # Ready once it logged "start": its SIGTERM handler is installed by then,
         # so a stop aimed at it is a graceful stop, not the default action.
         deadline = time.monotonic() + 30.0
@@ -706,11 +711,6 @@ class Soak:
             if log.exists() and log.stat().st_size > 0:
                 break
             time.sleep(0.01)
-        c = Contender(slot, engine, proc, log, stderr)
-        if slot < len(self.contenders):
-            self.contenders[slot] = c
-        else:
-            self.contenders.append(c)
         return c
 
     def kill_everything(self) -> None:
