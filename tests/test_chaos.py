@@ -18,8 +18,9 @@ import pytest
 from process_helpers import processes_mentioning
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "chaos.py"
-# A short soak: a handful of faults, every kind that can be drawn in the time.
-SHORT = ["--duration", "6", "--ttl", "0.5", "--contenders", "3", "--quiet", "--gap", "0.5-1"]
+# A short soak: a handful of faults. TTL 1 s keeps the 3-TTL heal bound
+# generous on a busy machine.
+SHORT = ["--duration", "8", "--ttl", "1", "--contenders", "3", "--quiet", "--gap", "0.5-1"]
 
 
 def load_chaos() -> ModuleType:
@@ -85,6 +86,23 @@ def test_short_lock_soak_holds_every_invariant(engine: str, tmp_path: Path) -> N
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all invariants held" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.topology
+def test_short_sentinel_soak_survives_a_failover(tmp_path: Path) -> None:
+    result = run_soak(
+        *SHORT,
+        "--seed", "10",
+        "--topology", "sentinel",
+        "--weights", "failover=100",
+        "--workdir", str(tmp_path),
+        timeout=150,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all invariants held" in result.stdout
+    failovers = next(line for line in result.stdout.splitlines() if line.startswith("| failover"))
+    assert int(failovers.split("|")[2]) >= 1
 
 
 @pytest.mark.slow
