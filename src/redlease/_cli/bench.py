@@ -469,11 +469,22 @@ def draw_plot(
     """The picture of ``by_load``'s measurements (see ``_cli.plot``)."""
     from . import plot as _plot
 
-    curves = [
-        _plot.Curve(r.engine, this_load, r.lateness or [], r.kept_lease)
-        for this_load, results in by_load.items()
-        for r in results
+    # The server's view when every measurement has it (what the lease
+    # feels), else the renewers' own clocks throughout: one scale per picture.
+    measured = [
+        (this_load, r) for this_load, results in by_load.items() for r in results
         if r.unavailable is None
+    ]
+    at_server = bool(measured) and all(r.server_lateness is not None for _, r in measured)
+    curves = [
+        _plot.Curve(
+            r.engine,
+            this_load,
+            (r.server_lateness or []) if at_server else (r.lateness or []),
+            r.kept_lease,
+            at_server=at_server,
+        )
+        for this_load, r in measured
     ]
     writes: dict[str, list[float]] = {}
     for results in by_load.values():
