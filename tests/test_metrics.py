@@ -240,3 +240,26 @@ def test_without_prometheus_client_the_error_names_the_extra() -> None:
     last = out.stderr.strip().splitlines()[-1]
     assert "pip install 'redlease[metrics]'" in last, out.stderr
     assert "During handling" not in out.stderr
+
+
+def test_asyncio_locker_is_instrumented_through_its_locks(
+    redis_server: RedisServer, engine: str
+) -> None:
+    import redis.asyncio
+
+    registry = new_registry()
+
+    async def main() -> redlease.aio.RedisLocker:
+        client = redis.asyncio.Redis.from_url(redis_server.url)
+        locker = redlease.aio.RedisLocker(client, prefix="am:", engine=engine)
+        redlease.metrics.instrument(locker, registry)
+        async with locker.hold("a", ttl=1.0):
+            assert sample(registry, "redlease_leader", name="am:") == 1
+        await client.aclose()
+        return locker
+
+    locker = asyncio.run(main())
+    assert sample(registry, "redlease_terms_total", name="am:") == 1
+    assert sample(registry, "redlease_stepdowns_total", name="am:", reason="released") == 1
+    assert sample(registry, "redlease_leader", name="am:") == 0
+    del locker

@@ -188,7 +188,7 @@ class Lock:
         self._watcher: threading.Thread | None = None
         self._abandon: weakref.finalize[Any, Any] | None = None
         self._stopping = threading.Event()
-        self._events = locker.events.child("lock", name)
+        self._events = locker._events.child("lock", name)
         self._events.acquired(fencing_token)
         self.done = threading.Event()
         """Set once the lease is found lost while auto-renewed (never set without auto_renew).
@@ -336,7 +336,7 @@ class Locker(ABC):
         """Which engine serves the locker: ``"native"``, ``"python"`` or ``"memory"``."""
 
     @functools.cached_property
-    def events(self) -> Events:
+    def _events(self) -> Events:
         """Where this locker's locks report (logging, and metrics once instrumented)."""
         return Events("locker", getattr(self, "prefix", type(self).__name__))
 

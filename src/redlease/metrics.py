@@ -278,6 +278,8 @@ def _collector(registry: CollectorRegistry) -> _Collector:
         return collector
 
 
+# The shells keep their core private; this module is the one outside them
+# that reaches in, to attach to the core's events.
 def _election_of(target: object) -> Election | None:
     from . import aio
     from ._elector import Elector
@@ -323,7 +325,7 @@ def instrument(target: T, registry: CollectorRegistry | None = None) -> T:
                 "instrument() takes a redlease Elector or RedisLocker (threaded or asyncio), "
                 f"got {type(target).__name__}"
             )
-        events = locker.events
+        events = locker._events
         instruments = _Target(events.name, _LOCK_REASONS, None, None, False)
     added = _collector(registry).add(target, instruments)
     if added is instruments:
