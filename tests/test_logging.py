@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import subprocess
 import sys
@@ -125,3 +126,39 @@ def test_lost_lock_is_a_warning(
             held.release()
     lost = records(caplog, logging.WARNING, "lost")
     assert len(lost) == 1 and "fencing token" in lost[0].getMessage()
+
+
+def test_a_long_outage_says_still_failing_at_most_every_few_seconds(
+    redis_server: RedisServer,
+    client: redis.Redis,
+    engine: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from redlease import _log
+
+    monkeypatch.setattr(_log, "STILL_FAILING_EVERY", 0.5)  # seconds, for a short test
+    caplog.set_level(logging.DEBUG, logger="redlease")
+    errors: list[Exception] = []
+    e = make_elector(
+        client, engine, acquire_interval=0.05, observer=redlease.Observer(on_error=errors.append)
+    )
+    with e:
+        wait_until(e.token, what="the election")
+        redis_server.pause()
+        try:
+            wait_until(
+                lambda: records(caplog, logging.WARNING, "still failing"),
+                timeout=15.0,
+                what="a 'still failing' line",
+            )
+        finally:
+            redis_server.resume()
+        wait_until(lambda: records(caplog, logging.INFO, "recovered"), what="the recovery")
+    warnings = records(caplog, logging.WARNING, "")
+    assert "failing" in warnings[0].getMessage()
+    assert all("still failing" in w.getMessage() for w in warnings[1:])
+    # Never two in less than the period, however many errors came in between.
+    gaps = [b.created - a.created for a, b in itertools.pairwise(warnings)]
+    assert all(gap >= 0.45 for gap in gaps), gaps
+    assert len(warnings) <= len(errors)
