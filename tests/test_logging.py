@@ -41,7 +41,9 @@ def test_election_and_resignation_are_logged_at_info(
     caplog.set_level(logging.DEBUG, logger="redlease")
     e = make_elector(client, engine, instance_id="inst-a")
     with e:
-        token = wait_until(e.token, what="the election")
+        # Logged once the run holds the term, so resign() finds it.
+        wait_until(lambda: records(caplog, logging.INFO, "elected"), what="the election")
+        token = wait_until(e.token, what="the token")
         e.resign()
         wait_until(lambda: records(caplog, logging.INFO, "resigned"), what="the resignation")
     elected = records(caplog, logging.INFO, "elected")[0].getMessage()
