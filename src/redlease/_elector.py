@@ -142,7 +142,9 @@ class Election:
     def resign(self) -> None:
         """End the current term (lock released); the run re-contends. No-op when not leading."""
         run = self.run
-        if run is not None and run.term is not None and not run.term.ended():
+        # The keeper's token, not run.term: token() shows a term a moment
+        # before the loop has its Term, and a resign in between must count.
+        if run is not None and run.keeper.token:
             run.resign_requested = True
             run.keeper.notify()
 
@@ -253,9 +255,9 @@ class Election:
         acquired_at: float,
     ) -> None:
         keeper = run.keeper
+        run.resign_requested = False  # before the token shows: resign() may follow at once
         keeper.begin(token, acquired_at)
         term = Term(token)
-        run.resign_requested = False
         run.term = term
         self.events.elected(token)
         self._emit(self._observer.on_elected, token)

@@ -29,8 +29,9 @@ elector's name, or the locker's key prefix):
   sent after its scheduled moment, as the keeper itself measured it.
 
 Cost: until ``instrument`` is called the hooks have no listener, and an
-event costs a loop over an empty list. Once instrumented, the events above are counted in Python as they
-happen — a handful per term, one per fenced write — but renewals are not: the
+event costs a loop over an empty list. Once instrumented, the events above
+are counted in Python as they happen — a handful per term, one per fenced
+write — but renewals are not: the
 keeper counts their lateness into fixed buckets on its own thread (natively
 in C, without the GIL) and the collector reads those counters at scrape time.
 """
