@@ -21,6 +21,12 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 # What each example must show in its output.
 EXPECTED = {
+    "prometheus_metrics.py": [
+        'redlease_terms_total{name="report-builder"} 2.0',
+        'redlease_stepdowns_total{name="report-builder",reason="resigned"} 1.0',
+        'redlease_leader{name="report-builder"} 1.0',
+        "redlease_renew_lateness_seconds_count",
+    ],
     "scheduler.py": ["elected, token 1", "fired the job (token 2)", "runs recorded"],
     "sequence_allocator.py": ["REJECTED by the fence", "every number handed out once"],
     "sql_fencing.py": ["0 rows: REJECTED", "status='built (B)', fence=2"],

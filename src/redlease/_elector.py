@@ -31,6 +31,7 @@ from ._engine import ACTIVE, EncodableT, Engine, Keeper, is_cluster, make_engine
 from ._errors import ConfigError
 from ._fence import Fence, Fencer
 from ._keys import ElectionKeys, has_hash_tag
+from ._log import Events
 from ._term import Observer, Reason, Term, end_term
 
 # How often a waiting run thread looks at a caller's stop event: a plain
@@ -117,9 +118,11 @@ class Election:
         self.engine: Engine = make_engine(client, engine)
         self._observer = observer or Observer()
         self.keys = ElectionKeys(self.config.name)
+        self.events = Events("elector", self.config.name, self.config.instance_id)
         self.fence = Fence(
             self.engine, self.keys.applied, self.config.name, cluster=is_cluster(client)
         )
+        self.fence.events = self.events
         # What the leader function gets as its second argument, for a token.
         self._fencer: Callable[[int], Any] = fencer or (lambda _token: None)
         self._mutex = threading.Lock()
@@ -139,7 +142,9 @@ class Election:
     def resign(self) -> None:
         """End the current term (lock released); the run re-contends. No-op when not leading."""
         run = self.run
-        if run is not None and run.term is not None and not run.term.ended():
+        # The keeper's token, not run.term: token() shows a term a moment
+        # before the loop has its Term, and a resign in between must count.
+        if run is not None and run.keeper.token:
             run.resign_requested = True
             run.keeper.notify()
 
@@ -167,6 +172,7 @@ class Election:
                 interval=self.config.renew_interval,
                 ttl=self.config.ttl,
             )
+            self.events.keeper_opened(keeper)
             run = Run(stop, keeper)
             self.run = run
         return run
@@ -180,6 +186,7 @@ class Election:
             run.error = exc
         finally:
             run.keeper.close()
+            self.events.keeper_closed(run.keeper)
             with self._mutex:
                 self.run = None
             run.done.set()
@@ -204,6 +211,7 @@ class Election:
                 self._sleep(run, min(cfg.acquire_interval * 2**errors_in_row, cfg.ttl))
                 continue
             errors_in_row = 0
+            self.events.ok()
             if token == 0:
                 if not follower:
                     follower = True
@@ -247,10 +255,11 @@ class Election:
         acquired_at: float,
     ) -> None:
         keeper = run.keeper
+        run.resign_requested = False  # before the token shows: resign() may follow at once
         keeper.begin(token, acquired_at)
         term = Term(token)
-        run.resign_requested = False
         run.term = term
+        self.events.elected(token)
         self._emit(self._observer.on_elected, token)
         worker = None
         if fn is not None:
@@ -267,6 +276,7 @@ class Election:
         if reason != "lost":
             self._release()
         run.term = None
+        self.events.stepped_down(token, reason)
         self._emit(self._observer.on_stepped_down)
         if worker is not None and worker.error is not None:
             run.error = worker.error
@@ -304,10 +314,11 @@ class Election:
     # -- observer plumbing --------------------------------------------------------------
 
     def _drain(self, keeper: Keeper) -> None:
-        for exc in keeper.pop_errors():
+        for exc in self.events.drain(keeper):
             self._report(exc)
 
     def _report(self, exc: Exception) -> None:
+        self.events.error(exc)
         callback = self._observer.on_error
         if callback is None:
             return

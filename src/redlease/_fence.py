@@ -29,6 +29,7 @@ from redis.exceptions import ResponseError
 from . import _scripts
 from ._engine import EncodableT, Engine
 from ._errors import TooManyEvalBodies
+from ._log import Events
 
 if TYPE_CHECKING:
     from ._elector import Elector
@@ -97,6 +98,7 @@ class Fence:
         self._slot = _slot(applied_key) if cluster else None
         self._mutex = threading.Lock()
         self._eval_scripts: dict[str, Script] = {}
+        self.events = Events("elector", name)  # its Election's, once it sets it
 
     def set_request(self, token: object, key: object, value: object) -> FenceRequest | None:
         return self._request(_FENCE_SET, token, (_check_key(key),), (_check_value(value),))
@@ -129,7 +131,9 @@ class Fence:
         """Send ``request`` once and return whether it was applied."""
         if request is None:
             return False
-        return bool(self._engine.write(*request) == 1)
+        applied = bool(self._engine.write(*request) == 1)
+        self.events.fenced(applied)
+        return applied
 
     async def write_async(self, request: FenceRequest | None) -> bool:
         """``write`` for a coroutine: the round trip runs off the event loop."""
@@ -138,6 +142,7 @@ class Fence:
         reply = await asyncio.get_running_loop().run_in_executor(
             None, self._engine.write, *request
         )
+        self.events.fenced(reply == 1)
         return bool(reply == 1)
 
     def _eval_script(self, body: str) -> Script:

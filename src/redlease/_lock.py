@@ -10,6 +10,7 @@ What a lock guarantees, and what it does not, is told in ``redlease.lock``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import random
@@ -26,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 from ._config import Duration, to_seconds, whole_ms
 from ._engine import ENDED, LOST
 from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
+from ._log import Events
 
 T = TypeVar("T")
 _LockerT = TypeVar("_LockerT", bound="Locker")
@@ -116,17 +118,28 @@ class LockKeeper(Protocol):
 
     def close(self) -> None: ...
 
+    def pop_errors(self) -> list[Exception]: ...
 
-def _watch(keeper: LockKeeper, done: threading.Event, stopping: threading.Event) -> None:
-    """Set ``done`` the moment the keeper reports the lease LOST."""
+    @property
+    def renewals(self) -> int: ...
+
+
+def _watch(
+    keeper: LockKeeper, done: threading.Event, stopping: threading.Event, events: Events
+) -> None:
+    """Set ``done`` the moment the keeper reports the lease LOST; log the renewal errors."""
     while True:
+        for exc in events.drain(keeper):
+            events.error(exc)
         state = keeper.state
         if state == LOST:
             done.set()
+            events.released("lost")
             return
         if state == ENDED or stopping.is_set():
             return
-        keeper.wait(None)
+        # During an outage, look back now and then to see it end.
+        keeper.wait(1.0 if events.failing() else None)
 
 
 def _stop_renewing(keeper: LockKeeper, stopping: threading.Event, pid: int) -> None:
@@ -175,6 +188,8 @@ class Lock:
         self._watcher: threading.Thread | None = None
         self._abandon: weakref.finalize[Any, Any] | None = None
         self._stopping = threading.Event()
+        self._events = locker._events.child("lock", name)
+        self._events.acquired(fencing_token)
         self.done = threading.Event()
         """Set once the lease is found lost while auto-renewed (never set without auto_renew).
 
@@ -243,6 +258,7 @@ class Lock:
             self._stop_watchdog()
             deleted = self._locker._release(self._name, self._owner)
             self._released = True
+            self._events.released("released" if deleted else "lost")
             if not deleted:
                 self._found_lost()
                 raise NotHeld(
@@ -267,9 +283,10 @@ class Lock:
         self._keeper = keeper
         self._auto_renew = True
         keeper.begin(self._fencing_token, acquired_at)
+        self._events.keeper_opened(keeper)
         self._watcher = threading.Thread(
             target=_watch,
-            args=(keeper, self.done, self._stopping),
+            args=(keeper, self.done, self._stopping, self._events),
             name=f"redlease-lock-watch:{self._name}",
             daemon=True,
         )
@@ -289,6 +306,7 @@ class Lock:
         if watcher is not None and watcher is not threading.current_thread():
             watcher.join(_WATCHER_JOIN_TIMEOUT)
         keeper.close()
+        self._events.keeper_closed(keeper)
 
     def __repr__(self) -> str:
         state = "released" if self._released else ("lost" if self.done.is_set() else "held")
@@ -316,6 +334,11 @@ class Locker(ABC):
     @abstractmethod
     def engine(self) -> str:
         """Which engine serves the locker: ``"native"``, ``"python"`` or ``"memory"``."""
+
+    @functools.cached_property
+    def _events(self) -> Events:
+        """Where this locker's locks report (logging, and metrics once instrumented)."""
+        return Events("locker", getattr(self, "prefix", type(self).__name__))
 
     def acquire(
         self,

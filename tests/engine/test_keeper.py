@@ -239,6 +239,26 @@ def test_lateness_samples_are_recorded(keepers: Keepers) -> None:
     assert sorted(samples)[len(samples) // 2] < 0.05
 
 
+def test_lateness_totals_bucket_every_sample_and_survive_close(keepers: Keepers) -> None:
+    k = keepers(ttl=0.3, interval=0.02)
+    keepers.start(k)
+    wait_until(lambda: keepers.renewals() >= 10, 3.0)
+    k.end()
+    time.sleep(0.05)  # a round trip in flight still records its send
+    samples = k.lateness()
+    counts, total = k.lateness_totals()
+    assert len(counts) == len(engines.LATENESS_BUCKETS) + 1
+    assert sum(counts) == len(samples) >= 10
+    assert total == pytest.approx(sum(samples), abs=1e-6)
+    expected = [0] * len(counts)
+    for sample in samples:
+        expected[sum(1 for bound in engines.LATENESS_BUCKETS if sample > bound)] += 1
+    assert counts == expected
+    assert k.renewals >= 10
+    k.close()
+    assert k.lateness_totals() == (counts, total)  # still readable, never reset
+
+
 def test_begin_validates_its_arguments(keepers: Keepers) -> None:
     k = keepers()
     with pytest.raises(ValueError):

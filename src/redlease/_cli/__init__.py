@@ -117,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     bench.add_argument("--engine", choices=("native", "python", "both"), default="both")
-    bench.add_argument("--load", choices=("idle", "python", "gil"), default="gil")
+    bench.add_argument("--load", choices=("idle", "python", "gil", "all"), default="gil",
+                       help="the main thread's load while renewals are timed; all: each "
+                       "in turn (default gil)")
     bench.add_argument("--seconds", type=_positive_float, default=3.0, metavar="S",
                        help="seconds per measurement and engine (default 3)")
     bench.add_argument("--redis", metavar="URL",
@@ -127,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="plain: --redis or an embedded server; tls, sentinel, cluster, "
                        "tls-sentinel, tls-cluster: private servers of that kind started for "
                        "the run (default plain)")
+    bench.add_argument("--plot", metavar="FILE.png",
+                       help="also draw the renew-lateness distributions and fenced writes/s "
+                       "as a PNG (needs the plot extra: matplotlib)")
     return parser
 
 
@@ -163,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
             load=args.load,
             seconds=args.seconds,
             topology=args.topology,
+            plot=args.plot,
         )
     raise CliError(f"unknown command {args.command!r}")  # pragma: no cover - argparse stops it
 

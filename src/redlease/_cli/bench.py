@@ -61,26 +61,52 @@ class Result:
 
 
 class Progress:
-    """Phase lines on stderr, and a heartbeat every few seconds for long phases."""
+    """Phase lines on stderr, and a heartbeat for long phases.
 
-    def __init__(self, total_phases: int) -> None:
+    On a terminal the heartbeat is one line rewritten in place with the
+    seconds left in the phase and in the whole run; elsewhere (a log, a
+    pipe) a plain line every few seconds.
+    """
+
+    def __init__(self, total_phases: int, seconds_per_phase: float = 0.0) -> None:
         self.total = total_phases
         self.done = 0
+        self.seconds_per_phase = seconds_per_phase
+        self.live = sys.stderr.isatty()
 
     def phase(self, text: str, seconds: float) -> Callable[[float], None]:
         self.done += 1
-        sys.stderr.write(f"bench [{self.done}/{self.total}] {text} ({seconds:g} s)\n")
+        prefix = f"bench [{self.done}/{self.total}]"
+        if self.live:
+            sys.stderr.write("\r\033[K")
+        sys.stderr.write(f"{prefix} {text} ({seconds:g} s)\n")
         sys.stderr.flush()
         start = time.monotonic()
         last = [start]
+        later = (self.total - self.done) * self.seconds_per_phase
 
         def tick(now: float) -> None:
-            if now - last[0] >= 5.0:
+            if self.live:
+                if now - last[0] >= 0.5:
+                    last[0] = now
+                    left = max(0.0, seconds - (now - start))
+                    sys.stderr.write(
+                        f"\r\033[K{prefix}   {text}: {left:.0f} s left "
+                        f"(about {left + later:.0f} s in all)"
+                    )
+                    sys.stderr.flush()
+            elif now - last[0] >= 5.0:
                 last[0] = now
-                sys.stderr.write(f"bench [{self.done}/{self.total}]   ... {now - start:.0f} s\n")
+                sys.stderr.write(f"{prefix}   ... {now - start:.0f} s\n")
                 sys.stderr.flush()
 
         return tick
+
+    def finish(self) -> None:
+        """Clear the live line before the results are printed."""
+        if self.live:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
 
 
 def native_engine_available() -> tuple[bool, str]:
@@ -385,31 +411,91 @@ def _ms(value: float | None) -> str:
     return f"{ms:.3f} ms" if ms < 10 else f"{ms:.1f} ms"
 
 
+LOADS = ("idle", "python", "gil")
+"""Every load, in the order ``--load all`` runs them."""
+
+
 def main(
-    url: str | None, *, engine: str, load: str, seconds: float, topology: str = "plain"
+    url: str | None,
+    *,
+    engine: str,
+    load: str,
+    seconds: float,
+    topology: str = "plain",
+    plot: str | None = None,
 ) -> int:
-    """Run the benchmark and print the table; returns the exit status."""
+    """Run the benchmark and print a table per load (and draw ``plot``); the exit status."""
+    if plot is not None:
+        from . import plot as _plot
+
+        _plot.require_matplotlib()  # before minutes of measuring, not after
+    loads = list(LOADS) if load == "all" else [load]
     wanted = ["native", "python"] if engine == "both" else [engine]
     ok, why = native_engine_available()
     if engine == "native" and not ok:
         raise CliError(f"the native engine is unavailable: {why}; try --engine python")
     runnable = [e for e in wanted if e == "python" or ok]
-    progress = Progress(total_phases=2 * len(runnable))
-    gil_n = gil_call_size() if load == "gil" and runnable else 0
-    results: list[Result] = []
+    progress = Progress(total_phases=2 * len(runnable) * len(loads), seconds_per_phase=seconds)
+    gil_n = gil_call_size() if "gil" in loads and runnable else 0
+    by_load: dict[str, list[Result]] = {}
     with bench_server(topology, url) as target:
-        for name in wanted:
-            if name == "native" and not ok:
-                results.append(Result(engine="native", unavailable=why))
-                continue
-            try:
-                results.append(measure(target, name, load, seconds, progress, gil_n))
-            except redlease.ConfigError as exc:
-                # This engine cannot serve this deployment's client: say why.
-                results.append(Result(engine=name, unavailable=str(exc)))
-            except redis.RedisError as exc:
-                raise CliError(
-                    f"Redis failed during the {name} benchmark: {one_line(exc)}"
-                ) from None
-        sys.stdout.write(render(results, load, seconds, target) + "\n")
+        for this_load in loads:
+            results = by_load.setdefault(this_load, [])
+            for name in wanted:
+                if name == "native" and not ok:
+                    results.append(Result(engine="native", unavailable=why))
+                    continue
+                try:
+                    results.append(measure(target, name, this_load, seconds, progress, gil_n))
+                except redlease.ConfigError as exc:
+                    # This engine cannot serve this deployment's client: say why.
+                    results.append(Result(engine=name, unavailable=str(exc)))
+                except redis.RedisError as exc:
+                    raise CliError(
+                        f"Redis failed during the {name} benchmark: {one_line(exc)}"
+                    ) from None
+        progress.finish()
+        tables = [render(by_load[this_load], this_load, seconds, target) for this_load in loads]
+        sys.stdout.write("\n\n".join(tables) + "\n")
+        if plot is not None:
+            draw_plot(plot, by_load, seconds, target)
+            sys.stdout.write(f"\nplot written to {plot}\n")
     return 0
+
+
+def draw_plot(
+    path: str, by_load: dict[str, list[Result]], seconds: float, target: BenchServer
+) -> None:
+    """The picture of ``by_load``'s measurements (see ``_cli.plot``)."""
+    from . import plot as _plot
+
+    # The server's view when every measurement has it (what the lease
+    # feels), else the renewers' own clocks throughout: one scale per picture.
+    measured = [
+        (this_load, r) for this_load, results in by_load.items() for r in results
+        if r.unavailable is None
+    ]
+    at_server = bool(measured) and all(r.server_lateness is not None for _, r in measured)
+    curves = [
+        _plot.Curve(
+            r.engine,
+            this_load,
+            (r.server_lateness or []) if at_server else (r.lateness or []),
+            r.kept_lease,
+            at_server=at_server,
+        )
+        for this_load, r in measured
+    ]
+    writes: dict[str, list[float]] = {}
+    for results in by_load.values():
+        for r in results:
+            if r.unavailable is None:
+                writes.setdefault(r.engine, []).append(r.writes_per_second)
+    subtitle = (
+        f"{target.description}; lease TTL {TTL:g} s, renewal every "
+        f"{RENEW_INTERVAL * 1000:g} ms, {seconds:g} s per measurement"
+    )
+    try:
+        _plot.draw(path, curves, {e: sum(v) / len(v) for e, v in writes.items()}, subtitle)
+    except OSError as exc:
+        raise CliError(f"cannot write the plot to {path}: {one_line(exc)}") from None

@@ -6,7 +6,7 @@
 ``native`` are the engines; ``_native`` is the Cython core.
 """
 
-from .base import ACTIVE, ENDED, IDLE, LOST, EncodableT, Engine, Keeper
+from .base import ACTIVE, ENDED, IDLE, LATENESS_BUCKETS, LOST, EncodableT, Engine, Keeper
 from .client import call_timeout, is_cluster, socket_timeout, write_timeout
 from .select import make_engine, native_available, resolve_engine_name
 
@@ -14,6 +14,7 @@ __all__ = [
     "ACTIVE",
     "ENDED",
     "IDLE",
+    "LATENESS_BUCKETS",
     "LOST",
     "EncodableT",
     "Engine",

@@ -53,6 +53,17 @@ redis-py without a socket timeout would wait forever on a hung server; a
 fenced write gives up after this many seconds with ``TimeoutError``.
 """
 
+LATENESS_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+"""Upper bounds (seconds) of the renew-lateness histogram every keeper keeps.
+
+Fixed, and the same on both engines (the native keeper has them as a C
+array), so that a metrics scrape can add keepers up without a conversion.
+"""
+
+
 # Keeper states, shared by both engines (the native one keeps them in C atomics).
 IDLE = 0
 """No term has begun since the keeper was made, or the last one was ended."""
@@ -119,6 +130,24 @@ class Keeper(Protocol):
 
     def lateness(self) -> list[float]:
         """Seconds each renewal was sent after its scheduled time (most recent samples)."""
+        ...
+
+    # -- what metrics read at scrape time (cumulative, never reset) -----------
+
+    @property
+    def renewals(self) -> int:
+        """How many renewals succeeded since the keeper was made."""
+        ...
+
+    def lateness_totals(self) -> tuple[list[int], float]:
+        """``(counts, sum)``: every renewal's lateness since the keeper was made.
+
+        ``counts`` has one entry per ``LATENESS_BUCKETS`` bound (renewals at
+        most that late and later than the bound before) plus a last one for
+        the rest; ``sum`` is their total lateness in seconds. Kept by the
+        keeper's own thread as it sends (natively: C counters, no GIL);
+        readable after ``close()``.
+        """
         ...
 
     def fileno(self) -> int:

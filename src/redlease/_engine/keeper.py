@@ -8,6 +8,7 @@ the GIL to run, which is the limitation the native keeper removes.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import threading
@@ -19,7 +20,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .base import ACTIVE, ENDED, IDLE, LOST, MIN_STEP
+from .base import ACTIVE, ENDED, IDLE, LATENESS_BUCKETS, LOST, MIN_STEP
 
 _LATENESS_SAMPLES = 65536
 _MAX_PENDING_ERRORS = 256
@@ -59,6 +60,10 @@ class PythonKeeper:
         self._closed = False
         self._errors: deque[Exception] = deque(maxlen=_MAX_PENDING_ERRORS)
         self._lateness: deque[float] = deque(maxlen=_LATENESS_SAMPLES)
+        # Cumulative figures for metrics (read at scrape time, never reset).
+        self._late_hist = [0] * (len(LATENESS_BUCKETS) + 1)
+        self._late_sum = 0.0
+        self._renewals = 0
         self._wakeup = threading.Event()
         self._rfd, self._wfd = os.pipe()
         os.set_blocking(self._rfd, False)
@@ -151,6 +156,14 @@ class PythonKeeper:
         with self._cond:
             return list(self._lateness)
 
+    @property
+    def renewals(self) -> int:
+        return self._renewals
+
+    def lateness_totals(self) -> tuple[list[int], float]:
+        with self._cond:
+            return list(self._late_hist), self._late_sum
+
     def fileno(self) -> int:
         """The pipe's read end while open; -1 once closed (its number may be reused)."""
         return -1 if self._closed else self._rfd
@@ -177,6 +190,13 @@ class PythonKeeper:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         _live_keepers.discard(self)
+
+    def _record_lateness(self, late: float) -> None:
+        # Caller holds the condition.
+        self._lateness.append(late)
+        # bisect_left: a sample equal to a bound belongs to that bucket (le).
+        self._late_hist[bisect.bisect_left(LATENESS_BUCKETS, late)] += 1
+        self._late_sum += late
 
     def _next_slot(self, scheduled: float) -> float:
         # On schedule: the next absolute deadline. Behind schedule (a slow or
@@ -221,7 +241,8 @@ class PythonKeeper:
                 scheduled = self._next
                 deadline = self._deadline
             sent = time.monotonic()
-            self._lateness.append(sent - scheduled)
+            with self._cond:
+                self._record_lateness(sent - scheduled)
             renew = self._renew
             try:
                 if renew is None:
@@ -238,6 +259,7 @@ class PythonKeeper:
                 if generation != self._generation:
                     continue
                 if reply == 1:
+                    self._renewals += 1
                     self._deadline = sent + self._ttl
                     self._next = self._next_slot(scheduled)
                 elif reply == 0:

@@ -313,6 +313,27 @@ cdef class Keeper:
         finally:
             free(copy)
 
+    def lateness_totals(self):
+        """``(counts, sum)``: renew lateness since the keeper was made, as a histogram.
+
+        ``counts[i]`` is how many renewals were sent at most
+        ``LATENESS_BUCKETS[i]`` seconds late (and more than the bound
+        before); the last entry counts the rest. Cumulative and never reset,
+        also after ``close()``, so a scrape can read them at any time.
+        """
+        cdef rl_keeper* k = self.k
+        cdef uint64_t copy[17]
+        cdef double total
+        cdef int i
+        if k == NULL:
+            return [0] * (LATE_BOUNDS_N + 1), 0.0
+        pthread_mutex_lock(&k.mu)
+        for i in range(LATE_BOUNDS_N + 1):
+            copy[i] = k.late_hist[i]
+        total = k.late_sum
+        pthread_mutex_unlock(&k.mu)
+        return [copy[i] for i in range(LATE_BOUNDS_N + 1)], total
+
     def close(self):
         """End any term, stop and join the thread, close the socket and both eventfds. Idempotent."""
         cdef rl_keeper* k = self.k

@@ -16,6 +16,17 @@ cdef enum:
 cdef enum:
     ERR_RING = 32
     LATE_MAX = 65536
+    LATE_BOUNDS_N = 16
+
+
+# Renew-lateness histogram bounds (seconds): the same as
+# redlease._engine.base.LATENESS_BUCKETS, which a test holds them to. The
+# thread counts into fixed buckets so that metrics can read cumulative
+# figures at scrape time without a Python call per renewal.
+cdef double LATE_BOUNDS[16]
+LATE_BOUNDS[:] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                  0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+LATENESS_BUCKETS = tuple([LATE_BOUNDS[i] for i in range(LATE_BOUNDS_N)])
 
 
 cdef struct rl_err:
@@ -48,6 +59,10 @@ cdef struct rl_keeper:
     double* late
     size_t late_cap
     uint64_t late_count
+    # Lateness histogram since the keeper was made (cumulative, never reset):
+    # one count per LATE_BOUNDS bucket plus the +Inf one, and the sum.
+    uint64_t late_hist[17]
+    double late_sum
     int err_head
     int err_count
     rl_err errs[32]
@@ -84,6 +99,11 @@ cdef void keeper_record_lateness(rl_keeper* k, double seconds) noexcept nogil:
     cdef uint64_t idx = k.late_count
     cdef size_t cap
     cdef double* grown
+    cdef int b = 0
+    while b < LATE_BOUNDS_N and seconds > LATE_BOUNDS[b]:
+        b += 1
+    k.late_hist[b] += 1
+    k.late_sum += seconds
     if idx < LATE_MAX:
         if idx >= k.late_cap:
             cap = k.late_cap * 2 if k.late_cap else 256

@@ -1,0 +1,187 @@
+"""What an elector or a lock watchdog has to say: the ``"redlease"`` logger, and metrics.
+
+One ``Events`` per Elector (and per RedisLocker, with one child per held
+lock) is the single place the run loop, the fence and the lock watchdog
+report to. It logs politely — one record per state change, never one per
+retry — and passes each event on to the sinks ``redlease.metrics`` attached
+(none unless the target was instrumented, so an uninstrumented elector pays
+for an empty loop).
+
+Levels: INFO when a term starts or ends and when an outage is over; WARNING
+when an outage starts (the first handled error of a streak) and, while it
+lasts, "still failing" at most every ``STILL_FAILING_EVERY`` seconds; DEBUG
+for everything else (each further error, follower, lock acquired/released).
+The library never adds a handler but the ``NullHandler`` and never sets a level.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Protocol
+
+logger = logging.getLogger("redlease")
+logger.addHandler(logging.NullHandler())
+
+STILL_FAILING_EVERY = 10.0
+"""Seconds between "still failing" records while one outage lasts."""
+
+
+class Sink(Protocol):
+    """What ``Events`` passes on (``redlease.metrics`` implements it)."""
+
+    def elected(self, token: int) -> None: ...
+
+    def stepped_down(self, token: int, reason: str) -> None: ...
+
+    def error(self, exc: BaseException) -> None: ...
+
+    def fenced(self, applied: bool) -> None: ...
+
+    def keeper_opened(self, keeper: Any) -> None: ...
+
+    def keeper_closed(self, keeper: Any) -> None: ...
+
+
+class Events:
+    """One elector's (or lock's) reports: logged here, then handed to the sinks.
+
+    ``what`` says who speaks ("elector", "lock"); ``name`` is the elector's
+    name or the lock's. Thread-safe: the run thread, a leader function's
+    writes and a lock's watchdog all report here.
+    """
+
+    def __init__(self, what: str, name: str, instance: str = "", sinks: list[Sink] | None = None):
+        self.what = what
+        self.name = name
+        self.instance = instance
+        # Shared with children (a locker's locks), so instrumenting the
+        # locker reaches the locks it grants later.
+        self.sinks: list[Sink] = sinks if sinks is not None else []
+        self._mutex = threading.Lock()
+        self._failing_since = 0.0  # 0: no outage going on
+        self._failures = 0
+        self._said_at = 0.0
+        self._renewals = -1
+        self._token = 0
+        self._ended = False
+
+    def child(self, what: str, name: str) -> Events:
+        """Events for a part of this target (one lock of a locker), feeding the same sinks."""
+        return Events(what, name, self.instance, self.sinks)
+
+    # -- terms ------------------------------------------------------------------
+
+    def elected(self, token: int) -> None:
+        logger.info(
+            "%s %r elected: instance %s, token %d", self.what, self.name, self.instance, token
+        )
+        for sink in self.sinks:
+            sink.elected(token)
+
+    def stepped_down(self, token: int, reason: str) -> None:
+        logger.info("%s %r stepped down: token %d, %s", self.what, self.name, token, reason)
+        for sink in self.sinks:
+            sink.stepped_down(token, reason)
+
+    def acquired(self, token: int) -> None:
+        """A lock was granted (DEBUG: locks come and go by the thousand)."""
+        self._token = token
+        logger.debug("%s %r acquired: fencing token %d", self.what, self.name, token)
+        for sink in self.sinks:
+            sink.elected(token)
+
+    def released(self, reason: str) -> None:
+        """The acquired lock ended: "released", or "lost" when its lease was found gone.
+
+        Once per lock: the watchdog and ``release()`` may both find the loss.
+        """
+        with self._mutex:
+            if self._ended:
+                return
+            self._ended = True
+        # A lost lock is a handled failure, worth a WARNING; a release is routine.
+        level = logging.WARNING if reason == "lost" else logging.DEBUG
+        logger.log(level, "%s %r %s: fencing token %d", self.what, self.name, reason, self._token)
+        for sink in self.sinks:
+            sink.stepped_down(self._token, reason)
+
+    def debug(self, text: str) -> None:
+        logger.debug("%s %r %s", self.what, self.name, text)
+
+    # -- errors: one record per outage ----------------------------------------------
+
+    def error(self, exc: BaseException) -> None:
+        """An error the elector or a watchdog handled itself (retried, backed off, stepped down)."""
+        now = time.monotonic()
+        with self._mutex:
+            self._failures += 1
+            if not self._failing_since:
+                self._failing_since = self._said_at = now
+                level, text = logging.WARNING, "failing"
+            elif now - self._said_at >= STILL_FAILING_EVERY:
+                self._said_at = now
+                level, text = logging.WARNING, "still failing"
+            else:
+                level, text = logging.DEBUG, "failed again"
+            failures, since = self._failures, now - self._failing_since
+        logger.log(
+            level,
+            "%s %r %s (%d errors in %.1f s, handled and retried): %s: %s",
+            self.what,
+            self.name,
+            text,
+            failures,
+            since,
+            type(exc).__name__,
+            exc,
+        )
+        for sink in self.sinks:
+            sink.error(exc)
+
+    def ok(self) -> None:
+        """A round trip succeeded: ends the outage, if one was going on."""
+        if not self._failing_since:  # the common case, without the lock
+            return
+        now = time.monotonic()
+        with self._mutex:
+            if not self._failing_since:
+                return
+            failures, since = self._failures, now - self._failing_since
+            self._failing_since = 0.0
+            self._failures = 0
+        logger.info(
+            "%s %r recovered after %d errors in %.1f s", self.what, self.name, failures, since
+        )
+
+    def drain(self, keeper: Any) -> list[Exception]:
+        """A keeper's renewal errors since the last call, for the caller to ``error()`` each.
+
+        A good renewal since the last call (and no error) is ``ok()``.
+        """
+        errors: list[Exception] = keeper.pop_errors()
+        renewals: int = keeper.renewals
+        if renewals != self._renewals:
+            if self._renewals >= 0 and not errors:
+                self.ok()
+            self._renewals = renewals
+        return errors
+
+    def failing(self) -> bool:
+        """Whether an outage is going on (a watchdog then looks back for the recovery)."""
+        return bool(self._failing_since)
+
+    # -- fenced writes and keepers (metrics only) ----------------------------------------
+
+    def fenced(self, applied: bool) -> None:
+        for sink in self.sinks:
+            sink.fenced(applied)
+
+    def keeper_opened(self, keeper: Any) -> None:
+        for sink in self.sinks:
+            sink.keeper_opened(keeper)
+
+    def keeper_closed(self, keeper: Any) -> None:
+        for sink in self.sinks:
+            sink.keeper_closed(keeper)

@@ -1,0 +1,337 @@
+"""Prometheus metrics for an Elector or a RedisLocker (the ``metrics`` extra).
+
+```python
+import prometheus_client
+import redlease, redlease.metrics
+
+elector = redlease.Elector(client, "report-builder")
+redlease.metrics.instrument(elector)          # into prometheus_client.REGISTRY
+prometheus_client.start_http_server(9100)     # /metrics
+```
+
+What an instrumented target exports (every series labelled ``name``: the
+elector's name, or the locker's key prefix):
+
+- ``redlease_leader`` (gauge): 1 while this elector leads, else 0; for a
+  locker, how many of its locks are held right now.
+- ``redlease_term_token`` (gauge): the current term's fencing token, 0 while
+  not leading; for a locker, the last fencing token it was granted.
+- ``redlease_terms_total`` (counter): terms won (locks acquired).
+- ``redlease_stepdowns_total`` (counter, label ``reason``): terms ended, by
+  why — ``lost``, ``returned``, ``resigned``, ``stopped`` (locks:
+  ``released``, ``lost``).
+- ``redlease_errors_total`` (counter, label ``error``: the exception class):
+  Redis errors the elector or a lock watchdog handled itself — what
+  ``Observer.on_error`` sees, and the lock watchdog's failed renewals.
+- ``redlease_fenced_writes_total`` (counter, label ``result``: ``applied`` |
+  ``rejected``): fenced writes Redis answered (an elector only).
+- ``redlease_renew_lateness_seconds`` (histogram): how late each renewal was
+  sent after its scheduled moment, as the keeper itself measured it.
+
+Cost: until ``instrument`` is called the hooks have no listener, and an
+event costs a loop over an empty list. Once instrumented, the events above
+are counted in Python as they happen — a handful per term, one per fenced
+write — but renewals are not: the
+keeper counts their lateness into fixed buckets on its own thread (natively
+in C, without the GIL) and the collector reads those counters at scrape time.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        Metric,
+    )
+except ImportError:  # pragma: no cover - exercised in a subprocess without the extra
+    # One line that says what to do, rather than prometheus_client's own.
+    raise ImportError(
+        "redlease.metrics needs prometheus_client: pip install 'redlease[metrics]'"
+    ) from None
+
+from ._engine import LATENESS_BUCKETS
+from ._log import Events
+
+if TYPE_CHECKING:
+    from ._elector import Election
+
+__all__ = ["instrument"]
+
+T = TypeVar("T")
+
+_ELECTOR_REASONS = ("lost", "returned", "resigned", "stopped")
+_LOCK_REASONS = ("released", "lost")
+
+
+class _Target:
+    """One instrumented target's counters: an ``_log.Sink`` fed by its ``Events``."""
+
+    def __init__(
+        self,
+        name: str,
+        reasons: tuple[str, ...],
+        leader: Callable[[], int] | None,
+        token: Callable[[], int] | None,
+        fenced: bool,
+    ) -> None:
+        self.name = name
+        self._leader = leader
+        self._token = token
+        self._has_fence = fenced
+        self._mutex = threading.Lock()
+        self._terms = 0
+        self._ended = 0
+        self._last_token = 0
+        self._stepdowns = dict.fromkeys(reasons, 0)
+        self._errors: dict[str, int] = {}
+        self._fenced = {"applied": 0, "rejected": 0}
+        # Keepers still in use, read at scrape time; a closed keeper's final
+        # figures are folded into the base so the histogram never goes back.
+        self._keepers: list[Any] = []
+        self._base_counts = [0] * (len(LATENESS_BUCKETS) + 1)
+        self._base_sum = 0.0
+
+    # -- the Sink protocol (called from the run thread, writers, watchdogs) -----------
+
+    def elected(self, token: int) -> None:
+        with self._mutex:
+            self._terms += 1
+            self._last_token = token
+
+    def stepped_down(self, token: int, reason: str) -> None:
+        with self._mutex:
+            self._ended += 1
+            self._stepdowns[reason] = self._stepdowns.get(reason, 0) + 1
+
+    def error(self, exc: BaseException) -> None:
+        kind = type(exc).__name__
+        with self._mutex:
+            self._errors[kind] = self._errors.get(kind, 0) + 1
+
+    def fenced(self, applied: bool) -> None:
+        with self._mutex:
+            self._fenced["applied" if applied else "rejected"] += 1
+
+    def keeper_opened(self, keeper: Any) -> None:
+        with self._mutex:
+            if not any(k is keeper for k in self._keepers):
+                self._keepers.append(keeper)
+
+    def keeper_closed(self, keeper: Any) -> None:
+        with self._mutex:
+            for i, k in enumerate(self._keepers):
+                if k is keeper:
+                    del self._keepers[i]
+                    self._fold(keeper)
+                    return
+
+    def _fold(self, keeper: Any) -> None:
+        counts, total = keeper.lateness_totals()
+        for i, n in enumerate(counts):
+            self._base_counts[i] += n
+        self._base_sum += total
+
+    # -- scrape ---------------------------------------------------------------------
+
+    def lateness(self) -> tuple[list[int], float]:
+        """Renew lateness of every keeper this target used: per-bucket counts and the sum."""
+        with self._mutex:
+            # A keeper closed without telling us (a lock dropped unreleased,
+            # collected by the GC's finalizer) is folded here.
+            for keeper in [k for k in self._keepers if k.closed]:
+                self._keepers.remove(keeper)
+                self._fold(keeper)
+            counts = list(self._base_counts)
+            total = self._base_sum
+            live = list(self._keepers)
+        for keeper in live:
+            more, more_sum = keeper.lateness_totals()
+            for i, n in enumerate(more):
+                counts[i] += n
+            total += more_sum
+        return counts, total
+
+    def families(self) -> dict[str, Metric]:
+        name = [self.name]
+        with self._mutex:
+            terms, ended, last_token = self._terms, self._ended, self._last_token
+            stepdowns = dict(self._stepdowns)
+            errors = dict(self._errors)
+            fenced = dict(self._fenced)
+        leader = self._leader() if self._leader is not None else max(terms - ended, 0)
+        token = self._token() if self._token is not None else last_token
+        out: dict[str, Metric] = {}
+        g = GaugeMetricFamily(
+            "redlease_leader",
+            "1 while this instance leads (a locker: how many of its locks are held)",
+            labels=["name"],
+        )
+        g.add_metric(name, leader)
+        out[g.name] = g
+        g = GaugeMetricFamily(
+            "redlease_term_token",
+            "Fencing token of the current term, 0 while not leading (a locker: the last granted)",
+            labels=["name"],
+        )
+        g.add_metric(name, token)
+        out[g.name] = g
+        c = CounterMetricFamily(
+            "redlease_terms", "Terms won (a locker: locks acquired)", labels=["name"]
+        )
+        c.add_metric(name, terms)
+        out[c.name] = c
+        c = CounterMetricFamily(
+            "redlease_stepdowns", "Terms ended, by reason", labels=["name", "reason"]
+        )
+        for reason, n in stepdowns.items():
+            c.add_metric([self.name, reason], n)
+        out[c.name] = c
+        c = CounterMetricFamily(
+            "redlease_errors",
+            "Redis errors handled by the elector or a lock watchdog (retried or stepped down)",
+            labels=["name", "error"],
+        )
+        for kind, n in errors.items():
+            c.add_metric([self.name, kind], n)
+        out[c.name] = c
+        if self._has_fence:
+            c = CounterMetricFamily(
+                "redlease_fenced_writes",
+                "Fenced writes answered by Redis, by result",
+                labels=["name", "result"],
+            )
+            for result, n in fenced.items():
+                c.add_metric([self.name, result], n)
+            out[c.name] = c
+        counts, total = self.lateness()
+        buckets: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip(LATENESS_BUCKETS, counts[:-1], strict=True):
+            running += n
+            buckets.append((repr(float(bound)), running))  # Prometheus' own 'le' format
+        running += counts[-1]
+        buckets.append(("+Inf", running))
+        h = HistogramMetricFamily(
+            "redlease_renew_lateness_seconds",
+            "How late each lease renewal was sent after its scheduled time (keeper-measured)",
+            labels=["name"],
+        )
+        h.add_metric(name, buckets, sum_value=total)
+        out[h.name] = h
+        return out
+
+
+class _Collector:
+    """Every instrumented target of one registry, as one set of metric families."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._targets: list[tuple[weakref.ref[Any], _Target]] = []
+
+    def add(self, owner: object, target: _Target) -> _Target:
+        with self._mutex:
+            self._targets = [(ref, t) for ref, t in self._targets if ref() is not None]
+            for ref, t in self._targets:
+                if ref() is owner:
+                    return t
+                if t.name == target.name:
+                    raise ValueError(
+                        f"a redlease target named {target.name!r} is already instrumented in "
+                        "this registry; use one registry per process for each name"
+                    )
+            self._targets.append((weakref.ref(owner), target))
+        return target
+
+    def collect(self) -> Iterator[Metric]:
+        with self._mutex:
+            targets = [t for ref, t in self._targets if ref() is not None]
+        merged: dict[str, Metric] = {}
+        for target in targets:
+            for key, family in target.families().items():
+                if key in merged:
+                    merged[key].samples.extend(family.samples)
+                else:
+                    merged[key] = family
+        yield from merged.values()
+
+
+_collectors: weakref.WeakKeyDictionary[CollectorRegistry, _Collector] = (
+    weakref.WeakKeyDictionary()
+)
+_collectors_mutex = threading.Lock()
+
+
+def _collector(registry: CollectorRegistry) -> _Collector:
+    with _collectors_mutex:
+        collector = _collectors.get(registry)
+        if collector is None:
+            collector = _Collector()
+            registry.register(collector)
+            _collectors[registry] = collector
+        return collector
+
+
+# The shells keep their core private; this module is the one outside them
+# that reaches in, to attach to the core's events.
+def _election_of(target: object) -> Election | None:
+    from . import aio
+    from ._elector import Elector
+
+    if isinstance(target, Elector):
+        return target._election
+    if isinstance(target, aio.Elector):
+        return target._core
+    return None
+
+
+def instrument(target: T, registry: CollectorRegistry | None = None) -> T:
+    """Export ``target``'s metrics (see the module doc) to ``registry``; returns ``target``.
+
+    ``target`` is a ``redlease.Elector``, a ``redlease.aio.Elector``, a
+    ``redlease.RedisLocker`` (or ``MemoryLocker``) or an asyncio locker.
+    ``registry`` defaults to ``prometheus_client.REGISTRY``. Instrumenting the
+    same target twice into one registry is a no-op; two targets of the same
+    name in one registry is a ``ValueError`` (their series would collide).
+    Counting starts now: terms won before are not counted, but the renew
+    lateness of a run already going is.
+    """
+    from . import aio
+    from ._lock import Locker
+
+    registry = REGISTRY if registry is None else registry
+    election = _election_of(target)
+    events: Events
+    if election is not None:
+
+        def token(election: Election = election) -> int:
+            return election.token() or 0
+
+        def leader(election: Election = election) -> int:
+            return 1 if election.token() is not None else 0
+
+        instruments = _Target(election.config.name, _ELECTOR_REASONS, leader, token, True)
+        events = election.events
+    else:
+        locker = target._inner if isinstance(target, aio._AsyncLocker) else target
+        if not isinstance(locker, Locker):
+            raise TypeError(
+                "instrument() takes a redlease Elector or RedisLocker (threaded or asyncio), "
+                f"got {type(target).__name__}"
+            )
+        events = locker._events
+        instruments = _Target(events.name, _LOCK_REASONS, None, None, False)
+    added = _collector(registry).add(target, instruments)
+    if added is instruments:
+        events.sinks.append(instruments)
+        run = election.run if election is not None else None
+        if run is not None:
+            instruments.keeper_opened(run.keeper)
+    return target
