@@ -152,48 +152,32 @@ def tls_server(make_tls_server: Callable[..., RedisServer]) -> RedisServer:
     return make_tls_server()
 
 
-def _sentinel_set() -> SentinelSet:
-    return SentinelSet().start()
-
-
 @pytest.fixture(scope="module")
 def sentinel_set() -> Iterator[SentinelSet]:
     """A master, a replica and three sentinels shared by a module: do not fail it over."""
-    topology = _sentinel_set()
-    try:
+    with SentinelSet() as topology:
         yield topology
-    finally:
-        topology.stop()
 
 
 @pytest.fixture
 def sentinel_set_fresh() -> Iterator[SentinelSet]:
     """A Sentinel set of the test's own, to fail over, kill or freeze at will."""
-    topology = _sentinel_set()
-    try:
+    with SentinelSet() as topology:
         yield topology
-    finally:
-        topology.stop()
 
 
 @pytest.fixture(scope="module")
 def cluster_set() -> Iterator[ClusterSet]:
     """Three masters with a replica each, shared by a module: leave every slot where it was."""
-    topology = ClusterSet().start()
-    try:
+    with ClusterSet() as topology:
         yield topology
-    finally:
-        topology.stop()
 
 
 @pytest.fixture
 def cluster_set_fresh() -> Iterator[ClusterSet]:
     """A cluster of the test's own, to fail over, kill, migrate or freeze at will."""
-    topology = ClusterSet().start()
-    try:
+    with ClusterSet() as topology:
         yield topology
-    finally:
-        topology.stop()
 
 
 # TLS Sentinel and Cluster: every process TLS-only, replication and the cluster
@@ -204,41 +188,29 @@ def cluster_set_fresh() -> Iterator[ClusterSet]:
 def tls_sentinel_set(tls_materials: TLSMaterials) -> Iterator[SentinelSet]:
     """A TLS-only Sentinel set shared by a module (sentinels on TLS too): do not fail it over."""
     _require_tls()
-    topology = SentinelSet(tls=tls_materials).start()
-    try:
+    with SentinelSet(tls=tls_materials) as topology:
         yield topology
-    finally:
-        topology.stop()
 
 
 @pytest.fixture
 def tls_sentinel_set_fresh(tls_materials: TLSMaterials) -> Iterator[SentinelSet]:
     """A TLS-only Sentinel set of the test's own, to fail over at will."""
     _require_tls()
-    topology = SentinelSet(tls=tls_materials).start()
-    try:
+    with SentinelSet(tls=tls_materials) as topology:
         yield topology
-    finally:
-        topology.stop()
 
 
 @pytest.fixture(scope="module")
 def tls_cluster_set(tls_materials: TLSMaterials) -> Iterator[ClusterSet]:
     """A TLS-only cluster (tls-cluster, tls-replication) shared by a module."""
     _require_tls()
-    topology = ClusterSet(tls=tls_materials).start()
-    try:
+    with ClusterSet(tls=tls_materials) as topology:
         yield topology
-    finally:
-        topology.stop()
 
 
 @pytest.fixture
 def tls_cluster_set_fresh(tls_materials: TLSMaterials) -> Iterator[ClusterSet]:
     """A TLS-only cluster of the test's own, to fail over at will."""
     _require_tls()
-    topology = ClusterSet(tls=tls_materials).start()
-    try:
+    with ClusterSet(tls=tls_materials) as topology:
         yield topology
-    finally:
-        topology.stop()
