@@ -6,12 +6,17 @@ servers use); each helper writes into a directory the test owns.
 
 from __future__ import annotations
 
+import os
 import ssl
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import pytest
 import redis
 
+import redlease
+from helpers import Events, require_native, stays, wait_until
 from redlease._testing import RedisServer, TLSMaterials
 
 # A key password no message, repr or log line may ever show.
@@ -55,3 +60,28 @@ def tls_client(server: RedisServer, **kwargs: Any) -> redis.Redis:
     kwargs.setdefault("socket_timeout", 2)
     kwargs.setdefault("socket_connect_timeout", 2)
     return server.client(**kwargs)
+
+
+def require_native_tls() -> ModuleType:
+    """The native core, built with OpenSSL; else skip (fail where the native build is required).
+
+    ``REDLEASE_REQUIRE_NATIVE=1`` makes a build without TLS fail here too,
+    unless the build was asked to leave OpenSSL out (``REDLEASE_NO_OPENSSL=1``).
+    """
+    core = require_native()
+    if "tls" not in core.FEATURES:
+        reason = "the native extension was built without OpenSSL"
+        required = os.environ.get("REDLEASE_REQUIRE_NATIVE") == "1"
+        if required and os.environ.get("REDLEASE_NO_OPENSSL") != "1":
+            pytest.fail(f"REDLEASE_REQUIRE_NATIVE=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    return core
+
+
+def never_elected(e: redlease.Elector, events: Events, timeout: float = 10) -> BaseException:
+    """Wait for the elector's first error, check it stays a follower; that error."""
+    wait_until(lambda: events.count("error") >= 1, timeout=timeout, what="an error reported")
+    assert stays(lambda: e.token() is None, 0.5)
+    assert events.count("elected") == 0
+    error: BaseException = events.values("error")[0]
+    return error

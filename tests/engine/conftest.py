@@ -15,6 +15,7 @@ import redis
 
 from engine_helpers import KEEPER_KINDS, RENEW, Keepers, Server, native_ref
 from helpers import require_native
+from tls_helpers import require_native_tls
 
 
 @pytest.fixture
@@ -88,3 +89,11 @@ def native_keepers() -> Iterator[Callable[..., Any]]:
     finally:
         for k in made:
             k.close()
+
+
+@pytest.fixture
+def tls_engine(engine: str) -> str:
+    """``engine``, with the native one built with TLS."""
+    if engine == "native":
+        require_native_tls()
+    return engine

@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -30,8 +29,6 @@ from helpers import (
     elected_token,
     gil_call_size,
     hold_gil,
-    require_native,
-    stays,
     wait_until,
 )
 from redlease._engine import ACTIVE, LOST
@@ -42,45 +39,14 @@ from tls_helpers import (
     ca_der,
     encrypted_client_key,
     garbage_file,
+    never_elected,
+    require_native_tls,
     tls_client,
 )
 
 pytestmark = pytest.mark.topology
 
 MakeServer = Callable[..., RedisServer]
-
-
-def require_native_tls() -> ModuleType:
-    """The native core, built with OpenSSL; else skip (fail where the native build is required).
-
-    ``REDLEASE_REQUIRE_NATIVE=1`` makes a build without TLS fail here too,
-    unless the build was asked to leave OpenSSL out (``REDLEASE_NO_OPENSSL=1``).
-    """
-    core = require_native()
-    if "tls" not in core.FEATURES:
-        reason = "the native extension was built without OpenSSL"
-        required = os.environ.get("REDLEASE_REQUIRE_NATIVE") == "1"
-        if required and os.environ.get("REDLEASE_NO_OPENSSL") != "1":
-            pytest.fail(f"REDLEASE_REQUIRE_NATIVE=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
-    return core
-
-
-@pytest.fixture
-def tls_engine(engine: str) -> str:
-    """``engine``, with the native one built with TLS."""
-    if engine == "native":
-        require_native_tls()
-    return engine
-
-
-def never_elected(e: redlease.Elector, events: Events) -> BaseException:
-    """Wait for the elector's first error, check it stays a follower; that error."""
-    wait_until(lambda: events.count("error") >= 1, timeout=10, what="an error reported")
-    assert stays(lambda: e.token() is None, 0.5)
-    assert events.count("elected") == 0
-    error: BaseException = events.values("error")[0]
-    return error
 
 
 # -- the happy path -------------------------------------------------------------------

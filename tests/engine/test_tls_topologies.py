@@ -15,7 +15,6 @@ import dataclasses
 import os
 import time
 from collections.abc import Iterator
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -33,12 +32,12 @@ from helpers import (
     hold_gil,
     require_native,
     stays,
-    wait_until,
 )
 from redlease._engine.client import native_endpoint
 from redlease._engine.native import NativeEngine
 from redlease._scripts import fenced_file
 from redlease._testing import ClusterSet, SentinelSet, TLSMaterials, key_slot
+from tls_helpers import never_elected, require_native_tls
 from topology_helpers import close_all_engines, wait_leading_on
 
 pytestmark = [pytest.mark.topology]
@@ -53,30 +52,6 @@ _SentinelCls: Any = Sentinel  # redis-py leaves its constructors unannotated
 def _close_engines() -> Iterator[None]:
     yield
     close_all_engines()
-
-
-def require_native_tls() -> ModuleType:
-    core = require_native()
-    if "tls" not in core.FEATURES:
-        pytest.skip("the native extension was built without OpenSSL")
-    return core
-
-
-@pytest.fixture
-def tls_engine(engine: str) -> str:
-    """``engine``, with the native one built with TLS."""
-    if engine == "native":
-        require_native_tls()
-    return engine
-
-
-def never_elected(e: redlease.Elector, events: Events) -> BaseException:
-    """Wait for the elector's first error, check it stays a follower; that error."""
-    wait_until(lambda: events.count("error") >= 1, timeout=15, what="an error reported")
-    assert stays(lambda: e.token() is None, 0.5)
-    assert events.count("elected") == 0
-    error: BaseException = events.values("error")[0]
-    return error
 
 
 def _stop(e: redlease.Elector) -> None:
@@ -224,7 +199,7 @@ def test_a_tls_sentinel_master_signed_by_another_ca_is_rejected_and_never_electe
     assert e.engine == tls_engine
     e.start()
     try:
-        error = never_elected(e, events)
+        error = never_elected(e, events, timeout=15)
     finally:
         _stop(e)
     assert isinstance(error, rex.ConnectionError)
@@ -248,7 +223,7 @@ def test_tls_sentinels_signed_by_another_ca_are_rejected_and_never_elected(
     assert e.engine == tls_engine
     e.start()
     try:
-        error = never_elected(e, events)
+        error = never_elected(e, events, timeout=15)
     finally:
         _stop(e)
     # No sentinel could be asked: redis-py's MasterNotFoundError on both engines.
@@ -305,7 +280,7 @@ def test_a_native_elector_on_a_tls_cluster_it_would_reject_is_never_elected(
     )
     e.start()
     try:
-        error = never_elected(e, events)
+        error = never_elected(e, events, timeout=15)
     finally:
         _stop(e)
     assert isinstance(error, rex.ConnectionError)
