@@ -120,9 +120,12 @@ class Election:
         self.keys = ElectionKeys(self.config.name)
         self.events = Events("elector", self.config.name, self.config.instance_id)
         self.fence = Fence(
-            self.engine, self.keys.applied, self.config.name, cluster=is_cluster(client)
+            self.engine,
+            self.keys.applied,
+            self.config.name,
+            self.events,
+            cluster=is_cluster(client),
         )
-        self.fence.events = self.events
         # What the leader function gets as its second argument, for a token.
         self._fencer: Callable[[int], Any] = fencer or (lambda _token: None)
         self._mutex = threading.Lock()

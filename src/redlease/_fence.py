@@ -89,7 +89,7 @@ class Fence:
     """
 
     def __init__(
-        self, engine: Engine, applied_key: str, name: str, *, cluster: bool = False
+        self, engine: Engine, applied_key: str, name: str, events: Events, *, cluster: bool = False
     ) -> None:
         self._engine = engine
         self._applied_key = applied_key
@@ -98,7 +98,7 @@ class Fence:
         self._slot = _slot(applied_key) if cluster else None
         self._mutex = threading.Lock()
         self._eval_scripts: dict[str, Script] = {}
-        self.events = Events("elector", name)  # its Election's, once it sets it
+        self._events = events  # its Election's: fenced-write results are reported there
 
     def set_request(self, token: object, key: object, value: object) -> FenceRequest | None:
         return self._request(_FENCE_SET, token, (_check_key(key),), (_check_value(value),))
@@ -132,7 +132,7 @@ class Fence:
         if request is None:
             return False
         applied = bool(self._engine.write(*request) == 1)
-        self.events.fenced(applied)
+        self._events.fenced(applied)
         return applied
 
     async def write_async(self, request: FenceRequest | None) -> bool:
@@ -142,7 +142,7 @@ class Fence:
         reply = await asyncio.get_running_loop().run_in_executor(
             None, self._engine.write, *request
         )
-        self.events.fenced(reply == 1)
+        self._events.fenced(reply == 1)
         return bool(reply == 1)
 
     def _eval_script(self, body: str) -> Script:
