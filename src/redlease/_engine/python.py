@@ -8,6 +8,7 @@ holds the GIL for long: that is the limitation the native engine removes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -15,6 +16,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import (
     AskError,
@@ -27,6 +29,7 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from .._scripts import Script
+from .aiowriter import LoopWriter, PyLoopConn
 from .base import (
     CALL_CONNECTIONS,
     DEFAULT_WRITE_TIMEOUT,
@@ -296,6 +299,10 @@ class PythonEngine:
         self._writes = _Pool(client, WRITE_CONNECTIONS)
         self._keeper_conns: weakref.WeakSet[BoundedConnection] = weakref.WeakSet()
         self._switches = MasterSwitches(sentinels_of(client), self._forget_master)
+        self._loop_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWriter] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._loop_ok = _plain_socket(client)
 
     def call(
         self,
@@ -313,6 +320,15 @@ class PythonEngine:
         args: Sequence[EncodableT],
     ) -> Any:
         return self._writes.eval_script(script, keys, args, self.write_timeout)
+
+    def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
+        """The pipelined writer on ``loop`` (made on first use), or None where unserved."""
+        writer = self._loop_writers.get(loop)
+        if writer is None and self._loop_ok:
+            conn = PyLoopConn(_connection_factory(self._client, None))
+            writer = LoopWriter(loop, conn, conn.put, self.write_timeout)
+            self._loop_writers[loop] = writer
+        return writer
 
     def keeper(
         self,
@@ -342,8 +358,24 @@ class PythonEngine:
 
     def close(self) -> None:
         self._switches.close()
+        for writer in list(self._loop_writers.values()):
+            writer.close()
         self._calls.close()
         self._writes.close()
+
+
+def _plain_socket(client: Any) -> bool:
+    """Whether ``client`` reaches one fixed server over a plain socket an event loop can watch.
+
+    TLS sockets buffer inside OpenSSL, out of the loop's sight; Sentinel and
+    Cluster clients move between servers. Those write through ``write``.
+    """
+    if is_cluster(client) or sentinels_of(client) is not None:
+        return False
+    pool = getattr(client, "connection_pool", None)
+    if pool is None or pool.__class__.__name__ == "SentinelConnectionPool":
+        return False
+    return not issubclass(pool.connection_class, redis.SSLConnection)
 
 
 __all__ = ["BoundedConnection", "PythonEngine"]

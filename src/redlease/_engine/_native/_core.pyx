@@ -46,10 +46,12 @@ any thread may block on it, the keeper thread included.
 #   _route.pxi         one routed round trip: MOVED / ASK / READONLY followed
 #   _pool.pxi          the Python-facing connection objects: ScriptRef,
 #                      Target, Pool, and failures as redis-py exceptions
+#   _loopconn.pxi      LoopConn: a non-blocking connection an asyncio event
+#                      loop drives, for pipelined fenced writes
 #   _keeper_thread.pxi the renewal thread (no GIL, ever)
 #   _keeper.pxi        Keeper, the Python face of that thread
 #
-# Fork safety lives here, at the end: it reaches into Pool and Keeper.
+# Fork safety lives here, at the end: it reaches into Pool, LoopConn and Keeper.
 
 from cpython.bytes cimport (
     PyBytes_AS_STRING,
@@ -64,7 +66,7 @@ from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 import os
 import weakref
 
-# Every Pool and Keeper alive in this process, for the fork handler below.
+# Every Pool, LoopConn and Keeper alive in this process, for the fork handler below.
 _live = weakref.WeakSet()
 
 include "_posix.pxi"
@@ -77,6 +79,7 @@ include "_sentinel.pxi"
 include "_cluster.pxi"
 include "_route.pxi"
 include "_pool.pxi"
+include "_loopconn.pxi"
 include "_keeper_thread.pxi"
 include "_keeper.pxi"
 
@@ -89,6 +92,8 @@ def _after_fork_in_child():
             (<Keeper>obj).after_fork_in_child()
         elif isinstance(obj, Pool):
             (<Pool>obj).after_fork_in_child()
+        elif isinstance(obj, LoopConn):
+            (<LoopConn>obj).after_fork_in_child()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
