@@ -1,0 +1,254 @@
+"""asyncio fenced writes pipelined on one connection the event loop drives, on both engines.
+
+Many tasks' writes share the connection, replies are matched to the writes
+in order, a cancelled task's reply is read and dropped, a hung server fails
+the writes in flight after the client's socket_timeout, and none of it can
+delay a native renewal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+import redlease
+import redlease.aio
+from helpers import ProcessContender, gil_call_size, hold_gil, require_native
+from redlease._testing import RedisServer
+
+NAME = "aiow"
+
+
+def run(coro_fn: Callable[[], Awaitable[Any]], timeout: float = 60) -> Any:
+    return asyncio.run(asyncio.wait_for(coro_fn(), timeout))  # type: ignore[arg-type]
+
+
+def async_client(server: RedisServer, socket_timeout: float = 5) -> redis.asyncio.Redis:
+    return redis.asyncio.Redis(host="127.0.0.1", port=server.port, socket_timeout=socket_timeout)
+
+
+async def leading(
+    server: RedisServer, engine: str, *, ttl: float = 5.0, socket_timeout: float = 5
+) -> tuple[redlease.aio.Elector, int]:
+    """An elector leading with a token well above 1, so ``token - 1`` is stale, not inert."""
+    with server.client() as setup:
+        setup.set(f"{NAME}:fence", 100)
+    e = redlease.aio.Elector(
+        async_client(server, socket_timeout), NAME, ttl=ttl, engine=engine
+    ).start()
+    deadline = time.monotonic() + 10
+    while (token := e.token()) is None:
+        assert time.monotonic() < deadline, "not elected"
+        await asyncio.sleep(0.01)
+    assert token > 100
+    # Raise the fence mark to this term, so a lower token is stale from now on.
+    assert await e.fence_set(token, f"{NAME}:first", "x")
+    return e, token
+
+
+def loop_writer(e: redlease.aio.Elector) -> Any:
+    writer = e._core.engine.loop_writer(asyncio.get_running_loop())
+    assert writer is not None, "a plain TCP client must be served by the loop writer"
+    return writer
+
+
+def test_ten_thousand_concurrent_writes_with_cancellations_each_get_their_own_reply(
+    redis_server: RedisServer, client: redis.Redis, engine: str
+) -> None:
+    rng = random.Random(9)
+    count = 10_000
+    # Current and stale tokens interleaved at random: a reply handed to the
+    # wrong write would turn an applied write into a rejected one or back.
+    stale = [rng.random() < 0.3 for _ in range(count)]
+    outcome: dict[int, Any] = {}
+
+    async def scenario() -> None:
+        e, token = await leading(redis_server, engine)
+        writer = loop_writer(e)
+        peak = 0
+
+        async def write(i: int) -> None:
+            writer_token = token - 1 if stale[i] else token
+            outcome[i] = await e.fence_set(writer_token, f"{NAME}:k{i}", f"v{i}")
+
+        tasks = [asyncio.ensure_future(write(i)) for i in range(count)]
+        loop = asyncio.get_running_loop()
+        cancelled = rng.sample(range(count), count // 10)
+        for i in cancelled:
+            loop.call_later(rng.random() * 0.05, tasks[i].cancel)
+        while not all(t.done() for t in tasks):
+            peak = max(peak, writer.in_flight)
+            await asyncio.sleep(0.001)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert peak > 1, "the writes were not pipelined"
+        assert not [r for r in results if isinstance(r, Exception)]
+        # The connection is still in step: a write after all that gets its own reply.
+        assert await e.fence_set(token, f"{NAME}:after", "after")
+        assert not await e.fence_set(token - 1, f"{NAME}:after", "stale")
+        assert writer.in_flight == 0
+        await e.stop()
+
+    run(scenario)
+    finished = [i for i in range(count) if i in outcome]
+    assert len(finished) >= count - count // 10
+    assert len(finished) < count, "no task was cancelled mid-flight"
+    for i in finished:
+        assert outcome[i] is (not stale[i]), f"write {i} got another write's reply"
+    values = client.mget([f"{NAME}:k{i}" for i in range(count)])
+    for i, value in enumerate(values):
+        if stale[i]:
+            assert value is None, f"stale write {i} was applied"
+        elif i in outcome:
+            assert value == f"v{i}".encode()
+        else:
+            # Cancelled: it may or may not have been sent, never someone else's value.
+            assert value in (None, f"v{i}".encode())
+    assert client.get(f"{NAME}:after") == b"after"
+
+
+def test_a_cancelled_write_reply_is_dropped_not_given_to_the_next_write(
+    redis_server: RedisServer, engine: str
+) -> None:
+    async def scenario() -> None:
+        e, token = await leading(redis_server, engine)
+        redis_server.pause()
+        try:
+            applied = asyncio.ensure_future(e.fence_set(token, f"{NAME}:a", "a"))
+            rejected = asyncio.ensure_future(e.fence_set(token - 1, f"{NAME}:b", "b"))
+            await asyncio.sleep(0.05)  # both are on the wire, unanswered
+            applied.cancel()
+        finally:
+            redis_server.resume()
+        assert await rejected is False  # not the cancelled write's True
+        with pytest.raises(asyncio.CancelledError):
+            await applied
+        assert await e.fence_set(token, f"{NAME}:c", "c") is True
+        await e.stop()
+
+    run(scenario)
+
+
+def test_server_paused_mid_write_raises_timeout_after_socket_timeout_then_writes_work(
+    redis_server: RedisServer, client: redis.Redis, engine: str
+) -> None:
+    async def scenario() -> None:
+        e, token = await leading(redis_server, engine, ttl=10, socket_timeout=0.5)
+        redis_server.pause()
+        try:
+            started = time.monotonic()
+            results = await asyncio.gather(
+                *(e.fence_set(token, f"{NAME}:p{i}", i) for i in range(20)),
+                return_exceptions=True,
+            )
+            elapsed = time.monotonic() - started
+        finally:
+            redis_server.resume()
+        assert all(isinstance(r, redis.exceptions.TimeoutError) for r in results), results
+        assert 0.4 <= elapsed < 3, f"the writes failed after {elapsed:.2f} s"
+        assert await e.fence_set(token, f"{NAME}:p-after", "after") is True
+        await e.stop()
+
+    run(scenario)
+    assert client.get(f"{NAME}:p-after") == b"after"
+
+
+def test_writes_after_script_flush_are_applied_exactly_once(
+    redis_server: RedisServer, client: redis.Redis, engine: str
+) -> None:
+    body = "redis.call('INCR', KEYS[2])"  # KEYS[1] is the fence mark
+
+    async def scenario() -> None:
+        e, token = await leading(redis_server, engine)
+        assert await e.fence_eval(token, body, [f"{NAME}:n"])
+        client.script_flush()
+        applied = await asyncio.gather(
+            *(e.fence_eval(token, body, [f"{NAME}:n"]) for _ in range(50))
+        )
+        assert all(applied)
+        await e.stop()
+
+    run(scenario)
+    assert client.get(f"{NAME}:n") == b"51"
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced(
+    redis_server: RedisServer, client: redis.Redis, engine: str
+) -> None:
+    async def scenario() -> None:
+        e, token = await leading(redis_server, engine)
+        client.client_kill_filter(_type="normal", skipme=True)
+        await asyncio.sleep(0.1)
+        assert await e.fence_set(token, f"{NAME}:k", "after-kill") is True
+        await e.stop()
+
+    run(scenario)
+    assert client.get(f"{NAME}:k") == b"after-kill"
+
+
+def test_bad_arguments_raise_and_later_writes_are_unaffected(
+    redis_server: RedisServer, engine: str
+) -> None:
+    async def scenario() -> None:
+        e, token = await leading(redis_server, engine)
+        with pytest.raises(TypeError, match="value must be str, bytes, int or float"):
+            await e.fence_set(token, f"{NAME}:k", None)  # type: ignore[arg-type]
+        assert loop_writer(e).in_flight == 0
+        assert await e.fence_set(token, f"{NAME}:k", "ok") is True
+        await e.stop()
+
+    run(scenario)
+
+
+def test_native_renewals_stay_on_time_through_a_gil_hog_while_asyncio_writes_run(
+    redis_server: RedisServer, client: redis.Redis
+) -> None:
+    require_native()
+    n = gil_call_size(1.5)
+    contender: list[ProcessContender] = []
+    written: list[bool] = []
+
+    async def scenario() -> None:
+        e, token = await leading(redis_server, "native", ttl=0.3)
+        stop = asyncio.Event()
+
+        async def writer(w: int) -> None:
+            i = 0
+            while not stop.is_set():
+                written.append(await e.fence_set(token, f"{NAME}:w{w}", i))
+                i += 1
+
+        writers = [asyncio.ensure_future(writer(w)) for w in range(16)]
+        contender.append(
+            ProcessContender(
+                f'client = redis.Redis(host="127.0.0.1", port={redis_server.port}, '
+                "socket_timeout=2)",
+                NAME,
+                0.3,
+            )
+        )
+        await asyncio.sleep(0.2)
+        before = len(written)
+        held = hold_gil(n)  # the loop and every Python thread stand still, five TTLs
+        assert held > 3 * 0.3, f"the C call held the GIL for only {held:.2f} s"
+        assert e.token() == token
+        await asyncio.sleep(0.2)
+        stop.set()
+        await asyncio.gather(*writers)
+        assert before > 0 and len(written) > before, "the writes did not run around the hog"
+        assert all(written), "a write of the current term was rejected"
+        assert e.token() == token
+        assert contender[0].elections() == [], "the other process took over during the call"
+        await e.stop()
+
+    try:
+        run(scenario)
+    finally:
+        for c in contender:
+            c.close()
