@@ -157,9 +157,7 @@ def sync_rows(
             time.sleep(0.01)
         assert token is not None, f"{e!r} was not elected"
         fencer = redlease.Fencer(e, token)
-        ops[engine] = lambda n, fencer=fencer, key=f"{NAME}-sync-{engine}:value": fencer.set(
-            key, n
-        )
+        ops[engine] = lambda n, fencer=fencer, key=f"{NAME}-sync-{engine}:value": fencer.set(key, n)
     applied = f"{NAME}-sync-redis:fence:applied"
     client.set(applied, 1)
     ops["redis-py"] = lambda n: client.evalsha(SCRIPT.sha, 2, applied, KEYS[1], 1, n)
