@@ -17,11 +17,13 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
+import redis.asyncio.sentinel
 
 import redlease
 import redlease.aio
 from helpers import ProcessContender, gil_call_size, hold_gil, require_native
-from redlease._testing import RedisServer
+from redlease._testing import RedisServer, SentinelSet, TLSMaterials
+from tls_helpers import require_native_tls
 
 NAME = "aiow"
 
@@ -35,14 +37,17 @@ def async_client(server: RedisServer, socket_timeout: float = 5) -> redis.asynci
 
 
 async def leading(
-    server: RedisServer, engine: str, *, ttl: float = 5.0, socket_timeout: float = 5
+    server: RedisServer,
+    engine: str,
+    *,
+    ttl: float = 5.0,
+    socket_timeout: float = 5,
+    client: redis.asyncio.Redis | None = None,
 ) -> tuple[redlease.aio.Elector, int]:
     """An elector leading with a token well above 1, so ``token - 1`` is stale, not inert."""
-    with server.client() as setup:
-        setup.set(f"{NAME}:fence", 100)
-    e = redlease.aio.Elector(
-        async_client(server, socket_timeout), NAME, ttl=ttl, engine=engine
-    ).start()
+    client = client or async_client(server, socket_timeout)
+    await client.set(f"{NAME}:fence", 100)
+    e = redlease.aio.Elector(client, NAME, ttl=ttl, engine=engine).start()
     deadline = time.monotonic() + 10
     while (token := e.token()) is None:
         assert time.monotonic() < deadline, "not elected"
@@ -202,6 +207,89 @@ def test_bad_arguments_raise_and_later_writes_are_unaffected(
         assert loop_writer(e).in_flight == 0
         assert await e.fence_set(token, f"{NAME}:k", "ok") is True
         await e.stop()
+
+    run(scenario)
+
+
+async def concurrent_writes_each_get_their_own_reply(
+    e: redlease.aio.Elector, token: int, count: int
+) -> dict[int, bool]:
+    """``count`` writes at once, stale and current interleaved; each one's result checked."""
+    stale = [i % 3 == 1 for i in range(count)]
+    results = await asyncio.gather(
+        *(
+            e.fence_set(token - 1 if stale[i] else token, f"{NAME}:k{i}", f"v{i}")
+            for i in range(count)
+        )
+    )
+    for i, applied in enumerate(results):
+        assert applied is (not stale[i]), f"write {i} got another write's reply"
+    return {i: not stale[i] for i in range(count)}
+
+
+def test_writes_over_tls_are_pipelined_on_the_native_engine(
+    tls_server: RedisServer, tls_materials: TLSMaterials
+) -> None:
+    require_native_tls()
+
+    async def scenario() -> dict[int, bool]:
+        client = redis.asyncio.Redis(
+            host="127.0.0.1",
+            port=tls_server.port,
+            ssl=True,
+            ssl_ca_certs=str(tls_materials.ca_file),
+            ssl_cert_reqs="required",
+            socket_timeout=5,
+        )
+        e, token = await leading(tls_server, "native", client=client)
+        assert e.engine == "native"
+        writer = loop_writer(e)
+        pending = asyncio.ensure_future(concurrent_writes_each_get_their_own_reply(e, token, 2000))
+        peak = 0
+        while not pending.done():
+            peak = max(peak, writer.in_flight)
+            await asyncio.sleep(0)
+        applied = await pending
+        assert peak > 1, "the writes were not pipelined"
+        await e.stop()
+        await client.aclose()
+        return applied
+
+    applied = run(scenario)
+    with tls_server.client() as check:
+        values = check.mget([f"{NAME}:k{i}" for i in range(len(applied))])
+    assert values == [f"v{i}".encode() if ok else None for i, ok in applied.items()]
+
+
+def test_writes_through_sentinels_reach_the_new_master_after_a_failover(
+    sentinel_set_fresh: SentinelSet, engine: str
+) -> None:
+    topology = sentinel_set_fresh
+
+    async def scenario() -> None:
+        manager = redis.asyncio.sentinel.Sentinel(
+            topology.sentinel_addresses(), socket_timeout=1
+        )
+        client = manager.master_for(topology.service, socket_timeout=2)
+        e, token = await leading(topology.master, engine, ttl=10, client=client)
+        await concurrent_writes_each_get_their_own_reply(e, token, 200)
+        new_master = topology.node_at(topology.failover())
+        # Writes across the switch may fail (their outcome unknown, or not
+        # run at all: READONLY) or still land on the old master until it is
+        # demoted; soon they land on the new one.
+        deadline = time.monotonic() + 15
+        with topology.node_client(new_master) as check:
+            for n in range(1_000_000):
+                assert time.monotonic() < deadline, "writes never reached the new master"
+                try:
+                    applied = await e.fence_set(e.token() or token, f"{NAME}:after", n)
+                except (redis.exceptions.ConnectionError, redis.exceptions.ResponseError):
+                    applied = False
+                if applied and check.get(f"{NAME}:after") == str(n).encode():
+                    break
+                await asyncio.sleep(0.1)
+        await e.stop()
+        await client.aclose()
 
     run(scenario)
 

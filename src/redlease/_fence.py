@@ -138,7 +138,7 @@ class Fence:
     async def write_async(self, request: FenceRequest | None) -> bool:
         """``write`` for a coroutine: pipelined on the engine's connection for this loop.
 
-        Where the engine has no loop writer (TLS, Sentinel, Cluster) the
+        Where the engine has no loop writer (see ``Engine.loop_writer``) the
         blocking write runs on the loop's default executor instead.
         """
         if request is None:

@@ -17,6 +17,10 @@ the calls were sent and are matched to the futures first in, first out.
   new connection.
 * Any I/O error fails every call in flight with ``ConnectionError`` the
   same way.
+* A reply saying the server is not the master (READONLY, MASTERDOWN,
+  LOADING: the call did not run) is that call's error; the calls behind it
+  fail with ``ConnectionError`` and the connection is dropped, so the next
+  write connects to the master anew (through the sentinels, natively).
 
 Only the connect (with its handshake) blocks, once per connection, on the
 loop's default executor; writes made meanwhile are queued and sent once it
@@ -39,7 +43,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import hiredis
-from redis.exceptions import ConnectionError, NoScriptError, RedisError, TimeoutError
+from redis.exceptions import (
+    BusyLoadingError,
+    ConnectionError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    TimeoutError,
+)
 
 from .._scripts import Script
 from .base import EncodableT
@@ -62,6 +74,11 @@ class Conn(Protocol):
 
     def fileno(self) -> int: ...
 
+    @property
+    def outdated(self) -> bool:
+        """True when the server this connection reaches is no longer known to be the master."""
+        ...
+
     def flush(self) -> bool:
         """Send what the socket takes now; True when nothing is left to send."""
         ...
@@ -81,6 +98,12 @@ class Conn(Protocol):
 
 Put = Callable[[Script, Sequence["str | bytes"], Sequence[EncodableT], bool], None]
 """Queue one script call on the connection (EVAL instead of EVALSHA when the flag is set)."""
+
+def _not_master(reply: object) -> bool:
+    if isinstance(reply, (ReadOnlyError, BusyLoadingError)):
+        return True
+    return isinstance(reply, ResponseError) and str(reply).startswith("MASTERDOWN")
+
 
 # One call in flight: its future, what to resend on NOSCRIPT, and its deadline.
 _Entry = tuple["asyncio.Future[Any]", Script, Sequence["str | bytes"], Sequence[EncodableT], float]
@@ -121,6 +144,8 @@ class LoopWriter:
         loop = self._loop()
         if self._closed:
             raise ConnectionError("redlease: the engine was closed")
+        if not self._pending and self._fd >= 0 and self._conn.outdated:
+            self._disconnect()  # nothing in flight: reconnect to the master named now
         self._put(script, keys, args, False)  # bad input raises here, before anything is sent
         fut: asyncio.Future[Any] = loop.create_future()
         pending = self._pending
@@ -204,11 +229,13 @@ class LoopWriter:
                 self._put(script, keys, args, True)
                 pending.append((fut, script, keys, args, self._loop().time() + self._timeout))
                 resend = True
-            elif fut.done():
-                continue  # the task was cancelled; its reply is read and dropped
             elif isinstance(reply, Exception):
-                fut.set_exception(reply)
-            else:
+                if not fut.done():
+                    fut.set_exception(reply)
+                if _not_master(reply):
+                    self._fail(ConnectionError("redlease: the server is no longer the master"))
+                    return
+            elif not fut.done():  # else the task was cancelled: the reply is dropped
                 fut.set_result(reply)
         if resend:
             self._flush()
@@ -225,8 +252,8 @@ class LoopWriter:
         else:
             self._timer = loop.call_at(deadline, self._on_timer)
 
-    def _fail(self, error: BaseException) -> None:
-        """Every call in flight fails with ``error``'s kind; the connection is dropped."""
+    def _disconnect(self) -> None:
+        """Stop watching the socket and drop the connection (queued calls included)."""
         if self._fd >= 0:
             loop = self._loop_ref()
             if loop is not None and not loop.is_closed():
@@ -239,6 +266,10 @@ class LoopWriter:
             self._conn.drop()
         else:
             self._conn.clear()  # the connect thread owns the socket until it returns
+
+    def _fail(self, error: BaseException) -> None:
+        """Every call in flight fails with ``error``'s kind; the connection is dropped."""
+        self._disconnect()
         pending, self._pending = self._pending, deque()
         if self._timer is not None:
             self._timer.cancel()
@@ -320,6 +351,10 @@ class PyLoopConn:
 
     def fileno(self) -> int:
         return -1 if self._sock is None else self._sock.fileno()
+
+    @property
+    def outdated(self) -> bool:
+        return False  # one fixed server
 
     def put(
         self,

@@ -206,8 +206,9 @@ class Engine(Protocol):
 
         One pipelined connection per loop, driven by the loop itself (see
         ``aiowriter``): no thread hop per write. Only from ``loop``'s thread.
-        None where the engine reaches the server some other way (TLS,
-        Sentinel, Cluster). Renewals never share this connection.
+        None where the engine reaches the server some other way (Cluster;
+        TLS and Sentinel on the Python engine). Renewals never share this
+        connection.
         """
         ...
 

@@ -46,13 +46,12 @@ class NativeEngine:
         self._refs: dict[str, _native.ScriptRef] = {}
         self._keepers: weakref.WeakSet[_native.Keeper] = weakref.WeakSet()
         self._switches = MasterSwitches(endpoint.sentinels, self._forget_master)
-        # asyncio writes: one pipelined connection per event loop, where a
-        # plain socket the loop can watch reaches the server (not TLS,
-        # Sentinel or Cluster: those go through ``write`` on an executor).
+        # asyncio writes: one pipelined connection per event loop (a cluster,
+        # one connection per slot owner, goes through ``write`` on an executor).
         self._loop_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWriter] = (
             weakref.WeakKeyDictionary()
         )
-        self._loop_ok = self._target.kind == "direct" and not self._target.tls
+        self._loop_ok = self._target.kind != "cluster"
 
     def __repr__(self) -> str:
         return f"<NativeEngine {self.endpoint.address} db={self.endpoint.db}>"

@@ -9,6 +9,21 @@
 # connect (and its handshake) blocks, on an executor thread, once per
 # connection: it touches the socket and the read buffer, never the output
 # buffer, so calls can be queued while it runs.
+#
+# TLS works the same way: reads drain OpenSSL until it wants more from the
+# socket, so no decrypted byte is left inside it where the loop cannot see.
+# Through sentinels the connect goes to the master they name; a reply saying
+# the server is no longer the master (READONLY, MASTERDOWN, LOADING: not
+# executed) makes the connection ``stale``: the master is looked up again on
+# the next connect. A cluster needs one connection per slot owner and is not
+# served here.
+
+
+cdef bint not_master_reply(const char* p, long long n) noexcept nogil:
+    """Whether an error reply says the command did not run because this is no master."""
+    return ((n >= 8 and memcmp(p, b"READONLY", 8) == 0)
+            or (n >= 10 and memcmp(p, b"MASTERDOWN", 10) == 0)
+            or (n >= 7 and memcmp(p, b"LOADING", 7) == 0))
 
 
 cdef class LoopConn:
@@ -21,6 +36,7 @@ cdef class LoopConn:
     cdef rl_conn conn
     cdef rl_buf out          # encoded calls not yet (fully) sent
     cdef size_t sent         # how much of ``out`` the socket took
+    cdef readonly bint stale # a reply said this server is not the master (any more)
     cdef readonly Target target
     cdef object __weakref__
 
@@ -32,8 +48,8 @@ cdef class LoopConn:
         self.sent = 0
 
     def __init__(self, Target target not None):
-        if target.disco != NULL or target.tls:
-            raise ValueError("LoopConn serves a fixed plain address (no TLS, Sentinel, Cluster)")
+        if target.disco != NULL and (<rl_disco*>target.disco).kind != DISCO_SENTINEL:
+            raise ValueError("LoopConn does not serve a cluster")
         self.target = target
         target.init_conn(&self.conn)
         _live.add(self)
@@ -45,13 +61,22 @@ cdef class LoopConn:
     def connect(self, double timeout):
         """Open the socket and run the handshake, bounded by ``timeout`` (blocks, GIL released)."""
         cdef int64_t deadline = deadline_after(timeout)
+        cdef rl_conn* c = &self.conn
+        cdef rl_addr here
         cdef int rc
-        if self.conn.fd >= 0:
+        if c.fd >= 0:
             return
+        self.stale = False
         with nogil:
-            rc = conn_connect(&self.conn, deadline)
+            if c.disco != NULL:
+                rc = sentinel_prepare(c, <rl_disco*>c.disco, deadline)
+                if rc < 0 and c.fd < 0:
+                    conn_addr(c, &here)
+                    sentinel_forget(<rl_disco*>c.disco, &here)
+            else:
+                rc = conn_connect(c, deadline)
         if rc < 0:
-            raise conn_exception(&self.conn)
+            raise conn_exception(c)
 
     @property
     def connected(self):
@@ -59,6 +84,24 @@ cdef class LoopConn:
 
     def fileno(self):
         return self.conn.fd
+
+    @property
+    def outdated(self):
+        """Through sentinels: the master is no longer known to be the server this one reaches.
+
+        Cleared when a master switch was announced (``Target.forget_master``)
+        or another connection found a new master; the next connect asks again.
+        """
+        cdef rl_disco* d = <rl_disco*>self.conn.disco
+        cdef rl_addr here
+        cdef bint same
+        if d == NULL or self.conn.fd < 0:
+            return False
+        conn_addr(&self.conn, &here)
+        pthread_mutex_lock(&d.mu)
+        same = d.master_known and same_addr(&d.master, &here)
+        pthread_mutex_unlock(&d.mu)
+        return not same
 
     @property
     def unsent(self):
@@ -89,6 +132,15 @@ cdef class LoopConn:
         if c.fd < 0:
             return self.out.len == self.sent
         while self.sent < self.out.len:
+            if c.ssl != NULL:
+                k = tls_try_send(c, self.out.data + self.sent, self.out.len - self.sent)
+                if k < 0:
+                    self.clear()
+                    raise conn_exception(c)
+                if k == 0:
+                    break
+                self.sent += <size_t>k
+                continue
             k = send(c.fd, self.out.data + self.sent, self.out.len - self.sent,
                      MSG_NOSIGNAL | MSG_DONTWAIT)
             if k >= 0:
@@ -131,7 +183,9 @@ cdef class LoopConn:
         cdef list replies = []
         if c.fd < 0:
             return replies
-        while True:
+        if c.ssl != NULL:
+            self.read_tls()
+        while c.ssl == NULL:
             if buf_reserve(&c.r, READ_CHUNK) < 0:
                 raise MemoryError()
             space = c.r.cap - c.r.len
@@ -166,6 +220,9 @@ cdef class LoopConn:
                 replies.append(top.ival)
             elif top.kind == c'-':
                 replies.append(error_from_reply(c.r.data + off + top.off, <Py_ssize_t>top.ival))
+                if c.disco != NULL and not_master_reply(c.r.data + off + top.off, top.ival):
+                    self.stale = True
+                    disco_forget_master(c.disco)
             else:
                 i = 0
                 replies.append(build_reply(c.r.data + off, c.nodes.items, &i))
@@ -178,6 +235,25 @@ cdef class LoopConn:
                 buf_free(&c.r)
         c.last_used = rl_now_ns()
         return replies
+
+    cdef int read_tls(self) except -1:
+        """Decrypt everything that has arrived into ``conn.r``, until OpenSSL wants the socket."""
+        cdef rl_conn* c = &self.conn
+        cdef char msg[300]
+        cdef size_t got = 0
+        cdef int st, sys_errno = 0
+        while True:
+            if buf_reserve(&c.r, READ_CHUNK) < 0:
+                raise MemoryError()
+            st = rl_tls_read(c.ssl, c.r.data + c.r.len, c.r.cap - c.r.len, &got,
+                             &sys_errno, msg, TLS_MSG)
+            if st == RL_TLS_OK:
+                c.r.len += got
+            elif st == RL_TLS_WANT_READ or st == RL_TLS_WANT_WRITE:
+                return 0
+            else:
+                tls_fail(c, st, sys_errno, "reading from", msg)
+                raise conn_exception(c)
 
     def clear(self):
         """Forget every queued call (sent or not)."""
