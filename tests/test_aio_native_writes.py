@@ -197,6 +197,28 @@ def test_a_connection_the_server_closed_while_idle_is_replaced(
     assert client.get(f"{NAME}:k") == b"after-kill"
 
 
+def test_a_write_refused_by_a_replica_raises_and_later_writes_work(
+    redis_server: RedisServer, client: redis.Redis, engine: str
+) -> None:
+    async def scenario() -> None:
+        e, token = await leading(redis_server, engine)
+        with RedisServer() as master:
+            client.replicaof("127.0.0.1", master.port)
+            try:
+                # ReadOnlyError itself on Redis 7; older servers wrap it in a script error.
+                with pytest.raises(redis.exceptions.ResponseError, match="READONLY"):
+                    await e.fence_set(token, f"{NAME}:k", "refused")
+            finally:
+                client.replicaof("no", "one")
+        # The replica's data replaced ours (the fence mark too); writing works again.
+        assert await e.fence_set(token, f"{NAME}:k", "applied") is True
+        assert loop_writer(e).in_flight == 0
+        await e.stop()
+
+    run(scenario)
+    assert client.get(f"{NAME}:k") == b"applied"
+
+
 def test_bad_arguments_raise_and_later_writes_are_unaffected(
     redis_server: RedisServer, engine: str
 ) -> None:
