@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import threading
 import weakref
 from collections import deque
@@ -318,17 +319,28 @@ def _encode(parts: Sequence[Any]) -> bytes:
     return b"".join(out)
 
 
+_WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
+
 class PyLoopConn:
     """A ``Conn`` on redis-py: its connect and handshake, then the bare socket, hiredis replies.
 
     ``make`` returns a new, unconnected redis-py connection configured like
-    the user's client (no retries).
+    the user's client (no retries): a Sentinel-managed one asks the
+    sentinels for the master as it connects, a TLS one wraps its socket.
+    ``generation`` changes whenever the master may have changed; a
+    connection made before the change is ``outdated``.
     """
 
-    def __init__(self, make: Callable[[], Any]) -> None:
+    def __init__(
+        self, make: Callable[[], Any], generation: Callable[[], int] | None = None
+    ) -> None:
         self._make = make
+        self._generation = generation
+        self._connected_in = 0
         self._redis_conn: Any = None
         self._sock: socket.socket | None = None
+        self._tls = False
         self._out = bytearray()
         self._reader = hiredis.Reader(replyError=_BaseParser.parse_error)
 
@@ -339,6 +351,7 @@ class PyLoopConn:
     def connect(self, timeout: float) -> None:
         if self._sock is not None:
             return
+        generation = self._generation() if self._generation is not None else 0
         conn = self._make()
         conn.socket_timeout = timeout
         conn.socket_connect_timeout = timeout
@@ -347,6 +360,8 @@ class PyLoopConn:
         sock.setblocking(False)
         self._redis_conn = conn
         self._reader = hiredis.Reader(replyError=_BaseParser.parse_error)
+        self._tls = isinstance(sock, ssl.SSLSocket)
+        self._connected_in = generation
         self._sock = sock
 
     def fileno(self) -> int:
@@ -354,7 +369,11 @@ class PyLoopConn:
 
     @property
     def outdated(self) -> bool:
-        return False  # one fixed server
+        return (
+            self._sock is not None
+            and self._generation is not None
+            and self._generation() != self._connected_in
+        )
 
     def put(
         self,
@@ -373,7 +392,7 @@ class PyLoopConn:
         while out:
             try:
                 n = sock.send(out)
-            except (BlockingIOError, InterruptedError):
+            except _WOULD_BLOCK:
                 return False
             except OSError as exc:
                 self.drop()
@@ -389,7 +408,7 @@ class PyLoopConn:
         while True:
             try:
                 data = sock.recv(65536)
-            except (BlockingIOError, InterruptedError):
+            except _WOULD_BLOCK:
                 break
             except OSError as exc:
                 self.drop()
@@ -398,7 +417,9 @@ class PyLoopConn:
                 self.drop()
                 raise ConnectionError("Connection closed by server.")
             reader.feed(data)
-            if len(data) < 65536:
+            # TLS: read on until OpenSSL wants the socket, so no decrypted
+            # byte stays inside it where the loop cannot see it.
+            if len(data) < 65536 and not self._tls:
                 break
         replies = []
         while (reply := reader.gets()) is not False:

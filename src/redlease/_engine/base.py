@@ -206,9 +206,8 @@ class Engine(Protocol):
 
         One pipelined connection per loop, driven by the loop itself (see
         ``aiowriter``): no thread hop per write. Only from ``loop``'s thread.
-        None where the engine reaches the server some other way (Cluster;
-        TLS and Sentinel on the Python engine). Renewals never share this
-        connection.
+        None for a cluster (one connection per slot owner): its writes go
+        through ``write``. Renewals never share this connection.
         """
         ...
 

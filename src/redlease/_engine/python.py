@@ -16,7 +16,6 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import (
     AskError,
@@ -302,7 +301,8 @@ class PythonEngine:
         self._loop_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWriter] = (
             weakref.WeakKeyDictionary()
         )
-        self._loop_ok = _plain_socket(client)
+        self._loop_ok = not is_cluster(client)
+        self._master_generation = 0  # bumped when the sentinels announce a new master
 
     def call(
         self,
@@ -325,7 +325,9 @@ class PythonEngine:
         """The pipelined writer on ``loop`` (made on first use), or None where unserved."""
         writer = self._loop_writers.get(loop)
         if writer is None and self._loop_ok:
-            conn = PyLoopConn(_connection_factory(self._client, None))
+            conn = PyLoopConn(
+                _connection_factory(self._client, None), lambda: self._master_generation
+            )
             writer = LoopWriter(loop, conn, conn.put, self.write_timeout)
             self._loop_writers[loop] = writer
         return writer
@@ -351,6 +353,7 @@ class PythonEngine:
         return keeper
 
     def _forget_master(self) -> None:
+        self._master_generation += 1
         self._calls.invalidate()
         self._writes.invalidate()
         for conn in list(self._keeper_conns):
@@ -362,20 +365,6 @@ class PythonEngine:
             writer.close()
         self._calls.close()
         self._writes.close()
-
-
-def _plain_socket(client: Any) -> bool:
-    """Whether ``client`` reaches one fixed server over a plain socket an event loop can watch.
-
-    TLS sockets buffer inside OpenSSL, out of the loop's sight; Sentinel and
-    Cluster clients move between servers. Those write through ``write``.
-    """
-    if is_cluster(client) or sentinels_of(client) is not None:
-        return False
-    pool = getattr(client, "connection_pool", None)
-    if pool is None or pool.__class__.__name__ == "SentinelConnectionPool":
-        return False
-    return not issubclass(pool.connection_class, redis.SSLConnection)
 
 
 __all__ = ["BoundedConnection", "PythonEngine"]
