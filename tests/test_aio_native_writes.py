@@ -164,6 +164,30 @@ def test_server_paused_mid_write_raises_timeout_after_socket_timeout_then_writes
     assert client.get(f"{NAME}:p-after") == b"after"
 
 
+def test_a_server_crash_mid_write_fails_the_writes_in_flight_and_the_next_write_reconnects(
+    redis_server: RedisServer, engine: str
+) -> None:
+    async def scenario() -> None:
+        e, token = await leading(redis_server, engine)
+        redis_server.pause()
+        in_flight = [
+            asyncio.ensure_future(e.fence_set(token, f"{NAME}:crash{i}", i)) for i in range(20)
+        ]
+        await asyncio.sleep(0.05)
+        redis_server.kill()  # never answered: the writes' outcome is unknown
+        results = await asyncio.gather(*in_flight, return_exceptions=True)
+        assert all(isinstance(r, redis.exceptions.ConnectionError) for r in results), results
+        redis_server.restart()
+        # The data died with the process (the fence mark too): writes apply again.
+        assert await e.fence_set(token, f"{NAME}:k", "after-crash") is True
+        await e.stop()
+
+    run(scenario)
+    with redis_server.client() as check:
+        assert [check.get(f"{NAME}:crash{i}") for i in range(20)] == [None] * 20, "resent"
+        assert check.get(f"{NAME}:k") == b"after-crash"
+
+
 def test_writes_after_script_flush_are_applied_exactly_once(
     redis_server: RedisServer, client: redis.Redis, engine: str
 ) -> None:

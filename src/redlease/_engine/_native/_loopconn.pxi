@@ -14,8 +14,8 @@
 # socket, so no decrypted byte is left inside it where the loop cannot see.
 # Through sentinels the connect goes to the master they name; a reply saying
 # the server is no longer the master (READONLY, MASTERDOWN, LOADING: not
-# executed) makes the connection ``stale``: the master is looked up again on
-# the next connect. A cluster needs one connection per slot owner and is not
+# executed) makes the master be looked up again on the next connect (the
+# driver drops this connection on such a reply). A cluster needs one connection per slot owner and is not
 # served here.
 
 
@@ -36,7 +36,6 @@ cdef class LoopConn:
     cdef rl_conn conn
     cdef rl_buf out          # encoded calls not yet (fully) sent
     cdef size_t sent         # how much of ``out`` the socket took
-    cdef readonly bint stale # a reply said this server is not the master (any more)
     cdef readonly Target target
     cdef object __weakref__
 
@@ -66,7 +65,6 @@ cdef class LoopConn:
         cdef int rc
         if c.fd >= 0:
             return
-        self.stale = False
         with nogil:
             if c.disco != NULL:
                 rc = sentinel_prepare(c, <rl_disco*>c.disco, deadline)
@@ -221,7 +219,7 @@ cdef class LoopConn:
             elif top.kind == c'-':
                 replies.append(error_from_reply(c.r.data + off + top.off, <Py_ssize_t>top.ival))
                 if c.disco != NULL and not_master_reply(c.r.data + off + top.off, top.ival):
-                    self.stale = True
+                    # The caller drops this connection; the next one asks the sentinels.
                     disco_forget_master(c.disco)
             else:
                 i = 0
