@@ -20,7 +20,9 @@ the calls were sent and are matched to the futures first in, first out.
 * A reply saying the server is not the master (READONLY, MASTERDOWN,
   LOADING: the call did not run) is that call's error; the calls behind it
   fail with ``ConnectionError`` and the connection is dropped, so the next
-  write connects to the master anew (through the sentinels, natively).
+  write connects to the master anew. Likewise, once the sentinels announce
+  a new master the connection is ``outdated``, and the next write made with
+  nothing in flight reconnects first.
 
 Only the connect (with its handshake) blocks, once per connection, on the
 loop's default executor; writes made meanwhile are queued and sent once it
@@ -100,7 +102,9 @@ class Conn(Protocol):
 Put = Callable[[Script, Sequence["str | bytes"], Sequence[EncodableT], bool], None]
 """Queue one script call on the connection (EVAL instead of EVALSHA when the flag is set)."""
 
+
 def _not_master(reply: object) -> bool:
+    """Whether an error reply says the call did not run because the server is no master."""
     if isinstance(reply, (ReadOnlyError, BusyLoadingError)):
         return True
     return isinstance(reply, ResponseError) and str(reply).startswith("MASTERDOWN")
