@@ -394,3 +394,50 @@ def test_native_renewals_stay_on_time_through_a_gil_hog_while_asyncio_writes_run
     finally:
         for c in contender:
             c.close()
+
+
+def test_python_engine_loses_the_lease_through_the_same_hog_and_its_writes_are_then_rejected(
+    redis_server: RedisServer,
+) -> None:
+    n = gil_call_size(1.5)
+    contender: list[ProcessContender] = []
+
+    async def scenario() -> None:
+        e, token = await leading(redis_server, "python", ttl=0.3)
+        stop = asyncio.Event()
+
+        async def writer(w: int) -> None:
+            i = 0
+            while not stop.is_set():
+                await e.fence_set(token, f"{NAME}:w{w}", i)
+                i += 1
+
+        writers = [asyncio.ensure_future(writer(w)) for w in range(16)]
+        contender.append(
+            ProcessContender(
+                f'client = redis.Redis(host="127.0.0.1", port={redis_server.port}, '
+                "socket_timeout=2)",
+                NAME,
+                0.3,
+            )
+        )
+        await asyncio.sleep(0.2)
+        held = hold_gil(n)
+        assert held > 3 * 0.3
+        deadline = time.monotonic() + 5
+        while not contender[0].elections():
+            assert time.monotonic() < deadline, "the other process never took over"
+            await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.gather(*writers)
+        # The new term raised the fence mark: the old term's writes are refused.
+        assert await e.fence_set(token, f"{NAME}:late", "late") is False
+        await e.stop()
+
+    try:
+        run(scenario)
+    finally:
+        for c in contender:
+            c.close()
+    with redis_server.client() as check:
+        assert check.get(f"{NAME}:late") is None
