@@ -11,6 +11,8 @@ on loopback TCP, through the public API:
   pool, one connection per concurrent task);
 - sync, ``--threads`` threads sharing one ``Elector``: ``Fencer.set`` on both
   engines vs ``redis.Redis.evalsha`` from the same threads sharing one client;
+  and the native engine once more with 4 write connections (the size before
+  8), to show what the pool size is worth;
 - the native keeper's renew lateness (p99, its own clock) while the asyncio
   ``--tasks`` load runs on the native engine, renewing every 50 ms.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +34,7 @@ import redis
 import redis.asyncio
 
 import redlease
+import redlease._engine.native
 import redlease.aio
 from redlease._cli.bench import native_engine_available, percentile
 from redlease._scripts import fenced_file
@@ -41,6 +45,7 @@ SCRIPT = fenced_file("fence_set")
 KEYS = (f"{NAME}:fence:applied", f"{NAME}:value")
 
 AsyncOp = Callable[[int], Awaitable[object]]
+NATIVE_4 = "native, 4 connections"
 
 
 async def async_rate(op: AsyncOp, tasks: int, seconds: float) -> float:
@@ -136,20 +141,26 @@ async def asyncio_rows(
     return best, lateness
 
 
+def sync_elector(server: RedisServer, name: str, engine: str) -> redlease.Elector:
+    client = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=5)
+    return redlease.Elector(client, name, ttl=1.0, engine=engine).start()
+
+
 def sync_rows(
     server: RedisServer, engines: list[str], threads: int, seconds: float, rounds: int
-) -> dict[str, float]:
+) -> dict[str, list[float]]:
+    """Every round's writes/s per contender."""
     client = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=5)
     client.script_load(SCRIPT.source)
-    electors = {
-        engine: redlease.Elector(
-            redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=5),
-            f"{NAME}-sync-{engine}",
-            ttl=1.0,
-            engine=engine,
-        ).start()
-        for engine in engines
-    }
+    electors = {engine: sync_elector(server, f"{NAME}-sync-{engine}", engine) for engine in engines}
+    if "native" in engines:
+        native = redlease._engine.native
+        size = native.WRITE_CONNECTIONS
+        native.WRITE_CONNECTIONS = 4  # read when the engine is made
+        try:
+            electors[NATIVE_4] = sync_elector(server, f"{NAME}-sync-native4", "native")
+        finally:
+            native.WRITE_CONNECTIONS = size
     ops: dict[str, Callable[[int], object]] = {}
     for engine, e in electors.items():
         deadline = time.monotonic() + 10
@@ -161,15 +172,15 @@ def sync_rows(
     applied = f"{NAME}-sync-redis:fence:applied"
     client.set(applied, 1)
     ops["redis-py"] = lambda n: client.evalsha(SCRIPT.sha, 2, applied, KEYS[1], 1, n)
-    best: dict[str, float] = {}
+    rates: dict[str, list[float]] = {name: [] for name in ops}
     for _ in range(rounds):
         for name, op in ops.items():
             thread_rate(op, threads, 0.05)
-            best[name] = max(best.get(name, 0.0), thread_rate(op, threads, seconds))
+            rates[name].append(thread_rate(op, threads, seconds))
     for e in electors.values():
         e.stop()
     client.close()
-    return best
+    return rates
 
 
 def main() -> None:
@@ -185,7 +196,8 @@ def main() -> None:
         aio_best, lateness = asyncio.run(
             asyncio_rows(server, engines, opts.tasks, opts.seconds, opts.rounds)
         )
-        sync_best = sync_rows(server, engines, opts.threads, opts.seconds, opts.rounds)
+        sync_rounds = sync_rows(server, engines, opts.threads, opts.seconds, opts.rounds)
+    sync_best = {name: max(rates) for name, rates in sync_rounds.items()}
 
     print(f"fenced SET writes/s, TCP loopback, best of {opts.rounds} rounds x {opts.seconds:g} s")
     print("(ratio to redis-py / redis.asyncio EVALSHA of the same script, same run)\n")
@@ -207,6 +219,26 @@ def main() -> None:
         tasks = f"{count} task{'s' if count > 1 else ''}"
         row(f"asyncio, {tasks} on one loop", rates, rates["redis-py"])
     row(f"sync, {opts.threads} threads sharing one Elector", sync_best, sync_best["redis-py"])
+    if NATIVE_4 in sync_best:
+        row(
+            f"sync, {opts.threads} threads, native, 4 write conns",
+            {"native": sync_best[NATIVE_4]},
+            sync_best["redis-py"],
+        )
+        print(
+            "\nsync rounds in turn, writes/s (native 8 conns | native 4 conns | redis-py), "
+            "and native (8 conns) / redis-py in that round:"
+        )
+        ratios = []
+        for i in range(opts.rounds):
+            native, native4, base = (
+                sync_rounds[name][i] for name in ("native", NATIVE_4, "redis-py")
+            )
+            ratios.append(native / base)
+            print(
+                f"  round {i + 1}: {native:,.0f} | {native4:,.0f} | {base:,.0f}   {ratios[-1]:.2f}x"
+            )
+        print(f"  median of the rounds' ratios: {statistics.median(ratios):.2f}x")
     if lateness:
         ms = sorted(x * 1000 for x in lateness)
         print(
