@@ -314,9 +314,7 @@ def test_writes_through_sentinels_reach_the_new_master_after_a_failover(
     topology = sentinel_set_fresh
 
     async def scenario() -> None:
-        manager = redis.asyncio.sentinel.Sentinel(
-            topology.sentinel_addresses(), socket_timeout=1
-        )
+        manager = redis.asyncio.sentinel.Sentinel(topology.sentinel_addresses(), socket_timeout=1)
         client = manager.master_for(topology.service, socket_timeout=2)
         e, token = await leading(topology.master, engine, ttl=10, client=client)
         writer = loop_writer(e)
