@@ -9,6 +9,8 @@ delay a native renewal.
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -241,6 +243,23 @@ def test_a_write_refused_by_a_replica_raises_and_later_writes_work(
 
     run(scenario)
     assert client.get(f"{NAME}:k") == b"applied"
+
+
+def test_each_event_loop_connection_goes_away_with_its_loop(
+    redis_server: RedisServer, engine: str
+) -> None:
+    e = redlease.aio.Elector(async_client(redis_server), NAME, engine=engine)
+
+    async def write() -> None:
+        assert await e.fence_set(1, f"{NAME}:k", "v") is True
+
+    asyncio.run(write())  # the elector's own connections, opened once
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        asyncio.run(write())
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= before + 1
 
 
 def test_bad_arguments_raise_and_later_writes_are_unaffected(

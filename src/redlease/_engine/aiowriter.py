@@ -134,7 +134,10 @@ class LoopWriter:
         self._connecting: asyncio.Future[None] | None = None
         self._writing = False
         self._flush_soon = False
-        self._timer: asyncio.TimerHandle | None = None
+        # Whether the deadline timer is scheduled. Its handle is not kept: a
+        # handle holds its loop, and the loop must stay collectable while
+        # this writer lives on in the engine's table of writers per loop.
+        self._timer = False
         self._closed = False
 
     @property
@@ -155,8 +158,9 @@ class LoopWriter:
         fut: asyncio.Future[Any] = loop.create_future()
         pending = self._pending
         pending.append((fut, script, keys, args, loop.time() + self._timeout))
-        if self._timer is None:
-            self._timer = loop.call_at(pending[0][4], self._on_timer)
+        if not self._timer:
+            self._timer = True
+            loop.call_at(pending[0][4], self._on_timer)
         if self._fd < 0:
             if self._connecting is None:
                 self._connect(loop)
@@ -246,7 +250,7 @@ class LoopWriter:
             self._flush()
 
     def _on_timer(self) -> None:
-        self._timer = None
+        self._timer = False
         pending = self._pending
         if not pending:
             return
@@ -255,7 +259,8 @@ class LoopWriter:
         if deadline <= loop.time():
             self._fail(TimeoutError(f"Timeout reading from the server after {self._timeout:g} s"))
         else:
-            self._timer = loop.call_at(deadline, self._on_timer)
+            self._timer = True
+            loop.call_at(deadline, self._on_timer)
 
     def _disconnect(self) -> None:
         """Stop watching the socket and drop the connection (queued calls included)."""
@@ -276,9 +281,6 @@ class LoopWriter:
         """Every call in flight fails with ``error``'s kind; the connection is dropped."""
         self._disconnect()
         pending, self._pending = self._pending, deque()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         if not isinstance(error, RedisError):
             error = ConnectionError(str(error) or type(error).__name__)
         for fut, *_ in pending:
