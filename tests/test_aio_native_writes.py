@@ -19,12 +19,14 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
 import redis.asyncio.sentinel
+from redis.crc import key_slot
 
 import redlease
 import redlease.aio
 from helpers import ProcessContender, gil_call_size, hold_gil, require_native
-from redlease._testing import RedisServer, SentinelSet, TLSMaterials
+from redlease._testing import ClusterSet, RedisServer, SentinelSet, TLSMaterials
 from tls_helpers import require_native_tls
 
 NAME = "aiow"
@@ -359,6 +361,54 @@ def test_writes_through_sentinels_reach_the_new_master_after_a_failover(
                 if applied and check.get(f"{NAME}:after") == str(n).encode():
                     break
                 await asyncio.sleep(0.1)
+        await e.stop()
+        await client.aclose()
+
+    run(scenario)
+
+
+def test_writes_on_a_cluster_follow_a_migration_of_the_slot(
+    cluster_set_fresh: ClusterSet, engine: str
+) -> None:
+    cluster = cluster_set_fresh
+    name = "{aiow}"
+    slot = key_slot(name.encode())
+
+    async def scenario() -> None:
+        client = redis.asyncio.RedisCluster(
+            startup_nodes=[
+                redis.asyncio.cluster.ClusterNode("127.0.0.1", node.port)
+                for node in cluster.masters()
+            ],
+            socket_timeout=5,
+        )
+        e = redlease.aio.Elector(client, name, ttl=10, engine=engine).start()
+        deadline = time.monotonic() + 10
+        while (token := e.token()) is None:
+            assert time.monotonic() < deadline, "not elected"
+            await asyncio.sleep(0.01)
+        writer = e._core.engine.loop_writer(asyncio.get_running_loop())
+        assert (writer is not None) == (engine == "native")  # Python: the executor path
+
+        async def write_all(tag: str) -> list[bool]:
+            return list(
+                await asyncio.gather(
+                    *(e.fence_set(token, f"{name}:{tag}{i}", i) for i in range(100))
+                )
+            )
+
+        assert all(await write_all("before"))
+        target = next(m for m in cluster.masters() if m is not cluster.master_for_slot(slot))
+        cluster.migrate_slot(slot, target)
+        # The loop connection still reaches the old owner: every write is
+        # answered MOVED there, sent again to the new owner, and applied once.
+        assert all(await write_all("after"))
+        assert await e.fence_set(token, f"{name}:last", "last") is True
+        with target.client() as check:
+            assert [check.get(f"{name}:after{i}") for i in range(100)] == [
+                str(i).encode() for i in range(100)
+            ]
+            assert check.get(f"{name}:last") == b"last"
         await e.stop()
         await client.aclose()
 

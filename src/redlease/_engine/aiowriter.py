@@ -17,12 +17,14 @@ the calls were sent and are matched to the futures first in, first out.
   new connection.
 * Any I/O error fails every call in flight with ``ConnectionError`` the
   same way.
-* A reply saying the server is not the master (READONLY, MASTERDOWN,
-  LOADING: the call did not run) is that call's error; the calls behind it
-  fail with ``ConnectionError`` and the connection is dropped, so the next
-  write connects to the master anew. Likewise, once the sentinels announce
-  a new master the connection is ``outdated``, and the next write made with
-  nothing in flight reconnects first.
+* A reply saying the call did not run on this server (READONLY, MASTERDOWN,
+  LOADING; on a cluster MOVED, ASK, TRYAGAIN, CLUSTERDOWN) sends that call
+  again the blocking way (``fallback``, the engine's ``write``, on the
+  loop's executor), which asks the sentinels or follows the redirection as
+  a threaded write does; once nothing is in flight the connection is
+  dropped and the next write connects to the right server. Likewise, once
+  the sentinels announce a new master the connection is ``outdated``, and
+  the next write made with nothing in flight reconnects first.
 
 Only the connect (with its handshake) blocks, once per connection, on the
 loop's default executor; writes made meanwhile are queued and sent once it
@@ -47,13 +49,15 @@ from typing import Any, Protocol
 
 import hiredis
 from redis.exceptions import (
+    AskError,
     BusyLoadingError,
+    ClusterDownError,
     ConnectionError,
     NoScriptError,
     ReadOnlyError,
     RedisError,
-    ResponseError,
     TimeoutError,
+    TryAgainError,
 )
 
 from .._scripts import Script
@@ -103,11 +107,9 @@ Put = Callable[[Script, Sequence["str | bytes"], Sequence[EncodableT], bool], No
 """Queue one script call on the connection (EVAL instead of EVALSHA when the flag is set)."""
 
 
-def _not_master(reply: object) -> bool:
-    """Whether an error reply says the call did not run because the server is no master."""
-    if isinstance(reply, (ReadOnlyError, BusyLoadingError)):
-        return True
-    return isinstance(reply, ResponseError) and str(reply).startswith("MASTERDOWN")
+_RAN_ELSEWHERE = (ReadOnlyError, BusyLoadingError, ClusterDownError, AskError, TryAgainError)
+"""Error replies of a call that did not run on this server (MOVED is an AskError,
+MASTERDOWN a ClusterDownError)."""
 
 
 # One call in flight: its future, what to resend on NOSCRIPT, and its deadline.
@@ -122,9 +124,16 @@ class LoopWriter:
     """
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, conn: Conn, put: Put, timeout: float
+        self,
+        loop: asyncio.AbstractEventLoop,
+        conn: Conn,
+        put: Put,
+        timeout: float,
+        fallback: Callable[[Script, Sequence[str | bytes], Sequence[EncodableT]], Any],
     ) -> None:
         self._loop_ref = weakref.ref(loop)
+        self._fallback = fallback
+        self._reroute = False  # a call ran elsewhere: reconnect once nothing is in flight
         self._thread = threading.get_ident()
         self._conn = conn
         self._put = put
@@ -152,8 +161,8 @@ class LoopWriter:
         loop = self._loop()
         if self._closed:
             raise ConnectionError("redlease: the engine was closed")
-        if not self._pending and self._fd >= 0 and self._conn.outdated:
-            self._disconnect()  # nothing in flight: reconnect to the master named now
+        if not self._pending and self._fd >= 0 and (self._reroute or self._conn.outdated):
+            self._disconnect()  # nothing in flight: reconnect to the server named now
         self._put(script, keys, args, False)  # bad input raises here, before anything is sent
         fut: asyncio.Future[Any] = loop.create_future()
         pending = self._pending
@@ -238,16 +247,42 @@ class LoopWriter:
                 self._put(script, keys, args, True)
                 pending.append((fut, script, keys, args, self._loop().time() + self._timeout))
                 resend = True
+            elif isinstance(reply, _RAN_ELSEWHERE):
+                self._reroute = True
+                if not fut.done():
+                    self._send_blocking(fut, script, keys, args)
             elif isinstance(reply, Exception):
                 if not fut.done():
                     fut.set_exception(reply)
-                if _not_master(reply):
-                    self._fail(ConnectionError("redlease: the server is no longer the master"))
-                    return
             elif not fut.done():  # else the task was cancelled: the reply is dropped
                 fut.set_result(reply)
-        if resend:
+        if self._reroute and not pending:
+            self._reroute = False
+            self._disconnect()
+        elif resend:
             self._flush()
+
+    def _send_blocking(
+        self,
+        fut: asyncio.Future[Any],
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+    ) -> None:
+        """Send a call that did not run through ``fallback`` on the executor; ``fut`` gets it."""
+        attempt = self._loop().run_in_executor(None, self._fallback, script, keys, args)
+
+        def settle(done: asyncio.Future[Any]) -> None:
+            if fut.done():
+                return
+            if done.cancelled():
+                fut.set_exception(ConnectionError("redlease: the write was cancelled"))
+            elif (error := done.exception()) is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(done.result())
+
+        attempt.add_done_callback(settle)
 
     def _on_timer(self) -> None:
         self._timer = False

@@ -206,8 +206,8 @@ class Engine(Protocol):
 
         One pipelined connection per loop, driven by the loop itself (see
         ``aiowriter``): no thread hop per write. Only from ``loop``'s thread.
-        None for a cluster (one connection per slot owner): its writes go
-        through ``write``. Renewals never share this connection.
+        None where the engine cannot (the Python engine on a cluster): its
+        writes go through ``write``. Renewals never share this connection.
         """
         ...
 

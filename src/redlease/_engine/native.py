@@ -46,12 +46,10 @@ class NativeEngine:
         self._refs: dict[str, _native.ScriptRef] = {}
         self._keepers: weakref.WeakSet[_native.Keeper] = weakref.WeakSet()
         self._switches = MasterSwitches(endpoint.sentinels, self._forget_master)
-        # asyncio writes: one pipelined connection per event loop (a cluster,
-        # one connection per slot owner, goes through ``write`` on an executor).
+        # asyncio writes: one pipelined connection per event loop.
         self._loop_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWriter] = (
             weakref.WeakKeyDictionary()
         )
-        self._loop_ok = self._target.kind != "cluster"
 
     def __repr__(self) -> str:
         return f"<NativeEngine {self.endpoint.address} db={self.endpoint.db}>"
@@ -85,7 +83,7 @@ class NativeEngine:
     def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
         """The pipelined writer on ``loop`` (made on first use), or None where unserved."""
         writer = self._loop_writers.get(loop)
-        if writer is None and self._loop_ok:
+        if writer is None:
             conn = _native.LoopConn(self._target)
             refs = self._refs
             conn_put = conn.put
@@ -98,7 +96,8 @@ class NativeEngine:
             ) -> None:
                 conn_put(refs.get(script.sha) or self._ref(script), keys, args, load)
 
-            writer = self._loop_writers[loop] = LoopWriter(loop, conn, put, self.write_timeout)
+            writer = LoopWriter(loop, conn, put, self.write_timeout, self.write)
+            self._loop_writers[loop] = writer
         return writer
 
     def keeper(

@@ -328,7 +328,7 @@ class PythonEngine:
             conn = PyLoopConn(
                 _connection_factory(self._client, None), lambda: self._master_generation
             )
-            writer = LoopWriter(loop, conn, conn.put, self.write_timeout)
+            writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self.write)
             self._loop_writers[loop] = writer
         return writer
 

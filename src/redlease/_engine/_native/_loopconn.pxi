@@ -12,18 +12,23 @@
 #
 # TLS works the same way: reads drain OpenSSL until it wants more from the
 # socket, so no decrypted byte is left inside it where the loop cannot see.
-# Through sentinels the connect goes to the master they name; a reply saying
-# the server is no longer the master (READONLY, MASTERDOWN, LOADING: not
-# executed) makes the master be looked up again on the next connect (the
-# driver drops this connection on such a reply). A cluster needs one connection per slot owner and is not
-# served here.
+# Through sentinels the connect goes to the master they name; on a cluster,
+# to the owner of the slot of the calls queued (a fenced write's keys all
+# live in its name's slot). A reply saying the call did not run here
+# (READONLY, MASTERDOWN, LOADING; MOVED, ASK, TRYAGAIN, CLUSTERDOWN) makes
+# the next connect look the server up again; the driver sends such a call
+# again the blocking way, which follows the topology, and reconnects.
 
 
-cdef bint not_master_reply(const char* p, long long n) noexcept nogil:
-    """Whether an error reply says the command did not run because this is no master."""
+cdef bint ran_elsewhere(const char* p, long long n) noexcept nogil:
+    """Whether an error reply says the command did not run, and belongs on another server."""
     return ((n >= 8 and memcmp(p, b"READONLY", 8) == 0)
             or (n >= 10 and memcmp(p, b"MASTERDOWN", 10) == 0)
-            or (n >= 7 and memcmp(p, b"LOADING", 7) == 0))
+            or (n >= 7 and memcmp(p, b"LOADING", 7) == 0)
+            or (n >= 6 and memcmp(p, b"MOVED ", 6) == 0)
+            or (n >= 4 and memcmp(p, b"ASK ", 4) == 0)
+            or (n >= 8 and memcmp(p, b"TRYAGAIN", 8) == 0)
+            or (n >= 11 and memcmp(p, b"CLUSTERDOWN", 11) == 0))
 
 
 cdef class LoopConn:
@@ -36,6 +41,7 @@ cdef class LoopConn:
     cdef rl_conn conn
     cdef rl_buf out          # encoded calls not yet (fully) sent
     cdef size_t sent         # how much of ``out`` the socket took
+    cdef int want_slot       # cluster: the slot of the latest call queued (-1: none)
     cdef readonly Target target
     cdef object __weakref__
 
@@ -45,10 +51,9 @@ cdef class LoopConn:
         self.conn.cancel_fd = -1
         memset(&self.out, 0, sizeof(rl_buf))
         self.sent = 0
+        self.want_slot = -1
 
     def __init__(self, Target target not None):
-        if target.disco != NULL and (<rl_disco*>target.disco).kind != DISCO_SENTINEL:
-            raise ValueError("LoopConn does not serve a cluster")
         self.target = target
         target.init_conn(&self.conn)
         _live.add(self)
@@ -65,14 +70,19 @@ cdef class LoopConn:
         cdef int rc
         if c.fd >= 0:
             return
+        c.slot = self.want_slot
         with nogil:
-            if c.disco != NULL:
+            if c.disco == NULL:
+                rc = conn_connect(c, deadline)
+            elif (<rl_disco*>c.disco).kind == DISCO_SENTINEL:
                 rc = sentinel_prepare(c, <rl_disco*>c.disco, deadline)
                 if rc < 0 and c.fd < 0:
                     conn_addr(c, &here)
                     sentinel_forget(<rl_disco*>c.disco, &here)
             else:
-                rc = conn_connect(c, deadline)
+                rc = cluster_prepare(c, <rl_disco*>c.disco, deadline)
+                if rc < 0 and c.fd < 0 and not conn_stopped(c):
+                    cluster_forget(<rl_disco*>c.disco)
         if rc < 0:
             raise conn_exception(c)
 
@@ -111,6 +121,8 @@ cdef class LoopConn:
         cdef rl_script_cmd cmd
         cdef rl_conn* c = &self.conn
         put_evalsha(&c.w, ref.sha, ref.source, keys, args, &cmd)
+        if c.disco != NULL and (<rl_disco*>c.disco).kind == DISCO_CLUSTER:
+            self.want_slot = disco_slot_for(c.disco, keys)
         if load:
             if build_eval(&c.e, &c.w, &cmd) < 0:
                 raise MemoryError()
@@ -218,9 +230,12 @@ cdef class LoopConn:
                 replies.append(top.ival)
             elif top.kind == c'-':
                 replies.append(error_from_reply(c.r.data + off + top.off, <Py_ssize_t>top.ival))
-                if c.disco != NULL and not_master_reply(c.r.data + off + top.off, top.ival):
-                    # The caller drops this connection; the next one asks the sentinels.
-                    disco_forget_master(c.disco)
+                if c.disco != NULL and ran_elsewhere(c.r.data + off + top.off, top.ival):
+                    # Not run here: the next connect looks the server up again.
+                    if (<rl_disco*>c.disco).kind == DISCO_SENTINEL:
+                        disco_forget_master(c.disco)
+                    else:
+                        cluster_forget(<rl_disco*>c.disco)
             else:
                 i = 0
                 replies.append(build_reply(c.r.data + off, c.nodes.items, &i))
