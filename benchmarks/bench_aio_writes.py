@@ -34,9 +34,9 @@ import redis
 import redis.asyncio
 
 import redlease
-import redlease._engine.native
 import redlease.aio
 from redlease._cli.bench import native_engine_available, percentile
+from redlease._engine import native as native_engine
 from redlease._scripts import fenced_file
 from redlease._testing import RedisServer
 
@@ -154,13 +154,12 @@ def sync_rows(
     client.script_load(SCRIPT.source)
     electors = {engine: sync_elector(server, f"{NAME}-sync-{engine}", engine) for engine in engines}
     if "native" in engines:
-        native = redlease._engine.native
-        size = native.WRITE_CONNECTIONS
-        native.WRITE_CONNECTIONS = 4  # read when the engine is made
+        size = native_engine.WRITE_CONNECTIONS
+        native_engine.WRITE_CONNECTIONS = 4  # read when the engine is made
         try:
             electors[NATIVE_4] = sync_elector(server, f"{NAME}-sync-native4", "native")
         finally:
-            native.WRITE_CONNECTIONS = size
+            native_engine.WRITE_CONNECTIONS = size
     ops: dict[str, Callable[[int], object]] = {}
     for engine, e in electors.items():
         deadline = time.monotonic() + 10
