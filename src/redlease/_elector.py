@@ -73,6 +73,8 @@ class Run:
         self.noticed = False
         # Who released, by the latest notice (the lease's holder until then).
         self.released_by: bytes | None = None
+        # True while the run rests after a term of its own (see notice()).
+        self.resting = False
         # The threads that must never wait for the run to end: the run thread
         # (observer callbacks) and the leader function's thread. Waiting there
         # would wait for themselves.
@@ -90,9 +92,11 @@ class Run:
         """The lease was released (a notice arrived): wake the waiting contender.
 
         A notice of this instance's own release is not news: the instance
-        that just stepped down leaves the lease to the others for a while.
+        that just stepped down leaves the lease to the others for a while,
+        and only another holder's release (not a reconnected listener's
+        "look again", ``None``) ends that rest.
         """
-        if released_by is not None and released_by == self.own_id:
+        if released_by == self.own_id or (released_by is None and self.resting):
             return
         if released_by is not None:
             self.released_by = released_by
@@ -275,8 +279,11 @@ class Election:
                 return
             # Leave the lease to the others for an interval; if one of them
             # takes it and releases it again meanwhile, its notice ends the wait.
-            run.noticed, run.released_by = False, None
-            self._wait_for_release(run, self._jittered(cfg.acquire_interval))
+            run.noticed, run.released_by, run.resting = False, None, True
+            try:
+                self._wait_for_release(run, self._jittered(cfg.acquire_interval))
+            finally:
+                run.resting = False
 
     def _acquire(self) -> tuple[int, int, str]:
         """``(token, pttl_ms, holder)``; token 0 when another instance (``holder``) leads."""
