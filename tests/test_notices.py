@@ -321,7 +321,9 @@ def test_cluster_follower_takes_over_at_once_by_a_notice_in_the_names_slot(
         reply = client.execute_command(numsub, channel, target_nodes=node)
         if isinstance(reply, dict):
             return int(reply.get(channel.encode(), reply.get(channel, 0)))
-        return int(reply[1]) if isinstance(reply, list) else int(reply)
+        if reply and isinstance(reply[0], (list, tuple)):
+            reply = reply[0]  # [(channel, count)]
+        return int(reply[1])
 
     leader = redlease.Elector(client, name, engine=engine)
     events = Events()
