@@ -272,9 +272,7 @@ def test_a_waiting_lock_acquire_gets_a_released_lock_at_once(
     assert took < PUSHED, f"the waiter took {took:.3f} s; polling alone waits up to 5 s"
 
 
-def test_a_lock_waiter_stops_listening_once_it_gives_up(
-    client: redis.Redis, engine: str
-) -> None:
+def test_a_lock_waiter_stops_listening_once_it_gives_up(client: redis.Redis, engine: str) -> None:
     locker = redlease.RedisLocker(client, engine=engine)
     held = locker.acquire("busy", ttl=30)
     with pytest.raises(redlease.NotAcquired):
@@ -292,9 +290,7 @@ def test_sentinel_follower_takes_over_at_once(sentinel_set: SentinelSet, engine:
     client = sentinel_set.master_for(socket_timeout=2)
     leader = redlease.Elector(client, "sentinel-push", engine=engine)
     events = Events()
-    follower = redlease.Elector(
-        client, "sentinel-push", engine=engine, observer=events.observer()
-    )
+    follower = redlease.Elector(client, "sentinel-push", engine=engine, observer=events.observer())
     with leader:
         elected_token(leader)
         with follower:
@@ -332,7 +328,7 @@ def test_cluster_follower_takes_over_at_once_by_a_notice_in_the_names_slot(
         elected_token(leader)
         with follower:
             wait_until(lambda: events.count("follower") >= 1, timeout=5, what="the follower")
-            wait_until(lambda: shard_subscribers() >= 1, timeout=5, what="a subscriber on the owner")
+            wait_until(lambda: shard_subscribers() >= 1, timeout=5, what="a listener on the owner")
             took = timed_handover(leader.resign, follower)
     client.close()
     assert took < PUSHED, f"handover took {took:.3f} s; polling alone waits up to 2.5 s"
