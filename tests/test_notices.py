@@ -357,3 +357,33 @@ def test_cluster_lock_waiter_gets_a_released_lock_at_once(
     client.close()
     assert got, "the waiter never got the lock"
     assert got[0] - released_at < PUSHED
+
+
+def test_cluster_notices_follow_the_names_slot_when_its_master_dies(
+    cluster_set_fresh: ClusterSet, engine: str
+) -> None:
+    client: RedisCluster = cluster_set_fresh.client(socket_timeout=2)
+    name = "{moving}"
+    slot = client.keyslot(name)
+    errors: dict[str, list[float]] = {"a": [], "b": []}
+
+    def elector(me: str) -> redlease.Elector:
+        observer = redlease.Observer(on_error=lambda _exc: errors[me].append(time.monotonic()))
+        return redlease.Elector(client, name, instance_id=me, engine=engine, observer=observer)
+
+    def settled() -> bool:
+        # A leader again, and neither instance in its error backoff (capped at the TTL).
+        last = max([0.0, *errors["a"], *errors["b"]])
+        return bool(a.token() or b.token()) and time.monotonic() - last > 5.5
+
+    a, b = elector("a"), elector("b")  # TTL 5 s: a follower polls every ~2.5 s
+    with a:
+        elected_token(a)
+        with b:
+            time.sleep(0.3)  # b follows and listens on the slot's master
+            cluster_set_fresh.kill_master(slot)  # the listener must move to the new master
+            wait_until(settled, timeout=30, interval=0.1, what="a leader, errors over")
+            leader, follower = (a, b) if a.token() else (b, a)
+            took = timed_handover(leader.resign, follower)
+    client.close()
+    assert took < PUSHED, f"handover after the failover took {took:.3f} s"

@@ -90,7 +90,7 @@ def listen(client: Any, lease_key: str, wake: Wake) -> Subscription:
     with _registry_lock:
         hub = _hubs.get(key)
         if hub is None or not hub.add_ok():
-            hub = _hubs[key] = _Hub(key, make, sharded(client))
+            hub = _hubs[key] = _Hub(key, make, client)
         sub = Subscription(hub, channel, wake)
         hub.add(sub)
     return sub
@@ -120,11 +120,14 @@ def _server_of(client: Any, channel: str) -> tuple[tuple[Any, ...], Callable[[],
 class _Hub:
     """One subscription connection and its listener thread, for one server."""
 
-    def __init__(self, key: tuple[Any, ...], make: Callable[[], Any], sharded: bool) -> None:
+    def __init__(self, key: tuple[Any, ...], make: Callable[[], Any], client: Any) -> None:
         self._key = key
         self._make = make
-        self._subscribe = "SSUBSCRIBE" if sharded else "SUBSCRIBE"
-        self._unsubscribe = "SUNSUBSCRIBE" if sharded else "UNSUBSCRIBE"
+        # A cluster client: after a failover or a migration the hub re-homes
+        # each channel to the hub of the node that now owns its slot.
+        self._cluster = client if is_cluster(client) else None
+        self._subscribe = "SSUBSCRIBE" if sharded(client) else "SUBSCRIBE"
+        self._unsubscribe = "SUNSUBSCRIBE" if sharded(client) else "UNSUBSCRIBE"
         self._lock = threading.Lock()  # channels, the connection, and every send on it
         self._channels: dict[str, list[Subscription]] = {}
         self._conn: Any = None
@@ -187,8 +190,11 @@ class _Hub:
                 # Redis trouble above all, but whatever breaks a session ends
                 # in a reconnect with backoff, never in a dead thread; the
                 # waiters poll meanwhile.
+                self._drop()
                 time.sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
+                if self._cluster is not None:
+                    self._rehome(self._cluster)
             finally:
                 self._drop()
 
@@ -244,11 +250,34 @@ class _Hub:
                 with self._lock:
                     self._send("PING")
 
+    def _rehome(self, client: Any) -> None:
+        """Move each channel whose slot another node owns now to that node's hub."""
+        with contextlib.suppress(Exception):
+            client.nodes_manager.initialize()
+        with self._lock:
+            subs = [sub for group in self._channels.values() for sub in group]
+        for sub in subs:
+            try:
+                key, make = _server_of(client, sub.channel)
+            except Exception:
+                return  # the cluster is not answering yet: try again after the next failure
+            if key == self._key:
+                continue
+            self.remove(sub)
+            with _registry_lock:
+                hub = _hubs.get(key)
+                if hub is None or not hub.add_ok():
+                    hub = _hubs[key] = _Hub(key, make, client)
+                sub._hub = hub
+                hub.add(sub)
+            with contextlib.suppress(Exception):
+                sub._wake(None)  # its notices may have been lost on the way
+
     def _read(self, conn: Any) -> Any:
         try:
             return conn.read_response()
-        except ResponseError:
-            if self._subscribe != "SSUBSCRIBE":
+        except ResponseError as exc:
+            if self._subscribe != "SSUBSCRIBE" or "unknown command" not in str(exc).lower():
                 raise
             # A server without sharded pub/sub (before 7.0): its releases
             # fall back to PUBLISH, so listen with SUBSCRIBE instead.
