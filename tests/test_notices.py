@@ -359,6 +359,17 @@ def test_cluster_lock_waiter_gets_a_released_lock_at_once(
     assert got[0] - released_at < PUSHED
 
 
+def listeners_on(node: redis.Redis, channel: str) -> int:
+    """Subscribers of ``channel`` on one cluster node (sharded on Redis 7+)."""
+    sharded = int(str(node.info("server")["redis_version"]).split(".")[0]) >= 7
+    reply = node.execute_command("PUBSUB SHARDNUMSUB" if sharded else "PUBSUB NUMSUB", channel)
+    if isinstance(reply, dict):
+        return int(next(iter(reply.values()), 0))
+    if reply and isinstance(reply[0], (list, tuple)):
+        reply = reply[0]
+    return int(reply[1])
+
+
 def test_cluster_notices_follow_the_names_slot_when_its_master_dies(
     cluster_set_fresh: ClusterSet, engine: str
 ) -> None:
@@ -383,6 +394,13 @@ def test_cluster_notices_follow_the_names_slot_when_its_master_dies(
             time.sleep(0.3)  # b follows and listens on the slot's master
             cluster_set_fresh.kill_master(slot)  # the listener must move to the new master
             wait_until(settled, timeout=30, interval=0.1, what="a leader, errors over")
+            owner = cluster_set_fresh.master_for_slot(slot).client()
+            wait_until(
+                lambda: listeners_on(owner, f"{name}:leader:released"),
+                timeout=10,
+                what="the listener re-homed to the new master",
+            )
+            owner.close()
             leader, follower = (a, b) if a.token() else (b, a)
             took = timed_handover(leader.resign, follower)
     client.close()

@@ -30,6 +30,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from ._engine.client import is_cluster
 from ._engine.python import _connection_factory
+from ._log import logger
 
 RELEASED_SUFFIX = ":released"
 """A lease key's notice channel is the key plus this suffix (see ``lua/release.lua``)."""
@@ -186,10 +187,11 @@ class _Hub:
             try:
                 self._session()
                 backoff = _BACKOFF_MIN
-            except Exception:
+            except Exception as exc:
                 # Redis trouble above all, but whatever breaks a session ends
                 # in a reconnect with backoff, never in a dead thread; the
                 # waiters poll meanwhile.
+                logger.debug("release notices from %s: %r; reconnecting", self._key, exc)
                 self._drop()
                 time.sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
@@ -263,6 +265,7 @@ class _Hub:
                 return  # the cluster is not answering yet: try again after the next failure
             if key == self._key:
                 continue
+            logger.debug("release notices on %s move from %s to %s", sub.channel, self._key, key)
             self.remove(sub)
             with _registry_lock:
                 hub = _hubs.get(key)
