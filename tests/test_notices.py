@@ -405,3 +405,27 @@ def test_cluster_notices_follow_the_names_slot_when_its_master_dies(
             took = timed_handover(leader.resign, follower)
     client.close()
     assert took < PUSHED, f"handover after the failover took {took:.3f} s"
+
+
+def test_aio_lock_waiter_gets_a_released_lock_at_once(client: redis.Redis, engine: str) -> None:
+    kwargs = client.connection_pool.connection_kwargs
+
+    async def main() -> float:
+        aclient = redis.asyncio.Redis(host=kwargs["host"], port=kwargs["port"])
+        locker = redlease.aio.RedisLocker(aclient, engine=engine)
+        held = await locker.acquire("aio-job", ttl=30)
+        waiter = asyncio.ensure_future(locker.acquire("aio-job", ttl=30, wait=20, retry_interval=5))
+        channel = "redlease:lock:key:aio-job:released"  # the default prefix
+        while subscribers(client, channel) < 1:
+            await asyncio.sleep(0.01)
+        released_at = time.monotonic()
+        await held.release()
+        second = await asyncio.wait_for(waiter, 10)
+        took = time.monotonic() - released_at
+        await second.release()
+        await locker.close()
+        await aclient.aclose()
+        return took
+
+    took = asyncio.run(main())
+    assert took < PUSHED, f"the aio waiter took {took:.3f} s; polling alone waits up to 5 s"
