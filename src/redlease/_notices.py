@@ -172,6 +172,11 @@ class _Hub:
         conn = self._conn
         if conn is None or self._broken:
             return
+        if getattr(conn, "_sock", None) is None:
+            # A failed read already closed it: sending would silently open a
+            # fresh connection with no subscriptions. Let the listener redo it.
+            self._broken = True
+            return
         try:
             conn.send_command(*args)
         except (RedisError, OSError):
