@@ -135,6 +135,7 @@ class _Hub:
         self._broken = False
         self._closing = False
         self._thread: threading.Thread | None = None
+        self._failing = False
         self.connects = 0  # how many times a connection was (re)established
 
     # -- registration (any thread) ------------------------------------------------
@@ -196,7 +197,9 @@ class _Hub:
                 # Redis trouble above all, but whatever breaks a session ends
                 # in a reconnect with backoff, never in a dead thread; the
                 # waiters poll meanwhile.
-                logger.debug("release notices from %s: %r; reconnecting", self._key, exc)
+                if not self._failing:  # one record per outage, not one per retry
+                    self._failing = True
+                    logger.debug("release notices from %s lost: %r; reconnecting", self._key, exc)
                 self._drop()
                 time.sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
@@ -227,6 +230,9 @@ class _Hub:
                 conn.send_command(self._subscribe, *channels)
             reconnect = self.connects > 0
             self.connects += 1
+        if self._failing:
+            self._failing = False
+            logger.debug("release notices from %s are back", self._key)
         if reconnect:
             # Notices sent while the connection was down are lost: let every
             # waiter try once now instead of at its next poll.
