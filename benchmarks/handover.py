@@ -9,7 +9,11 @@ A lock waiter blocked in ``acquire(wait=...)`` (default ``retry_interval``,
 returning. Prints p50/p99/max per engine next to the targets
 (handover p50 <= 5 ms, p99 <= 50 ms; lock waiter p50 <= 5 ms).
 
-    python benchmarks/handover.py [--handovers 200] [--stops 20] [--locks 100]
+    python benchmarks/handover.py [--handovers 200] [--stops 20] [--locks 100] [--gil-ms 0]
+
+``--gil-ms N`` runs a Python thread that holds the GIL for about N ms at a
+time (one long C call after another), the load under which the notice path
+(a Python listener thread, then the run thread's acquire) waits its turn.
 """
 
 from __future__ import annotations
@@ -24,6 +28,17 @@ from redlease._cli.bench import native_engine_available
 from redlease._testing import RedisServer
 
 SETTLE = 0.02  # between rounds: the previous leader is back to waiting
+
+
+def gil_hog(ms: float, stop: threading.Event) -> None:
+    """Hold the GIL for about ``ms`` at a time until ``stop`` is set."""
+    n = 100_000
+    start = time.perf_counter()
+    sum(range(n))
+    per_item = (time.perf_counter() - start) / n
+    size = max(1, int(ms / 1000 / per_item))
+    while not stop.is_set():
+        sum(range(size))  # one C call: the GIL is not given up inside it
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -135,7 +150,12 @@ def main() -> None:
     parser.add_argument("--handovers", type=int, default=200)
     parser.add_argument("--stops", type=int, default=20)
     parser.add_argument("--locks", type=int, default=100)
+    parser.add_argument("--gil-ms", type=float, default=0.0)
     options = parser.parse_args()
+    stop_hog = threading.Event()
+    if options.gil_ms > 0:
+        threading.Thread(target=gil_hog, args=(options.gil_ms, stop_hog), daemon=True).start()
+        print(f"with a thread holding the GIL {options.gil_ms:g} ms at a time")
     engines = ["python"]
     native_ok, why = native_engine_available()
     if native_ok:
@@ -154,6 +174,7 @@ def main() -> None:
             locks = lock_waits(client, engine, options.locks)
             print(row(f"{engine}: release -> lock waiter", locks, 5, None))
             client.close()
+    stop_hog.set()
     if not native_ok:
         print(f"native engine skipped: {why}")
     print("default TTL 5 s: without notices a follower polls every ~2.5 s, a lock waiter 100 ms")
