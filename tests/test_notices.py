@@ -94,6 +94,35 @@ def test_a_follower_takes_over_at_once_when_the_leader_stops(
     assert took < PUSHED, f"handover took {took:.3f} s; polling alone waits up to 2.5 s"
 
 
+def test_a_successor_that_resigns_at_once_hands_back_at_once(
+    client: redis.Redis, engine: str
+) -> None:
+    elected: list[tuple[str, float]] = []
+    events = Events()
+
+    def elector(me: str, **extra: Any) -> redlease.Elector:
+        def on_elected(_token: int) -> None:
+            elected.append((me, time.monotonic()))
+            if me == "b" and len(elected) == 2:
+                b.resign()  # b's first term ends as soon as it begins
+
+        observer = redlease.Observer(on_elected=on_elected, **extra)
+        return redlease.Elector(client, "back", instance_id=me, engine=engine, observer=observer)
+
+    a = elector("a")
+    b = elector("b", on_follower=lambda: events.record("follower"))
+    with a:
+        elected_token(a)
+        with b:
+            follower_ready(b, events, client)
+            start = time.monotonic()
+            a.resign()  # a rests for ~2.5 s unless b's release wakes it
+            wait_until(lambda: len(elected) >= 3, timeout=10, what="a's second term")
+    assert [who for who, _ in elected[:3]] == ["a", "b", "a"]
+    took = elected[2][1] - start
+    assert took < PUSHED, f"a took the lease back after {took:.3f} s"
+
+
 def test_a_killed_notice_connection_still_hands_over_and_comes_back(
     client: redis.Redis, engine: str
 ) -> None:

@@ -277,9 +277,9 @@ class Election:
             self._lead(run, fn, token, sent)
             if run.error is not None:
                 return
-            # Leave the lease to the others for an interval; if one of them
-            # takes it and releases it again meanwhile, its notice ends the wait.
-            run.noticed, run.released_by, run.resting = False, None, True
+            # Leave the lease to the others for an interval (the rest began
+            # as the term ended, before the release); if one of them takes it
+            # and releases it again meanwhile, its notice ends the wait.
             try:
                 self._wait_for_release(run, self._jittered(cfg.acquire_interval))
             finally:
@@ -331,6 +331,9 @@ class Election:
             run.own_threads.add(worker.thread)
             worker.thread.start()
         reason = self._hold(run, term, worker)
+        # Rest from here, before the release: a successor that takes the
+        # lease and gives it back at once must still find this run listening.
+        run.noticed, run.released_by, run.resting = False, None, True
         keeper.end()
         end_term(term, reason)
         self._drain(keeper)
