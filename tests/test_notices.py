@@ -23,7 +23,8 @@ from redis.cluster import RedisCluster
 import redlease
 import redlease.aio
 from helpers import Events, elected_token, stays, wait_until
-from redlease._testing import ClusterSet, SentinelSet
+from redlease._testing import ClusterSet, RedisServer, SentinelSet
+from tls_helpers import require_native_tls
 from topology_helpers import close_all_engines
 
 # With the default TTL (5 s) a follower polls every ~2.5 s and a lock waiter
@@ -194,6 +195,23 @@ def test_every_waiter_of_a_process_shares_one_subscription_connection(
         for e in electors:
             e.stop()
         locker.close()
+
+
+def test_a_follower_over_tls_takes_over_at_once(tls_server: RedisServer, engine: str) -> None:
+    if engine == "native":
+        require_native_tls()
+    tls_engine = engine
+    client = tls_server.client(socket_timeout=5)
+    leader = redlease.Elector(client, "tls-push", engine=tls_engine)
+    events = Events()
+    follower = redlease.Elector(client, "tls-push", engine=tls_engine, observer=events.observer())
+    with leader:
+        elected_token(leader)
+        with follower:
+            follower_ready(follower, events, client)
+            took = timed_handover(leader.resign, follower)
+    client.close()
+    assert took < PUSHED, f"handover took {took:.3f} s; polling alone waits up to 2.5 s"
 
 
 # -- who leads: leader() and on_new_leader -------------------------------------------
