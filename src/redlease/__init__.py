@@ -23,7 +23,7 @@ from ._errors import (
     TooManyEvalBodies,
 )
 from ._fence import Fencer
-from ._term import Observer, Term
+from ._term import Leader, Observer, Term
 from ._version import __version__
 from .lock import (
     DEFAULT_RETRY_INTERVAL,
@@ -45,6 +45,7 @@ __all__ = [
     "ConfigError",
     "Elector",
     "Fencer",
+    "Leader",
     "Lock",
     "Locker",
     "MemoryLocker",

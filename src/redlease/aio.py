@@ -30,7 +30,7 @@ from ._engine.aioclient import sync_twin
 from ._errors import NotHeld
 from ._fence import check_token
 from ._lock import release_after_failure
-from ._term import Observer, Term, when_ended
+from ._term import Leader, Observer, Term, when_ended
 
 __all__ = [
     "Elector",
@@ -159,6 +159,10 @@ class Elector:
     def resign(self) -> None:
         """End the current term (its task is cancelled, the lock released); re-contend."""
         self._core.resign()
+
+    async def leader(self) -> Leader | None:
+        """Who holds the lease now (one round trip, off the event loop); None when nobody does."""
+        return await _off_loop(self._core.leader)
 
     def renew_lateness(self) -> list[float]:
         """How late each renewal of the current run was sent, in seconds (see the threaded one)."""

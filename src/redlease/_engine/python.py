@@ -42,14 +42,18 @@ _MAX_REDIRECTS = 3
 
 
 def _connection_factory(
-    client: Any, key: str | bytes | None, node_addr: tuple[str, int] | None = None
+    client: Any,
+    key: str | bytes | None,
+    node_addr: tuple[str, int] | None = None,
+    **overrides: Any,
 ) -> Callable[[], Any]:
     """A factory of standalone redis-py connections like ``client``'s, with no retries.
 
     The user's client keeps its own settings for its own commands; ours get a
     per-call deadline instead of whatever retry policy the client carries.
     On a cluster the connection goes to the owner of ``key``'s slot, or to
-    ``node_addr`` when given (an ASK redirection).
+    ``node_addr`` when given (an ASK redirection). ``overrides`` replace
+    connection settings (the notice listener's RESP protocol, for one).
     """
     if is_cluster(client):
         node = client.get_default_node() if key is None else client.get_node_from_key(key)
@@ -70,6 +74,7 @@ def _connection_factory(
         health_check_interval=0,
         decode_responses=False,
     )
+    kwargs.update(overrides)
     cls = pool.connection_class
 
     def make() -> Any:
