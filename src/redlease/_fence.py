@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
@@ -145,6 +145,50 @@ class Fence:
         self._events.fenced(reply == 1)
         return bool(reply == 1)
 
+    def write_many(self, requests: Sequence[FenceRequest | None]) -> list[bool]:
+        """Send ``requests`` in one round trip, in order; one ``applied`` per request.
+
+        An empty batch sends nothing, nor does one of the inert token (its
+        requests are None). The first error reply is raised once every
+        reply was read.
+        """
+        if not requests:
+            return []
+        if requests[0] is None:
+            return self._rejected(len(requests))
+        return self._results(self._engine.write_many(cast(list[FenceRequest], requests)))
+
+    async def write_many_async(self, requests: Sequence[FenceRequest | None]) -> list[bool]:
+        """``write_many`` for a coroutine: one trip off the event loop for the whole batch."""
+        if not requests:
+            return []
+        if requests[0] is None:
+            return self._rejected(len(requests))
+        replies = await asyncio.get_running_loop().run_in_executor(
+            None, self._engine.write_many, cast(list[FenceRequest], requests)
+        )
+        return self._results(replies)
+
+    def _rejected(self, n: int) -> list[bool]:
+        for _ in range(n):
+            self._events.fenced(False)
+        return [False] * n
+
+    def _results(self, replies: list[Any]) -> list[bool]:
+        applied: list[bool] = []
+        failure: Exception | None = None
+        for reply in replies:
+            if isinstance(reply, Exception):
+                failure = failure or reply
+                applied.append(False)
+                continue
+            done = reply == 1
+            self._events.fenced(done)
+            applied.append(done)
+        if failure is not None:
+            raise failure
+        return applied
+
     def _eval_script(self, body: str) -> Script:
         with self._mutex:
             script = self._eval_scripts.get(body)
@@ -190,6 +234,90 @@ class Fence:
             )
 
 
+_P = TypeVar("_P", bound="_PipelineWrites")
+
+
+class _PipelineWrites:
+    """The chainable writes of a fenced pipeline, validated as they are added."""
+
+    __slots__ = ("_fence", "_requests", "token")
+
+    def __init__(self, fence: Fence, token: object) -> None:
+        self._fence = fence
+        self.token = check_token(token)
+        self._requests: list[FenceRequest | None] = []
+
+    def set(self: _P, key: str | bytes, value: EncodableT) -> _P:
+        """Queue a fenced ``SET key value``; bad arguments raise here, before anything is sent."""
+        self._requests.append(self._fence.set_request(self.token, key, value))
+        return self
+
+    def hset(self: _P, key: str | bytes, field: str | bytes, value: EncodableT) -> _P:
+        """Queue a fenced ``HSET key field value``."""
+        self._requests.append(self._fence.hset_request(self.token, key, field, value))
+        return self
+
+    def eval(
+        self: _P,
+        body: str,
+        keys: Sequence[str | bytes] = (),
+        args: Sequence[EncodableT] = (),
+    ) -> _P:
+        """Queue a fenced Lua write (body rules as ``Elector.fence_eval``)."""
+        self._requests.append(self._fence.eval_request(self.token, body, keys, args))
+        return self
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def _take(self) -> list[FenceRequest | None]:
+        requests, self._requests = self._requests, []
+        return requests
+
+
+class FencedPipeline(_PipelineWrites):
+    """Fenced writes queued with one token and sent together by ``execute()``.
+
+    Made by ``Fencer.pipeline()`` or ``Elector.fence_pipeline(token)``.
+    ``set``, ``hset`` and ``eval`` validate their arguments at once (raising
+    before anything is sent) and return the pipeline, so calls chain.
+    ``execute()`` sends every queued write in one round trip and returns one
+    ``applied`` per write, in order. Each write is fenced on its own (token
+    check, write, mark advanced), in order: once one is rejected every later
+    one is rejected too, because the mark only rises. An error reply raises
+    its ``ResponseError`` after every reply was read (the other writes are
+    as Redis did them). A write whose script the server had lost (NOSCRIPT)
+    did not run, and only it is sent again, as EVAL, after the rest. The
+    pipeline is empty again after ``execute()``, whatever it raised.
+    """
+
+    __slots__ = ()
+
+    def execute(self) -> list[bool]:
+        """Send the queued writes in one round trip; ``[]`` without one when none are queued."""
+        return self._fence.write_many(self._take())
+
+    def __repr__(self) -> str:
+        return f"<redlease.FencedPipeline token={self.token} writes={len(self)}>"
+
+
+class AsyncFencedPipeline(_PipelineWrites):
+    """``FencedPipeline`` for asyncio, as ``redlease.aio.FencedPipeline``.
+
+    ``await pipe.execute()`` sends the batch: one hop off the event loop for
+    the whole round trip.
+    """
+
+    __slots__ = ()
+
+    async def execute(self) -> list[bool]:
+        """Send the queued writes in one round trip; ``[]`` without one when none are queued."""
+        return await self._fence.write_many_async(self._take())
+
+    def __repr__(self) -> str:
+        return f"<redlease.aio.FencedPipeline token={self.token} writes={len(self)}>"
+
+
 class Fencer:
     """A term's fencing token bound to the Elector that minted it.
 
@@ -226,6 +354,10 @@ class Fencer:
     ) -> bool:
         """Fenced Lua write; see ``Elector.fence_eval``."""
         return self._elector.fence_eval(self.token, body, keys, args)
+
+    def pipeline(self) -> FencedPipeline:
+        """A pipeline of fenced writes with this token; see ``Elector.fence_pipeline``."""
+        return self._elector.fence_pipeline(self.token)
 
     def __bool__(self) -> bool:
         return self.token > 0

@@ -22,6 +22,7 @@ from redis.exceptions import (
     MovedError,
     NoScriptError,
     RedisError,
+    ResponseError,
     TimeoutError,
 )
 from redis.retry import Retry
@@ -32,6 +33,7 @@ from .base import (
     DEFAULT_WRITE_TIMEOUT,
     WRITE_CONNECTIONS,
     EncodableT,
+    ScriptRequest,
     remaining,
 )
 from .client import is_cluster, sentinels_of
@@ -104,6 +106,37 @@ class BoundedConnection:
 
     def execute(self, args: Sequence[Any], timeout: float) -> Any:
         deadline = time.monotonic() + timeout
+
+        def one(conn: Any) -> Any:
+            conn.send_command(*args)
+            return conn.read_response(timeout=remaining(deadline))
+
+        return self._round_trip(one, deadline)
+
+    def execute_many(self, commands: Sequence[Sequence[Any]], timeout: float) -> list[Any]:
+        """Send every command at once, then read every reply, in order.
+
+        An error reply is kept in the list as the ResponseError it is (not
+        raised), so the connection stays in step and the caller sees every
+        reply; a failure that leaves replies unread raises and drops the
+        connection.
+        """
+        deadline = time.monotonic() + timeout
+
+        def many(conn: Any) -> list[Any]:
+            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(conn.read_response(timeout=remaining(deadline)))
+                except ResponseError as exc:
+                    replies.append(exc)
+            return replies
+
+        replies: list[Any] = self._round_trip(many, deadline)
+        return replies
+
+    def _round_trip(self, exchange: Callable[[Any], Any], deadline: float) -> Any:
         if self._stale:
             self._stale = False
             self.drop()
@@ -118,8 +151,7 @@ class BoundedConnection:
             sock = getattr(conn, "_sock", None)
             if sock is not None:
                 sock.settimeout(remaining(deadline))
-            conn.send_command(*args)
-            return conn.read_response(timeout=remaining(deadline))
+            return exchange(conn)
         except MovedError:
             if self._cluster:
                 self._reroute()
@@ -169,6 +201,31 @@ class BoundedConnection:
                 return target.eval_script(script, keys, args, remaining(deadline), asking=True)
             finally:
                 target.drop()
+
+    def eval_many(self, requests: Sequence[ScriptRequest], timeout: float) -> list[Any]:
+        """Every ``(script, keys, args)`` as EVALSHA in one round trip, replies in order.
+
+        Error replies are ResponseError objects in the list. The commands
+        answered NOSCRIPT did not run: only they are sent again, as EVAL, in
+        a second round trip within the same deadline.
+        """
+        deadline = time.monotonic() + timeout
+        replies = self.execute_many(
+            [("EVALSHA", s.sha, len(keys), *keys, *args) for s, keys, args in requests],
+            remaining(deadline),
+        )
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
+            again = self.execute_many(
+                [
+                    ("EVAL", script.source, len(keys), *keys, *args)
+                    for script, keys, args in (requests[i] for i in missing)
+                ],
+                remaining(deadline),
+            )
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        return replies
 
     def _script(
         self,
@@ -232,6 +289,32 @@ class _Pool:
             finally:
                 self._give(route, conn, generation, keep)
         raise AssertionError("unreachable")
+
+    def eval_many(self, requests: Sequence[ScriptRequest], timeout: float) -> list[Any]:
+        """``BoundedConnection.eval_many`` on one pooled connection.
+
+        On a cluster the batch goes to the owner of its first key's slot;
+        when every reply is MOVED (nothing ran), the slot map was refreshed
+        and the whole batch is sent again while the deadline allows.
+        """
+        deadline = time.monotonic() + timeout
+        key = requests[0][1][0] if self._cluster and requests[0][1] else None
+        replies: list[Any] = []
+        for redirect in range(_MAX_REDIRECTS + 1):
+            route = self._client.get_node_from_key(key).name if key is not None else None
+            conn, generation = self._take(route, key, deadline)
+            keep = True
+            try:
+                replies = conn.eval_many(requests, remaining(deadline))
+                if not (self._cluster and all(isinstance(r, MovedError) for r in replies)):
+                    return replies
+                keep = False
+                conn._reroute()
+                if redirect == _MAX_REDIRECTS or time.monotonic() >= deadline:
+                    return replies
+            finally:
+                self._give(route, conn, generation, keep)
+        return replies
 
     def _give(self, route: object, conn: BoundedConnection, generation: int, keep: bool) -> None:
         with self._cond:
@@ -313,6 +396,9 @@ class PythonEngine:
         args: Sequence[EncodableT],
     ) -> Any:
         return self._writes.eval_script(script, keys, args, self.write_timeout)
+
+    def write_many(self, requests: Sequence[ScriptRequest]) -> list[Any]:
+        return self._writes.eval_many(requests, self.write_timeout)
 
     def keeper(
         self,
