@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,8 +14,10 @@ import redis.asyncio
 
 import redlease
 import redlease.aio
-from helpers import APPLIED_KEY, NAME, make_elector, wait_until
-from redlease._testing import RedisServer
+from helpers import APPLIED_KEY, NAME, elected_token, make_elector, wait_until
+from redlease._testing import ClusterSet, RedisServer, SentinelSet
+from tls_helpers import require_native_tls
+from topology_helpers import close_all_engines
 
 APPEND = "redis.call('rpush', KEYS[2], ARGV[2])"
 APPEND_TWICE = "redis.call('rpush', KEYS[2], ARGV[2]) redis.call('rpush', KEYS[2], ARGV[2])"
@@ -311,3 +314,74 @@ def test_aio_pipeline_error_reply_raises_after_every_reply_was_read(
     asyncio.run(scenario())
     assert client.get("after") == b"1"
     assert client.get("next") == b"2"
+
+
+# -- every deployment: Sentinel, Cluster, TLS --------------------------------------
+
+
+@pytest.fixture
+def topology_engines() -> Iterator[None]:
+    """Close every engine the test made (a Sentinel engine's watcher outlives its test)."""
+    yield
+    close_all_engines()
+
+
+def lead_and_pipeline(e: redlease.Elector, key: str) -> int:
+    with e:
+        token = elected_token(e)
+        pipe = e.fence_pipeline(token).set(key, "v1").hset(key + ":h", "f", "v2")
+        assert pipe.eval(APPEND, [key + ":log"], ["v3"]).execute() == [True, True, True]
+        assert e.fence_pipeline(token - 1).set(key, "stale").execute() == [False]
+    return token
+
+
+@pytest.mark.usefixtures("topology_engines")
+def test_pipeline_on_a_sentinel_master(sentinel_set: SentinelSet, engine: str) -> None:
+    client = sentinel_set.master_for(socket_timeout=2)
+    e = redlease.Elector(client, f"pipe-{engine}", ttl=0.5, engine=engine)
+    assert e.engine == engine
+    token = lead_and_pipeline(e, f"pipe-{engine}:state")
+    assert client.get(f"pipe-{engine}:state") == b"v1"
+    assert client.hget(f"pipe-{engine}:state:h", "f") == b"v2"
+    assert int(client.get(f"pipe-{engine}:fence:applied")) == token
+
+
+@pytest.mark.usefixtures("topology_engines")
+def test_pipeline_on_a_cluster(cluster_set: ClusterSet, engine: str) -> None:
+    client = cluster_set.client(socket_timeout=2)
+    name = "{pipe-" + engine + "}"
+    e = redlease.Elector(client, name, ttl=0.5, engine=engine)
+    assert e.engine == engine
+    token = lead_and_pipeline(e, f"{name}:state")
+    assert client.get(f"{name}:state") == b"v1"
+    assert client.lrange(f"{name}:state:log", 0, -1) == [b"v3"]
+    assert int(client.get(f"{name}:fence:applied")) == token
+    client.close()
+
+
+@pytest.mark.usefixtures("topology_engines")
+def test_pipeline_on_a_cluster_refuses_a_key_outside_the_names_slot_before_sending(
+    cluster_set: ClusterSet, engine: str
+) -> None:
+    client = cluster_set.client(socket_timeout=2)
+    e = redlease.Elector(client, "{pipe-slot}", ttl=0.5, engine=engine)
+    pipe = e.fence_pipeline(1).set("{pipe-slot}:ok", "v")
+    with pytest.raises(redis.exceptions.ResponseError, match=r"CROSSSLOT.*other-key"):
+        pipe.set("other-key", "v")
+    assert pipe.execute() == [True]
+    assert client.get("{pipe-slot}:ok") == b"v"
+    assert client.get("other-key") is None
+    client.close()
+
+
+@pytest.mark.usefixtures("topology_engines")
+def test_pipeline_over_tls(tls_server: RedisServer, engine: str) -> None:
+    if engine == "native":
+        require_native_tls()
+    client = tls_server.client(socket_timeout=2)
+    e = redlease.Elector(client, NAME, engine=engine)
+    assert e.engine == engine
+    assert e.fence_pipeline(2).set("k", "a").hset("h", "f", "b").execute() == [True, True]
+    assert client.get("k") == b"a"
+    assert client.get(APPLIED_KEY) == b"2"
+    client.close()
