@@ -170,6 +170,29 @@ def test_a_large_pipeline_returns_one_result_per_write(client: redis.Redis, engi
     assert client.lrange("log", 0, -1) == [str(i).encode() for i in range(5000)]
 
 
+def test_each_write_of_a_pipeline_is_counted_in_the_fenced_writes_metric(
+    client: redis.Redis, engine: str
+) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    import redlease.metrics
+
+    registry = prometheus_client.CollectorRegistry()
+    e = redlease.metrics.instrument(make_elector(client, engine), registry)
+    client.set("text", "x")
+    pipe = e.fence_pipeline(5).set("a", "1").eval(NEWER_TERM_WRITES, args=[6]).set("b", "2")
+    assert pipe.execute() == [True, False, False]
+    with pytest.raises(redis.exceptions.ResponseError):
+        e.fence_pipeline(6).set("c", "3").eval(INCR, ["text"]).execute()
+
+    def count(result: str) -> float | None:
+        labels = {"name": NAME, "result": result}
+        return registry.get_sample_value("redlease_fenced_writes_total", labels)
+
+    # The write that met an error reply is neither applied nor rejected: it raised.
+    assert count("applied") == 2
+    assert count("rejected") == 2
+
+
 # -- nothing sent when there is nothing to send or the input is bad ----------------
 
 

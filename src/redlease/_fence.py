@@ -101,14 +101,14 @@ class Fence:
         self._events = events  # its Election's: fenced-write results are reported there
 
     def set_request(self, token: object, key: object, value: object) -> FenceRequest | None:
-        return self._request(_FENCE_SET, token, (_check_key(key),), (_check_value(value),))
+        return self._request(token, _FENCE_SET, (_check_key(key),), (_check_value(value),))
 
     def hset_request(
         self, token: object, key: object, field: object, value: object
     ) -> FenceRequest | None:
         return self._request(
-            _FENCE_HSET,
             token,
+            _FENCE_HSET,
             (_check_key(key),),
             (_check_value(field, "field"), _check_value(value)),
         )
@@ -117,6 +117,12 @@ class Fence:
         self, token: object, body: object, keys: object, args: object
     ) -> FenceRequest | None:
         check_token(token)
+        return self._request(token, *self.eval_parts(body, keys, args))
+
+    def eval_parts(
+        self, body: object, keys: object, args: object
+    ) -> tuple[Script, tuple[str | bytes, ...], tuple[EncodableT, ...]]:
+        """A ``fence_eval``'s script, keys and args, validated (the token aside)."""
         if not isinstance(body, str):
             raise TypeError(f"body must be a str of Lua, got {type(body).__name__}")
         checked_keys = tuple(
@@ -125,7 +131,7 @@ class Fence:
         checked_args = tuple(
             _check_value(a, "each arg") for a in _check_sequence(args, "args", "values")
         )
-        return self._request(self._eval_script(body), token, checked_keys, checked_args)
+        return self._eval_script(body), checked_keys, checked_args
 
     def write(self, request: FenceRequest | None) -> bool:
         """Send ``request`` once and return whether it was applied."""
@@ -170,24 +176,25 @@ class Fence:
         return self._results(replies)
 
     def _rejected(self, n: int) -> list[bool]:
-        for _ in range(n):
-            self._events.fenced(False)
-        return [False] * n
+        applied = [False] * n
+        self._report(applied)
+        return applied
 
     def _results(self, replies: list[Any]) -> list[bool]:
-        applied: list[bool] = []
-        failure: Exception | None = None
-        for reply in replies:
-            if isinstance(reply, Exception):
-                failure = failure or reply
-                applied.append(False)
-                continue
-            done = reply == 1
-            self._events.fenced(done)
-            applied.append(done)
-        if failure is not None:
-            raise failure
-        return applied
+        """One ``applied`` per reply; the first error reply raised once all are reported."""
+        applied = [reply == 1 for reply in replies]
+        failures = [reply for reply in replies if isinstance(reply, Exception)]
+        if not failures:
+            self._report(applied)
+            return applied
+        self._report([done for done, reply in zip(applied, replies, strict=True)
+                      if not isinstance(reply, Exception)])
+        raise failures[0]
+
+    def _report(self, applied: list[bool]) -> None:
+        if self._events.sinks:
+            for done in applied:
+                self._events.fenced(done)
 
     def _eval_script(self, body: str) -> Script:
         with self._mutex:
@@ -205,17 +212,30 @@ class Fence:
 
     def _request(
         self,
-        script: Script,
         token: object,
+        script: Script,
         keys: tuple[str | bytes, ...],
         args: tuple[EncodableT, ...],
     ) -> FenceRequest | None:
         checked = check_token(token)
         if checked < 1:
             return None  # the inert and non-positive tokens never write
+        return self.bind(str(checked), script, keys, args)
+
+    def bind(
+        self,
+        token_arg: str,
+        script: Script,
+        keys: tuple[str | bytes, ...],
+        args: tuple[EncodableT, ...],
+    ) -> FenceRequest:
+        """The request of a validated write with a positive token (``token_arg``, its decimal).
+
+        On a cluster, a key outside the name's slot raises here.
+        """
         if self._slot is not None:
             self._check_slots(keys)
-        return script, (self._applied_key, *keys), (str(checked), *args)
+        return script, (self._applied_key, *keys), (token_arg, *args)
 
     def _check_slots(self, keys: tuple[str | bytes, ...]) -> None:
         """Refuse, before anything is sent, a cluster write with a key outside the name's slot.
@@ -238,23 +258,31 @@ _P = TypeVar("_P", bound="_PipelineWrites")
 
 
 class _PipelineWrites:
-    """The chainable writes of a fenced pipeline, validated as they are added."""
+    """The chainable writes of a fenced pipeline, validated as they are added.
 
-    __slots__ = ("_fence", "_requests", "token")
+    The token is checked once, when the pipeline is made; each write then
+    costs only its own arguments' checks (a pipeline is for many writes).
+    """
+
+    __slots__ = ("_fence", "_requests", "_token_arg", "token")
 
     def __init__(self, fence: Fence, token: object) -> None:
         self._fence = fence
         self.token = check_token(token)
+        # None: the inert and non-positive tokens never write, nor send.
+        self._token_arg = str(self.token) if self.token >= 1 else None
         self._requests: list[FenceRequest | None] = []
 
     def set(self: _P, key: str | bytes, value: EncodableT) -> _P:
         """Queue a fenced ``SET key value``; bad arguments raise here, before anything is sent."""
-        self._requests.append(self._fence.set_request(self.token, key, value))
+        self._add(_FENCE_SET, (_check_key(key),), (_check_value(value),))
         return self
 
     def hset(self: _P, key: str | bytes, field: str | bytes, value: EncodableT) -> _P:
         """Queue a fenced ``HSET key field value``."""
-        self._requests.append(self._fence.hset_request(self.token, key, field, value))
+        self._add(
+            _FENCE_HSET, (_check_key(key),), (_check_value(field, "field"), _check_value(value))
+        )
         return self
 
     def eval(
@@ -264,8 +292,16 @@ class _PipelineWrites:
         args: Sequence[EncodableT] = (),
     ) -> _P:
         """Queue a fenced Lua write (body rules as ``Elector.fence_eval``)."""
-        self._requests.append(self._fence.eval_request(self.token, body, keys, args))
+        self._add(*self._fence.eval_parts(body, keys, args))
         return self
+
+    def _add(
+        self, script: Script, keys: tuple[str | bytes, ...], args: tuple[EncodableT, ...]
+    ) -> None:
+        token_arg = self._token_arg
+        self._requests.append(
+            None if token_arg is None else self._fence.bind(token_arg, script, keys, args)
+        )
 
     def __len__(self) -> int:
         return len(self._requests)
