@@ -17,7 +17,8 @@ One private redis-server on loopback TCP. Two tables:
    100,000) divided by their number, on each engine and for redis-py's
    ``evalsha``. process_time counts this process's user and system time
    in every thread: encoding, the GIL hand-offs, and the kernel's share of
-   send/poll/recv. The server's work is in its own process, not here.
+   send/poll/recv (the table splits the two with ``getrusage``). The
+   server's work is in its own process, not here.
 
 Prints the tables; asserts nothing.
 """
@@ -25,6 +26,7 @@ Prints the tables; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import resource
 import time
 from collections.abc import Callable
 
@@ -86,16 +88,25 @@ def best_rate(op: Callable[[], object], per_call: int, seconds: float, rounds: i
     return best
 
 
-def cpu_per_call_us(op: Callable[[], object], n: int, rounds: int) -> float:
-    """This process's CPU per call of ``op`` in microseconds: best of ``rounds`` x ``n`` calls."""
+def cpu_per_call_us(op: Callable[[], object], n: int, rounds: int) -> tuple[float, float, float]:
+    """This process's CPU per call of ``op`` in microseconds, best of ``rounds`` x ``n`` calls.
+
+    ``(total, user, system)``: total is ``time.process_time()``; the split
+    between user and kernel time is ``getrusage``'s for the same round.
+    """
     for _ in range(1000):
         op()
-    best = float("inf")
+    best = (float("inf"), 0.0, 0.0)
     for _ in range(rounds):
+        before = resource.getrusage(resource.RUSAGE_SELF)
         start = time.process_time()
         for _ in range(n):
             op()
-        best = min(best, (time.process_time() - start) / n * 1e6)
+        total = time.process_time() - start
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        user = after.ru_utime - before.ru_utime
+        system = after.ru_stime - before.ru_stime
+        best = min(best, (total / n * 1e6, user / n * 1e6, system / n * 1e6))
     return best
 
 
@@ -121,7 +132,7 @@ def main() -> None:
             redis_py_pipeline_op(client, opts.batch), opts.batch, opts.seconds, opts.rounds
         )
 
-        cpu: dict[str, float] = {}
+        cpu: dict[str, tuple[float, float, float]] = {}
         for name, e in electors.items():
             cpu[name] = cpu_per_call_us(
                 lambda e=e: e.fence_set(TOKEN, f"{NAME}:one", "v"), opts.writes, opts.rounds
@@ -148,11 +159,11 @@ def main() -> None:
         print(f"{name:<12}{rate:>17,.0f}{rate / rates['redis-py']:>12.2f}x")
     print("\nPython CPU per single fenced write")
     print(f"best of {opts.rounds} rounds x {opts.writes:,} writes, time.process_time()\n")
-    header = f"{'contender':<12}{'CPU us/write':>14}"
+    header = f"{'contender':<12}{'CPU us/write':>14}{'user':>8}{'kernel':>8}"
     print(header)
     print("-" * len(header))
-    for name, us in cpu.items():
-        print(f"{name:<12}{us:>14.1f}")
+    for name, (total, user, system) in cpu.items():
+        print(f"{name:<12}{total:>14.1f}{user:>8.1f}{system:>8.1f}")
 
 
 if __name__ == "__main__":
