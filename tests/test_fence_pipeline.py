@@ -16,6 +16,7 @@ import redlease
 import redlease.aio
 from helpers import APPLIED_KEY, NAME, elected_token, make_elector, wait_until
 from redlease._testing import ClusterSet, RedisServer, SentinelSet
+from redlease._testing import key_slot as redlease_key_slot
 from tls_helpers import require_native_tls
 from topology_helpers import close_all_engines
 
@@ -408,3 +409,36 @@ def test_pipeline_over_tls(tls_server: RedisServer, engine: str) -> None:
     assert client.get("k") == b"a"
     assert client.get(APPLIED_KEY) == b"2"
     client.close()
+
+
+@pytest.mark.usefixtures("topology_engines")
+def test_pipeline_follows_a_migration_of_the_names_slot(
+    cluster_set_fresh: ClusterSet, engine: str
+) -> None:
+    topology = cluster_set_fresh
+    name = "{pipe-mig}"
+    slot = redlease_key_slot(name)
+    client = topology.client(socket_timeout=2)
+    e = redlease.Elector(client, name, ttl=0.5, engine=engine)
+    # Connections open on the slot's owner, scripts loaded there.
+    assert e.fence_pipeline(3).set(f"{name}:a", "1").set(f"{name}:b", "1").execute() == [
+        True,
+        True,
+    ]
+    owner = topology.master_for_slot(slot)
+    target = next(m for m in topology.masters() if m is not owner)
+    assert topology.migrate_slot(slot, target) >= 3
+    moved_before = moved_replies(owner)
+    # The old owner answers MOVED to every write, none of which ran: the batch
+    # goes to the new owner, where every write runs once.
+    pipe = e.fence_pipeline(3).set(f"{name}:a", "2").eval(APPEND, [f"{name}:log"], ["x"])
+    assert pipe.set(f"{name}:b", "2").execute() == [True, True, True]
+    on_target = target.client()
+    assert on_target.mget(f"{name}:a", f"{name}:b") == [b"2", b"2"]
+    assert on_target.lrange(f"{name}:log", 0, -1) == [b"x"]
+    assert moved_replies(owner) - moved_before == 3, "the batch went to the old owner first"
+    client.close()
+
+
+def moved_replies(node: RedisServer) -> int:
+    return int(node.client().info("errorstats").get("errorstat_MOVED", {}).get("count", 0))
