@@ -126,11 +126,17 @@ class BoundedConnection:
         def many(conn: Any) -> list[Any]:
             conn.send_packed_command(conn.pack_commands(commands), check_health=False)
             replies: list[Any] = []
-            for _ in commands:
-                try:
-                    replies.append(conn.read_response(timeout=remaining(deadline)))
-                except ResponseError as exc:
-                    replies.append(exc)
+            try:
+                for _ in commands:
+                    try:
+                        replies.append(conn.read_response(timeout=remaining(deadline)))
+                    except ResponseError as exc:
+                        replies.append(exc)
+            except BaseException:
+                # Replies are still owed (an interrupt between two reads, too):
+                # the connection is out of step and must not be used again.
+                conn.disconnect()
+                raise
             return replies
 
         replies: list[Any] = self._round_trip(many, deadline)

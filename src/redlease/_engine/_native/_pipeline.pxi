@@ -9,7 +9,10 @@
 # reply says "not executed here" (MOVED, READONLY, LOADING, TRYAGAIN...), the
 # whole batch is resent after following the redirection, as route_run does
 # for one command. When only some do, those replies stay errors: the others
-# ran, and resending a part out of order is not a decision to take here.
+# ran, and resending a part out of order is not a decision to take here. An
+# ASK reply (the slot is being migrated and that write's keys have left) is
+# never followed for a batch: it is reported as the error it is, and that
+# write did not run.
 
 
 cdef struct rl_bcmd:
