@@ -18,9 +18,11 @@ from typing import Any
 from redis.backoff import NoBackoff
 from redis.exceptions import (
     AskError,
+    BusyLoadingError,
     ConnectionError,
     MovedError,
     NoScriptError,
+    ReadOnlyError,
     RedisError,
     ResponseError,
     TimeoutError,
@@ -253,6 +255,21 @@ class BoundedConnection:
                 conn.disconnect()
 
 
+_RETRY_PAUSE = 0.05
+"""Seconds between two sends of a batch the server did not run (READONLY, LOADING...)."""
+
+_NOT_MASTER_PREFIXES = ("READONLY", "MASTERDOWN", "LOADING", "TRYAGAIN", "CLUSTERDOWN")
+
+
+def _not_run_here(reply: object, cluster: bool) -> bool:
+    """Whether ``reply`` says its write did not run because this server is not the one."""
+    if isinstance(reply, MovedError):
+        return cluster
+    if isinstance(reply, (ReadOnlyError, BusyLoadingError)):
+        return True
+    return isinstance(reply, ResponseError) and str(reply).startswith(_NOT_MASTER_PREFIXES)
+
+
 class _Pool:
     """A few bounded connections, opened on demand, shared by threads.
 
@@ -299,24 +316,32 @@ class _Pool:
     def eval_many(self, requests: Sequence[ScriptRequest], timeout: float) -> list[Any]:
         """``BoundedConnection.eval_many`` on one pooled connection.
 
-        On a cluster the batch goes to the owner of its first key's slot;
-        when every reply is MOVED (nothing ran), the slot map was refreshed
-        and the whole batch is sent again while the deadline allows.
+        On a cluster the batch goes to the owner of its first key's slot.
+        When every reply says the write did not run on this server (MOVED;
+        READONLY, MASTERDOWN, LOADING: no longer the master), the route is
+        looked up again and the whole batch sent again while the deadline
+        allows. As after a single write's error, a batch with any error
+        reply gives its connection up: the next one connects afresh.
         """
         deadline = time.monotonic() + timeout
         key = requests[0][1][0] if self._cluster and requests[0][1] else None
         replies: list[Any] = []
-        for redirect in range(_MAX_REDIRECTS + 1):
+        for attempt in range(_MAX_REDIRECTS + 1):
             route = self._client.get_node_from_key(key).name if key is not None else None
             conn, generation = self._take(route, key, deadline)
             keep = True
             try:
                 replies = conn.eval_many(requests, remaining(deadline))
-                if not (self._cluster and all(isinstance(r, MovedError) for r in replies)):
+                if not any(isinstance(reply, Exception) for reply in replies):
                     return replies
                 keep = False
-                conn._reroute()
-                if redirect == _MAX_REDIRECTS or time.monotonic() >= deadline:
+                if not all(_not_run_here(reply, self._cluster) for reply in replies):
+                    return replies
+                if isinstance(replies[0], MovedError):
+                    conn._reroute()
+                else:
+                    time.sleep(min(_RETRY_PAUSE, max(deadline - time.monotonic(), 0.0)))
+                if attempt == _MAX_REDIRECTS or time.monotonic() >= deadline:
                     return replies
             finally:
                 self._give(route, conn, generation, keep)
