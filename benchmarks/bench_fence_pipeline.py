@@ -2,7 +2,7 @@
 
     python benchmarks/bench_fence_pipeline.py [--batch N] [--seconds S] [--rounds R] [--writes W]
 
-One private redis-server on loopback TCP. Two tables:
+One private redis-server on loopback TCP. Three tables:
 
 1. Pipelines of ``--batch`` fenced SETs (default 100), built and executed
    back to back from one thread through the public API
@@ -12,7 +12,9 @@ One private redis-server on loopback TCP. Two tables:
    writes per second (batches/s x batch size) and the ratio to redis-py;
    the best of ``--rounds`` rounds (a shared machine only ever makes a
    round slower).
-2. Python CPU per single fenced write (``Elector.fence_set``, sync, one
+2. The same from one asyncio task (``await pipe.execute()``, one hop to
+   a worker thread per batch) against ``redis.asyncio``'s pipeline.
+3. Python CPU per single fenced write (``Elector.fence_set``, sync, one
    thread): ``time.process_time()`` over ``--writes`` writes (default
    100,000) divided by their number, on each engine and for redis-py's
    ``evalsha``. process_time counts this process's user and system time
@@ -26,9 +28,10 @@ Prints the tables; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import redis
 import redis.utils
@@ -68,6 +71,61 @@ def redis_py_pipeline_op(client: redis.Redis, batch: int) -> Callable[[], object
         return pipe.execute()
 
     return op
+
+
+def async_rates(
+    server: RedisServer, engines: list[str], batch: int, seconds: float, rounds: int
+) -> dict[str, float]:
+    """Fenced writes/s of ``await pipe.execute()`` per engine and of redis.asyncio's pipeline."""
+    import redis.asyncio
+
+    import redlease.aio
+
+    script = _scripts.fenced_file("fence_set")
+    applied = ElectionKeys(NAME).applied
+    keys = [f"{NAME}:value:{i}" for i in range(batch)]
+
+    async def measure() -> dict[str, float]:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=server.port)
+        await client.script_load(script.source)
+        ops: dict[str, Callable[[], Awaitable[object]]] = {}
+        for name in engines:
+            e = redlease.aio.Elector(client, NAME, engine=name)
+
+            async def fenced(e: redlease.aio.Elector = e) -> object:
+                pipe = e.fence_pipeline(TOKEN)
+                for key in keys:
+                    pipe.set(key, "value")
+                return await pipe.execute()
+
+            ops[name] = fenced
+
+        async def plain() -> object:
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.evalsha(script.sha, 2, applied, key, TOKEN, "value")
+            return await pipe.execute()
+
+        ops["redis.asyncio"] = plain
+        rates: dict[str, float] = {}
+        for name, op in ops.items():
+            for _ in range(20):
+                await op()
+            best = 0.0
+            for _ in range(rounds):
+                calls = 0
+                start = time.perf_counter()
+                now = start
+                while now < start + seconds:
+                    await op()
+                    calls += 1
+                    now = time.perf_counter()
+                best = max(best, calls * batch / (now - start))
+            rates[name] = best
+        await client.aclose()
+        return rates
+
+    return asyncio.run(measure())
 
 
 def best_rate(op: Callable[[], object], per_call: int, seconds: float, rounds: int) -> float:
@@ -132,6 +190,8 @@ def main() -> None:
             redis_py_pipeline_op(client, opts.batch), opts.batch, opts.seconds, opts.rounds
         )
 
+        arates = async_rates(server, engines, opts.batch, opts.seconds, opts.rounds)
+
         cpu: dict[str, tuple[float, float, float]] = {}
         for name, e in electors.items():
             cpu[name] = cpu_per_call_us(
@@ -157,6 +217,12 @@ def main() -> None:
     print("-" * len(header))
     for name, rate in rates.items():
         print(f"{name:<12}{rate:>17,.0f}{rate / rates['redis-py']:>12.2f}x")
+    print(f"\nasyncio, one task: await pipe.execute() of {opts.batch} fenced SETs\n")
+    header = f"{'contender':<14}{'fenced writes/s':>17}{'vs redis.asyncio':>18}"
+    print(header)
+    print("-" * len(header))
+    for name, rate in arates.items():
+        print(f"{name:<14}{rate:>17,.0f}{rate / arates['redis.asyncio']:>17.2f}x")
     print("\nPython CPU per single fenced write")
     print(f"best of {opts.rounds} rounds x {opts.writes:,} writes, time.process_time()\n")
     header = f"{'contender':<12}{'CPU us/write':>14}{'user':>8}{'kernel':>8}"
