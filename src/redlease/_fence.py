@@ -3,17 +3,19 @@
 ``Fence`` is the fenced-write machinery of one elector name, shared by the
 threaded and the asyncio front ends: it validates a write into a request
 (script, keys, args) before anything is sent, caches ``fence_eval`` bodies,
-and sends every request through the engine's one write path, so the two
-front ends differ only in how they wait for the reply.
+and sends every request through the engine's one write path (a pipeline's
+batch through its one batch path, ``write_many``), so the two front ends
+differ only in how they wait for the reply.
 
 A fenced write is sent at most once. When its outcome is unknown (the
 connection broke or the deadline passed after the script may have reached
 the server) it raises redis-py's ``ConnectionError`` / ``TimeoutError``: the
 write may or may not have landed, and it is never sent again behind the
 caller's back — a resent script could apply twice, or be "rejected" by the
-mark its own first copy raised.
+mark its own first copy raised. The same holds for every write of a batch.
 
-``Fencer`` is the public handle of a term's token.
+``Fencer`` is the public handle of a term's token; ``FencedPipeline`` (and
+its asyncio twin) queues fenced writes with one token for one round trip.
 """
 
 from __future__ import annotations
@@ -187,8 +189,9 @@ class Fence:
         if not failures:
             self._report(applied)
             return applied
-        self._report([done for done, reply in zip(applied, replies, strict=True)
-                      if not isinstance(reply, Exception)])
+        # Writes that met an error reply raised: they were neither applied nor rejected.
+        ran = zip(applied, replies, strict=True)
+        self._report([done for done, reply in ran if not isinstance(reply, Exception)])
         raise failures[0]
 
     def _report(self, applied: list[bool]) -> None:
