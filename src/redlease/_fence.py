@@ -327,7 +327,9 @@ class FencedPipeline(_PipelineWrites):
     its ``ResponseError`` after every reply was read (the other writes are
     as Redis did them). A write whose script the server had lost (NOSCRIPT)
     did not run, and only it is sent again, as EVAL, after the rest. The
-    pipeline is empty again after ``execute()``, whatever it raised.
+    pipeline is empty again after ``execute()``, whatever it raised. Like
+    redis-py's pipelines, one pipeline belongs to one thread at a time;
+    any number of pipelines may execute at once.
     """
 
     __slots__ = ()
