@@ -479,3 +479,40 @@ def test_pipeline_lands_on_the_new_master_after_a_sentinel_failover(
     log = on_new.lrange("pipe-fo:log", 0, -1)
     assert log[0] == b"before" and log[-1] == sent[-1].encode()
     assert len(log) == len(set(log)), f"no batch ran twice: {log}"
+
+
+def get_asking(node: RedisServer, key: str) -> Any:
+    """GET on a node importing the key's slot (ASKING first, on the same connection)."""
+    pipe = node.client().pipeline(transaction=False)
+    pipe.execute_command("ASKING")
+    pipe.get(key)
+    return pipe.execute()[1]
+
+
+@pytest.mark.usefixtures("topology_engines")
+def test_pipeline_mid_migration_goes_to_the_importing_node_with_asking(
+    cluster_set_fresh: ClusterSet, engine: str
+) -> None:
+    topology = cluster_set_fresh
+    name = "{pipe-ask}"
+    slot = redlease_key_slot(name)
+    client = topology.client(socket_timeout=2)
+    e = redlease.Elector(client, name, ttl=0.5, engine=engine)
+    # The writes' keys exist before the move: a write needs all its keys on one side.
+    pipe = e.fence_pipeline(3).set(f"{name}:a", "1").eval(APPEND, [f"{name}:log"], ["0"])
+    assert pipe.execute() == [True, True]
+    owner = topology.master_for_slot(slot)
+    target = next(m for m in topology.masters() if m is not owner)
+    migration = topology.begin_migration(slot, target)
+    try:
+        assert migration.move_keys() >= 3
+        # The owner answers ASK to every write, none of which ran: each goes
+        # to the importing node after its own ASKING, once.
+        pipe = e.fence_pipeline(3).set(f"{name}:a", "2").eval(APPEND, [f"{name}:log"], ["1"])
+        assert pipe.execute() == [True, True]
+        assert get_asking(target, f"{name}:a") == b"2"
+        assert get_asking(target, f"{name}:fence:applied") == b"3"
+    finally:
+        migration.finish()
+    assert target.client().lrange(f"{name}:log", 0, -1) == [b"0", b"1"]
+    client.close()

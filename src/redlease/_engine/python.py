@@ -210,30 +210,44 @@ class BoundedConnection:
             finally:
                 target.drop()
 
-    def eval_many(self, requests: Sequence[ScriptRequest], timeout: float) -> list[Any]:
+    def eval_many(
+        self, requests: Sequence[ScriptRequest], timeout: float, asking: bool = False
+    ) -> list[Any]:
         """Every ``(script, keys, args)`` as EVALSHA in one round trip, replies in order.
 
         Error replies are ResponseError objects in the list. The commands
         answered NOSCRIPT did not run: only they are sent again, as EVAL, in
-        a second round trip within the same deadline.
+        a second round trip within the same deadline. With ``asking`` (this
+        connection goes to the node a migrating slot's keys moved to), each
+        command follows its own ``ASKING``.
         """
         deadline = time.monotonic() + timeout
-        replies = self.execute_many(
-            [("EVALSHA", s.sha, len(keys), *keys, *args) for s, keys, args in requests],
-            remaining(deadline),
-        )
+        replies = self._send_scripts("EVALSHA", requests, deadline, asking)
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if missing:
-            again = self.execute_many(
-                [
-                    ("EVAL", script.source, len(keys), *keys, *args)
-                    for script, keys, args in (requests[i] for i in missing)
-                ],
-                remaining(deadline),
-            )
+            again = self._send_scripts("EVAL", [requests[i] for i in missing], deadline, asking)
             for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
         return replies
+
+    def _send_scripts(
+        self, how: str, requests: Sequence[ScriptRequest], deadline: float, asking: bool
+    ) -> list[Any]:
+        commands: list[tuple[Any, ...]] = []
+        for script, keys, args in requests:
+            if asking:
+                commands.append(("ASKING",))
+            name = script.sha if how == "EVALSHA" else script.source
+            commands.append((how, name, len(keys), *keys, *args))
+        replies = self.execute_many(commands, remaining(deadline))
+        if not asking:
+            return replies
+        refused = [reply for reply in replies[0::2] if isinstance(reply, Exception)]
+        if refused:
+            # The command after a refused ASKING met the migration on its own.
+            self.drop()
+            raise refused[0]
+        return replies[1::2]
 
     def _script(
         self,
@@ -268,6 +282,11 @@ def _not_run_here(reply: object, cluster: bool) -> bool:
     if isinstance(reply, (ReadOnlyError, BusyLoadingError)):
         return True
     return isinstance(reply, ResponseError) and str(reply).startswith(_NOT_MASTER_PREFIXES)
+
+
+def _asked(reply: object) -> bool:
+    """An ASK redirection (MovedError is an AskError too, but says something else)."""
+    return isinstance(reply, AskError) and not isinstance(reply, MovedError)
 
 
 class _Pool:
@@ -320,8 +339,10 @@ class _Pool:
         When every reply says the write did not run on this server (MOVED;
         READONLY, MASTERDOWN, LOADING: no longer the master), the route is
         looked up again and the whole batch sent again while the deadline
-        allows. As after a single write's error, a batch with any error
-        reply gives its connection up: the next one connects afresh.
+        allows; when every reply is ASK, the batch goes once to the node
+        named, each write after its own ASKING. As after a single write's
+        error, a batch with any error reply gives its connection up: the
+        next one connects afresh.
         """
         deadline = time.monotonic() + timeout
         key = requests[0][1][0] if self._cluster and requests[0][1] else None
@@ -335,6 +356,14 @@ class _Pool:
                 if not any(isinstance(reply, Exception) for reply in replies):
                     return replies
                 keep = False
+                if self._cluster and all(_asked(reply) for reply in replies):
+                    # The slot is migrating and the keys have left: every write,
+                    # none of which ran, goes once to the node named.
+                    target = BoundedConnection(self._client, key, replies[0].node_addr)
+                    try:
+                        return target.eval_many(requests, remaining(deadline), asking=True)
+                    finally:
+                        target.drop()
                 if not all(_not_run_here(reply, self._cluster) for reply in replies):
                     return replies
                 if isinstance(replies[0], MovedError):

@@ -9,10 +9,9 @@
 # reply says "not executed here" (MOVED, READONLY, LOADING, TRYAGAIN...), the
 # whole batch is resent after following the redirection, as route_run does
 # for one command. When only some do, those replies stay errors: the others
-# ran, and resending a part out of order is not a decision to take here. An
-# ASK reply (the slot is being migrated and that write's keys have left) is
-# never followed for a batch: it is reported as the error it is, and that
-# write did not run.
+# ran, and resending a part out of order is not a decision to take here. When
+# every reply is ASK (the slot is being migrated and the keys have left), the
+# batch goes once to the node named, each command after its own ASKING.
 
 
 cdef struct rl_bcmd:
@@ -36,7 +35,7 @@ cdef struct rl_batch:
     rl_buf raw        # the bytes of every reply that is not an integer
     rl_bcmd* cmds
     size_t n
-    int moved_slot    # from the first reply, when it was MOVED
+    int moved_slot    # from the first reply, when it was MOVED or ASK
     rl_addr moved_to
 
 
@@ -82,8 +81,9 @@ cdef int batch_keep(rl_conn* c, rl_batch* b, size_t i, const char* base, size_t 
     if top.kind == c':':
         cmd.ival = top.ival
         return 0
-    if cmd.what == REPLY_MOVED and i == 0 and base == c.r.data:
-        if parse_redirect(c, 6, &b.moved_slot, &b.moved_to) < 0:
+    if (cmd.what == REPLY_MOVED or cmd.what == REPLY_ASK) and i == 0 and base == c.r.data:
+        if parse_redirect(c, 6 if cmd.what == REPLY_MOVED else 4,
+                          &b.moved_slot, &b.moved_to) < 0:
             cmd.what = REPLY_DONE   # unreadable: reported as the error it is
     cmd.off = b.raw.len
     cmd.len = n
@@ -97,25 +97,41 @@ cdef inline size_t batch_next(rl_batch* b, size_t i, bint resend) noexcept nogil
     return i
 
 
-cdef int batch_read(rl_conn* c, rl_batch* b, bint resend, rl_disco* d,
+cdef int batch_take(rl_conn* c, rl_batch* b, size_t* i, bint* asking_owed, bint asking,
+                    bint resend, const char* base, size_t n, rl_disco* d) noexcept nogil:
+    """One reply parsed into ``c.nodes``: ASKING's, or the one owed to command ``i[0]``."""
+    if asking_owed[0]:
+        asking_owed[0] = False
+        if c.nodes.items[0].kind != c'+':
+            conn_drop(c)     # the commands after it may have run without it
+            return conn_fail(c, RL_EPROTO, "ASKING was refused during a slot migration")
+        return 0
+    if batch_keep(c, b, i[0], base, n, d) < 0:
+        conn_drop(c)
+        return conn_fail(c, RL_ENOMEM, "out of memory keeping a reply")
+    i[0] = batch_next(b, i[0] + 1, resend)
+    asking_owed[0] = asking
+    return 0
+
+
+cdef int batch_read(rl_conn* c, rl_batch* b, bint resend, bint asking, rl_disco* d,
                     int64_t deadline) noexcept nogil:
-    """Read and keep every reply owed, in order.
+    """Read and keep every reply owed, in order (with ``asking``, each after ASKING's).
 
     Each read is followed by every further whole reply already buffered, and
     the buffer is compacted once per read rather than once per reply, so a
     batch of thousands costs no more per reply than a batch of ten.
     """
     cdef size_t i = batch_next(b, 0, resend)
+    cdef bint asking_owed = asking
     cdef size_t pos
     cdef Py_ssize_t rc
     while i < b.n:
         if conn_read_reply(c, deadline) < 0:
             return -1
         pos = c.reply_len
-        if batch_keep(c, b, i, c.r.data, pos, d) < 0:
-            conn_drop(c)
-            return conn_fail(c, RL_ENOMEM, "out of memory keeping a reply")
-        i = batch_next(b, i + 1, resend)
+        if batch_take(c, b, &i, &asking_owed, asking, resend, c.r.data, pos, d) < 0:
+            return -1
         while i < b.n:
             rc = resp_parse(c.r.data + pos, c.r.len - pos, &c.nodes)
             if rc == 0:
@@ -125,14 +141,27 @@ cdef int batch_read(rl_conn* c, rl_batch* b, bint resend, rl_disco* d,
                 if rc == -2:
                     return conn_fail(c, RL_ENOMEM, "out of memory parsing a reply")
                 return conn_fail(c, RL_EPROTO, "Protocol error: the server sent a malformed reply")
-            if batch_keep(c, b, i, c.r.data + pos, <size_t>rc, d) < 0:
-                conn_drop(c)
-                return conn_fail(c, RL_ENOMEM, "out of memory keeping a reply")
+            if batch_take(c, b, &i, &asking_owed, asking, resend, c.r.data + pos,
+                          <size_t>rc, d) < 0:
+                return -1
             pos += <size_t>rc
-            i = batch_next(b, i + 1, resend)
         c.reply_len = pos
         conn_consume(c)
     return 0
+
+
+cdef int batch_put(rl_buf* out, rl_batch* b, size_t i, bint asking, bint eval) noexcept nogil:
+    """Append command ``i`` to ``out``: ASKING first with ``asking``, as EVAL with ``eval``."""
+    cdef rl_bcmd* cmd = &b.cmds[i]
+    if asking and buf_put(out, ASKING_CMD, strlen(ASKING_CMD)) < 0:
+        return -1
+    if not eval:
+        return buf_put(out, b.w.data + cmd.start, cmd.end - cmd.start)
+    if (buf_put(out, b.w.data + cmd.start, cmd.head - cmd.start) < 0
+            or buf_put(out, b"$4\r\nEVAL\r\n", 10) < 0
+            or buf_put_bulk(out, cmd.src, cmd.srclen) < 0):
+        return -1
+    return buf_put(out, b.w.data + cmd.tail, cmd.end - cmd.tail)
 
 
 cdef int batch_prepare(rl_conn* c, rl_disco* d, int64_t deadline) noexcept nogil:
@@ -163,33 +192,51 @@ cdef int batch_run(rl_conn* c, rl_batch* b, int64_t deadline) noexcept nogil:
     """
     cdef rl_disco* d = <rl_disco*>c.disco
     cdef rl_addr here
-    cdef size_t i, missing
+    cdef size_t i
+    cdef bint missing = False
+    cdef bint asking = False
     cdef int redirects = 0, idx
     cdef char what
     cdef bint all_same
     while True:
-        if batch_prepare(c, d, deadline) < 0:
-            batch_lost(c, d)
-            return -1
-        if conn_send(c, b.w.data, b.w.len, deadline) < 0:
-            batch_lost(c, d)
-            return -1
+        if asking:
+            # Every command answered ASK: all of them, each after ASKING, to that node.
+            conn_set_addr(c, &b.moved_to)
+            conn_probe_idle(c)
+            if c.fd < 0 and conn_connect(c, deadline) < 0:
+                return -1
+            b.e.len = 0
+            for i in range(b.n):
+                if batch_put(&b.e, b, i, True, False) < 0:
+                    return conn_fail(c, RL_ENOMEM, "out of memory encoding ASKING")
+            if conn_send(c, b.e.data, b.e.len, deadline) < 0:
+                return -1
+        else:
+            if batch_prepare(c, d, deadline) < 0:
+                batch_lost(c, d)
+                return -1
+            if conn_send(c, b.w.data, b.w.len, deadline) < 0:
+                batch_lost(c, d)
+                return -1
         b.raw.len = 0
-        if batch_read(c, b, False, d, deadline) < 0:
+        if batch_read(c, b, False, asking, d, deadline) < 0:
             batch_lost(c, d)
             return -1
         c.last_used = rl_now_ns()
-        if d == NULL:
+        if d == NULL or asking:
             break
         # Resend the whole batch only when no command of it ran.
         what = b.cmds[0].what
-        all_same = what != REPLY_DONE and what != REPLY_ASK
+        all_same = what != REPLY_DONE
         i = 1
         while all_same and i < b.n:
             all_same = b.cmds[i].what == what
             i += 1
         if not all_same:
             break
+        if what == REPLY_ASK:
+            asking = True
+            continue
         if what == REPLY_MOVED:
             redirects += 1
             if redirects > MAX_REDIRECTS:
@@ -214,22 +261,18 @@ cdef int batch_run(rl_conn* c, rl_batch* b, int64_t deadline) noexcept nogil:
             cluster_forget(d)
         if disco_pause(c, RETRY_PAUSE_NS, deadline) < 0:
             return -1
-    missing = 0
     b.e.len = 0
     for i in range(b.n):
         if b.cmds[i].noscript:
-            missing += 1
-            if (buf_put(&b.e, b.w.data + b.cmds[i].start, b.cmds[i].head - b.cmds[i].start) < 0
-                    or buf_put(&b.e, b"$4\r\nEVAL\r\n", 10) < 0
-                    or buf_put_bulk(&b.e, b.cmds[i].src, b.cmds[i].srclen) < 0
-                    or buf_put(&b.e, b.w.data + b.cmds[i].tail, b.cmds[i].end - b.cmds[i].tail) < 0):
+            missing = True
+            if batch_put(&b.e, b, i, asking, True) < 0:
                 return conn_fail(c, RL_ENOMEM, "out of memory encoding EVAL")
-    if missing == 0:
+    if not missing:
         return 0
     if conn_send(c, b.e.data, b.e.len, deadline) < 0:
         batch_lost(c, d)
         return -1
-    if batch_read(c, b, True, d, deadline) < 0:
+    if batch_read(c, b, True, asking, d, deadline) < 0:
         batch_lost(c, d)
         return -1
     c.last_used = rl_now_ns()
