@@ -31,7 +31,8 @@ cdef struct rl_bcmd:
 
 cdef struct rl_batch:
     rl_buf w          # every EVALSHA, back to back
-    rl_buf e          # the EVAL twins of the commands answered NOSCRIPT
+    rl_buf e          # what is sent again: the EVAL twins of the commands answered
+                      # NOSCRIPT, or the whole batch with ASKING before each command
     rl_buf raw        # the bytes of every reply that is not an integer
     rl_bcmd* cmds
     size_t n
