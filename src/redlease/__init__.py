@@ -22,7 +22,7 @@ from ._errors import (
     RedleaseError,
     TooManyEvalBodies,
 )
-from ._fence import Fencer
+from ._fence import FencedPipeline, Fencer
 from ._term import Leader, Observer, Term
 from ._version import __version__
 from .lock import (
@@ -44,6 +44,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "Elector",
+    "FencedPipeline",
     "Fencer",
     "Leader",
     "Lock",

@@ -29,7 +29,7 @@ from . import _notices, _scripts
 from ._config import Config, Duration
 from ._engine import ACTIVE, EncodableT, Engine, Keeper, is_cluster, make_engine
 from ._errors import ConfigError
-from ._fence import Fence, Fencer
+from ._fence import Fence, FencedPipeline, Fencer
 from ._keys import ElectionKeys, has_hash_tag
 from ._log import Events
 from ._term import Leader, Observer, Reason, Term, end_term
@@ -657,6 +657,17 @@ class Elector:
         raises ResponseError and does not move the mark.
         """
         return self._fence.write(self._fence.eval_request(token, body, keys, args))
+
+
+    def fence_pipeline(self, token: int) -> FencedPipeline:
+        """A pipeline of fenced writes with ``token``, sent in one round trip.
+
+        ``pipe.set(...).hset(...).eval(...)`` queue writes (validated at
+        once); ``pipe.execute()`` returns one ``applied`` per write, in
+        order. Each write is fenced on its own, so a write after a rejected
+        one is rejected too. See ``redlease.FencedPipeline``.
+        """
+        return FencedPipeline(self._fence, token)
 
 
 _live_elections: weakref.WeakSet[Election] = weakref.WeakSet()

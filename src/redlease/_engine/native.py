@@ -15,7 +15,13 @@ from typing import Any
 
 from .._scripts import Script
 from ._native import _core as _native
-from .base import CALL_CONNECTIONS, DEFAULT_WRITE_TIMEOUT, WRITE_CONNECTIONS, EncodableT
+from .base import (
+    CALL_CONNECTIONS,
+    DEFAULT_WRITE_TIMEOUT,
+    WRITE_CONNECTIONS,
+    EncodableT,
+    ScriptRequest,
+)
 from .client import Endpoint
 from .failover import MasterSwitches
 
@@ -73,6 +79,15 @@ class NativeEngine:
         """Run a fenced-write script on a write connection, bounded by ``write_timeout``."""
         ref = self._refs.get(script.sha) or self._ref(script)
         return self._writes.execute(ref, keys, args, self.write_timeout)
+
+    def write_many(self, requests: Sequence[ScriptRequest]) -> list[Any]:
+        """Run fenced-write scripts in one round trip on a write connection (GIL released)."""
+        refs = self._refs
+        batch = [
+            (refs.get(script.sha) or self._ref(script), keys, args)
+            for script, keys, args in requests
+        ]
+        return _native.execute_many(self._writes, batch, self.write_timeout)
 
     def keeper(
         self,
