@@ -135,6 +135,17 @@ class LoopConn:
     def clear(self) -> None: ...
     def drop(self) -> None: ...
 
+def execute_many(
+    pool: Pool,
+    requests: Sequence[tuple[ScriptRef, Sequence[str | bytes], Sequence[_Encodable]]],
+    timeout: float,
+) -> list[Any]:
+    """Many scripts in one round trip on one of ``pool``'s connections, replies in order.
+
+    Error replies are exception objects in the list (not raised); a failure
+    that leaves replies unread raises ConnectionError / TimeoutError.
+    """
+
 class Keeper:
     """Keeps one lease alive from a native thread that never takes the GIL."""
 

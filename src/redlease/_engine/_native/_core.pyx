@@ -48,6 +48,7 @@ any thread may block on it, the keeper thread included.
 #                      Target, Pool, and failures as redis-py exceptions
 #   _loopconn.pxi      LoopConn: a non-blocking connection an asyncio event
 #                      loop drives, for pipelined fenced writes
+#   _pipeline.pxi      many scripts in one round trip on a Pool connection
 #   _keeper_thread.pxi the renewal thread (no GIL, ever)
 #   _keeper.pxi        Keeper, the Python face of that thread
 #
@@ -80,6 +81,7 @@ include "_cluster.pxi"
 include "_route.pxi"
 include "_pool.pxi"
 include "_loopconn.pxi"
+include "_pipeline.pxi"
 include "_keeper_thread.pxi"
 include "_keeper.pxi"
 
