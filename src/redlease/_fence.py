@@ -144,12 +144,19 @@ class Fence:
         return applied
 
     async def write_async(self, request: FenceRequest | None) -> bool:
-        """``write`` for a coroutine: the round trip runs off the event loop."""
+        """``write`` for a coroutine: pipelined on the engine's connection for this loop.
+
+        Where the engine has no loop writer (see ``Engine.loop_writer``) the
+        blocking write runs on the loop's default executor instead.
+        """
         if request is None:
             return False
-        reply = await asyncio.get_running_loop().run_in_executor(
-            None, self._engine.write, *request
-        )
+        loop = asyncio.get_running_loop()
+        writer = self._engine.loop_writer(loop)
+        if writer is None:
+            reply = await loop.run_in_executor(None, self._engine.write, *request)
+        else:
+            reply = await writer.write(*request)
         self._events.fenced(reply == 1)
         return bool(reply == 1)
 

@@ -8,6 +8,7 @@ holds the GIL for long: that is the limitation the native engine removes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -30,6 +31,7 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from .._scripts import Script
+from .aiowriter import LoopWriter, PyLoopConn
 from .base import (
     CALL_CONNECTIONS,
     DEFAULT_WRITE_TIMEOUT,
@@ -444,6 +446,11 @@ class PythonEngine:
         self._writes = _Pool(client, WRITE_CONNECTIONS)
         self._keeper_conns: weakref.WeakSet[BoundedConnection] = weakref.WeakSet()
         self._switches = MasterSwitches(sentinels_of(client), self._forget_master)
+        self._loop_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWriter] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._loop_ok = not is_cluster(client)
+        self._master_generation = 0  # bumped when the sentinels announce a new master
 
     def call(
         self,
@@ -461,6 +468,17 @@ class PythonEngine:
         args: Sequence[EncodableT],
     ) -> Any:
         return self._writes.eval_script(script, keys, args, self.write_timeout)
+
+    def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
+        """The pipelined writer on ``loop`` (made on first use), or None where unserved."""
+        writer = self._loop_writers.get(loop)
+        if writer is None and self._loop_ok:
+            conn = PyLoopConn(
+                _connection_factory(self._client, None), lambda: self._master_generation
+            )
+            writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self.write)
+            self._loop_writers[loop] = writer
+        return writer
 
     def write_many(self, requests: Sequence[ScriptRequest]) -> list[Any]:
         return self._writes.eval_many(requests, self.write_timeout)
@@ -486,6 +504,7 @@ class PythonEngine:
         return keeper
 
     def _forget_master(self) -> None:
+        self._master_generation += 1
         self._calls.invalidate()
         self._writes.invalidate()
         for conn in list(self._keeper_conns):
@@ -493,6 +512,8 @@ class PythonEngine:
 
     def close(self) -> None:
         self._switches.close()
+        for writer in list(self._loop_writers.values()):
+            writer.close()
         self._calls.close()
         self._writes.close()
 

@@ -46,11 +46,13 @@ any thread may block on it, the keeper thread included.
 #   _route.pxi         one routed round trip: MOVED / ASK / READONLY followed
 #   _pool.pxi          the Python-facing connection objects: ScriptRef,
 #                      Target, Pool, and failures as redis-py exceptions
+#   _loopconn.pxi      LoopConn: a non-blocking connection an asyncio event
+#                      loop drives, for pipelined fenced writes
 #   _pipeline.pxi      many scripts in one round trip on a Pool connection
 #   _keeper_thread.pxi the renewal thread (no GIL, ever)
 #   _keeper.pxi        Keeper, the Python face of that thread
 #
-# Fork safety lives here, at the end: it reaches into Pool and Keeper.
+# Fork safety lives here, at the end: it reaches into Pool, LoopConn and Keeper.
 
 from cpython.bytes cimport (
     PyBytes_AS_STRING,
@@ -65,7 +67,7 @@ from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 import os
 import weakref
 
-# Every Pool and Keeper alive in this process, for the fork handler below.
+# Every Pool, LoopConn and Keeper alive in this process, for the fork handler below.
 _live = weakref.WeakSet()
 
 include "_posix.pxi"
@@ -78,6 +80,7 @@ include "_sentinel.pxi"
 include "_cluster.pxi"
 include "_route.pxi"
 include "_pool.pxi"
+include "_loopconn.pxi"
 include "_pipeline.pxi"
 include "_keeper_thread.pxi"
 include "_keeper.pxi"
@@ -91,6 +94,8 @@ def _after_fork_in_child():
             (<Keeper>obj).after_fork_in_child()
         elif isinstance(obj, Pool):
             (<Pool>obj).after_fork_in_child()
+        elif isinstance(obj, LoopConn):
+            (<LoopConn>obj).after_fork_in_child()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
