@@ -27,8 +27,15 @@ from typing import Any
 
 from . import _scripts
 from ._config import Config, Duration
-from ._engine import ACTIVE, EncodableT, Engine, Keeper, is_cluster, make_engine
-from ._errors import ConfigError
+from ._engine import (
+    ACTIVE,
+    EncodableT,
+    Engine,
+    Keeper,
+    is_cluster,
+    make_engine,
+)
+from ._errors import ConfigError, NotReplicated
 from ._fence import Fence, Fencer
 from ._keys import ElectionKeys, has_hash_tag
 from ._log import Events
@@ -94,6 +101,8 @@ class Election:
         observer: Observer | None = None,
         engine: str | None = "auto",
         fencer: Callable[[int], Any] | None = None,
+        min_replicas: int = 0,
+        replica_timeout: Duration | None = None,
     ) -> None:
         if client is None:
             raise ConfigError(
@@ -105,7 +114,10 @@ class Election:
             renew_interval=renew_interval,
             acquire_interval=acquire_interval,
             instance_id=instance_id,
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
         )
+        self.guard = self.config.guard
         if is_cluster(client) and not has_hash_tag(self.config.name):
             raise ConfigError(
                 f"with a RedisCluster client the name needs a hash tag so its keys share one "
@@ -125,6 +137,8 @@ class Election:
             self.config.name,
             self.events,
             cluster=is_cluster(client),
+            guard=self.guard,
+            on_failover=self._failover_seen,
         )
         # What the leader function gets as its second argument, for a token.
         self._fencer: Callable[[int], Any] = fencer or (lambda _token: None)
@@ -228,13 +242,45 @@ class Election:
             self._sleep(run, self._jittered(cfg.acquire_interval))
 
     def _acquire(self) -> tuple[int, int]:
-        reply = self.engine.call(
+        guard = self.guard
+        args = (self.instance_id, self.config.ttl_ms)
+        # Answered READONLY / MASTERDOWN / NOREPLICAS, an acquire raises like
+        # any error: no term starts (none runs while the loop contends).
+        if not guard.enabled:
+            reply = self.engine.call(_ACQUIRE, self.keys.all(), args, self.config.renew_interval)
+            return int(reply[0]), int(reply[1])
+        reply, acked = self.engine.call_replicated(
             _ACQUIRE,
             self.keys.all(),
-            (self.instance_id, self.config.ttl_ms),
+            args,
             self.config.renew_interval,
+            guard.min_replicas,
+            guard.timeout_ms,
         )
-        return int(reply[0]), int(reply[1])
+        token, pttl_ms = int(reply[0]), int(reply[1])
+        if token > 0 and acked < guard.min_replicas:
+            # Won on the master only: a failover now could hand the name to
+            # another instance with an older fence. No term starts; the lease
+            # goes back at once so nobody waits a TTL for it.
+            self._release()
+            raise NotReplicated(
+                f"acquire of {self.config.name!r} was confirmed by {acked} of the "
+                f"{guard.min_replicas} replicas required within {guard.timeout_ms} ms; "
+                "released, trying again",
+                applied=True,
+                replicas=acked,
+            )
+        return token, pttl_ms
+
+    def _failover_seen(self, token: int, exc: Exception) -> None:
+        """A fenced write with ``token`` was answered READONLY / MASTERDOWN / NOREPLICAS.
+
+        The server is no longer the master the running term was granted on:
+        that term ends now (reason "lost"), not at its renewal deadline.
+        """
+        run = self.run
+        if run is not None and token and run.keeper.token == token:
+            run.keeper.lose(exc)
 
     def _poll_delay(self, pttl_ms: int) -> float:
         delay = self._jittered(self.config.acquire_interval)
@@ -354,6 +400,16 @@ class Elector:
     The lease is renewed by the engine's keeper: on the native engine a
     native thread that never waits for the GIL. ``is_leader()`` is advisory;
     carry the token through a fenced write for anything that must be safe.
+
+    Replication guard: with ``min_replicas=N`` (default 0, off) every acquire
+    and fenced write is followed, on the same connection, by ``WAIT N
+    replica_timeout`` (default 0.1 s). An acquire fewer than N replicas
+    confirmed starts no term: the lease is released, ``NotReplicated`` goes
+    to ``Observer.on_error`` and the run tries again. A fenced write applied
+    but confirmed by fewer raises ``NotReplicated`` (``applied=True``). WAIT
+    is not consensus: see the README's correctness boundary. A renewal,
+    acquire or fenced write answered READONLY, MASTERDOWN or NOREPLICAS ends
+    the term at once (reason ``"lost"``).
     """
 
     def __init__(
@@ -367,6 +423,8 @@ class Elector:
         instance_id: str | None = None,
         observer: Observer | None = None,
         engine: str | None = "auto",
+        min_replicas: int = 0,
+        replica_timeout: Duration | None = None,
     ) -> None:
         self._election = Election(
             client,
@@ -378,6 +436,8 @@ class Elector:
             observer=observer,
             engine=engine,
             fencer=lambda token: Fencer(self, token),
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
         )
         self.config: Config = self._election.config
         self._fence = self._election.fence

@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
 from . import _scripts
-from ._engine import EncodableT, Engine
-from ._errors import TooManyEvalBodies
+from ._config import ReplicationGuard
+from ._engine import EncodableT, Engine, is_failover_reply
+from ._errors import NotReplicated, TooManyEvalBodies
 from ._log import Events
 
 if TYPE_CHECKING:
@@ -89,9 +90,21 @@ class Fence:
     """
 
     def __init__(
-        self, engine: Engine, applied_key: str, name: str, events: Events, *, cluster: bool = False
+        self,
+        engine: Engine,
+        applied_key: str,
+        name: str,
+        events: Events,
+        *,
+        cluster: bool = False,
+        guard: ReplicationGuard | None = None,
+        on_failover: Callable[[int, Exception], object] | None = None,
     ) -> None:
         self._engine = engine
+        self._guard = guard or ReplicationGuard()
+        # Told when a write with a token is answered READONLY / MASTERDOWN /
+        # NOREPLICAS, so the term holding that token can end at once.
+        self._on_failover = on_failover
         self._applied_key = applied_key
         self._name = name
         # On a cluster every key of a write must live in the name's slot.
@@ -128,22 +141,50 @@ class Fence:
         return self._request(self._eval_script(body), token, checked_keys, checked_args)
 
     def write(self, request: FenceRequest | None) -> bool:
-        """Send ``request`` once and return whether it was applied."""
+        """Send ``request`` once and return whether it was applied.
+
+        With the replication guard on, the write is followed by ``WAIT`` on
+        its connection, and an applied write that fewer than
+        ``min_replicas`` replicas confirmed raises ``NotReplicated``.
+        """
         if request is None:
             return False
-        applied = bool(self._engine.write(*request) == 1)
-        self._events.fenced(applied)
-        return applied
+        guard = self._guard
+        try:
+            if guard.enabled:
+                reply, acked = self._engine.write_replicated(
+                    *request, guard.min_replicas, guard.timeout_ms
+                )
+            else:
+                reply, acked = self._engine.write(*request), 0
+        except ResponseError as exc:
+            self._failover_seen(request, exc)
+            raise
+        return self._outcome(reply, acked)
 
     async def write_async(self, request: FenceRequest | None) -> bool:
         """``write`` for a coroutine: the round trip runs off the event loop."""
         if request is None:
             return False
-        reply = await asyncio.get_running_loop().run_in_executor(
-            None, self._engine.write, *request
-        )
-        self._events.fenced(reply == 1)
-        return bool(reply == 1)
+        return await asyncio.get_running_loop().run_in_executor(None, self.write, request)
+
+    def _outcome(self, reply: object, acked: int) -> bool:
+        applied = reply == 1
+        self._events.fenced(applied)
+        guard = self._guard
+        if applied and guard.enabled and acked < guard.min_replicas:
+            raise NotReplicated(
+                f"fenced write on {self._name!r} was applied on the master but confirmed by "
+                f"{acked} of the {guard.min_replicas} replicas required within "
+                f"{guard.timeout_ms} ms; a failover now could lose it",
+                applied=True,
+                replicas=acked,
+            )
+        return applied
+
+    def _failover_seen(self, request: FenceRequest, exc: ResponseError) -> None:
+        if self._on_failover is not None and is_failover_reply(exc):
+            self._on_failover(int(request[2][0]), exc)
 
     def _eval_script(self, body: str) -> Script:
         with self._mutex:

@@ -20,6 +20,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from redis.exceptions import MasterDownError, ReadOnlyError, ResponseError
+
 from .._scripts import Script
 
 EncodableT = str | bytes | int | float
@@ -75,6 +77,29 @@ ENDED = 3
 """The term was ended by the owner (``end()``); nothing is renewed any more."""
 
 
+FAILOVER_REPLIES = ("READONLY", "MASTERDOWN", "NOREPLICAS")
+"""Error replies saying the server is no longer the master a lease was granted on.
+
+A term answered with one of them ends at once: its lease lives on a server
+that is now a replica, cut off from its replicas, or refusing writes.
+"""
+
+
+def is_failover_reply(exc: BaseException) -> bool:
+    """Whether ``exc`` is a READONLY, MASTERDOWN or NOREPLICAS error reply."""
+    if isinstance(exc, (ReadOnlyError, MasterDownError)):
+        return True
+    if not isinstance(exc, ResponseError):
+        return False
+    # redis-py strips the error codes it knows and keeps the others. Inside a
+    # script, Redis 7 passes the command's error code on; Redis 6 wraps it:
+    # "Error running script (...): @user_script:1: -READONLY You can't...".
+    text = str(exc).lstrip()
+    return text.startswith(FAILOVER_REPLIES) or any(
+        f": -{code} " in text for code in FAILOVER_REPLIES
+    )
+
+
 class Keeper(Protocol):
     """Keeps one lease alive from a dedicated thread.
 
@@ -86,7 +111,9 @@ class Keeper(Protocol):
     the acquire), and that deadline is enforced by a timer, not by the next
     tick: at the deadline the term is LOST even if a renewal is in flight.
     Every state change and every error wakes ``wait()`` and makes
-    ``fileno()`` readable.
+    ``fileno()`` readable. A renewal answered READONLY, MASTERDOWN or
+    NOREPLICAS (``FAILOVER_REPLIES``) ends the term as LOST at once: the
+    server is no longer the master the lease was granted on.
     """
 
     @property
@@ -187,6 +214,34 @@ class Engine(Protocol):
         args: Sequence[EncodableT],
     ) -> Any:
         """Run a fenced-write script (user-driven path). Thread-safe. Same errors as ``call``."""
+        ...
+
+    def call_replicated(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        timeout: float,
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]:
+        """``call``, then ``WAIT replicas wait_ms`` on the same connection.
+
+        ``(reply, acknowledged)``: the script's reply and how many replicas
+        confirmed it. An error reply raises without a WAIT. The WAIT is
+        bounded by ``wait_ms`` plus what is left of ``timeout``.
+        """
+        ...
+
+    def write_replicated(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]:
+        """``write``, then ``WAIT`` on the same connection; as ``call_replicated``."""
         ...
 
     def keeper(

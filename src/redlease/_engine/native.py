@@ -74,6 +74,32 @@ class NativeEngine:
         ref = self._refs.get(script.sha) or self._ref(script)
         return self._writes.execute(ref, keys, args, self.write_timeout)
 
+    def call_replicated(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        timeout: float,
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]:
+        """``call`` and a WAIT on the same control connection, both without the GIL."""
+        return self._calls.execute_wait(self._ref(script), keys, args, timeout, replicas, wait_ms)
+
+    def write_replicated(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]:
+        """``write`` and a WAIT on the same write connection, both without the GIL."""
+        ref = self._refs.get(script.sha) or self._ref(script)
+        return self._writes.execute_wait(
+            ref, keys, args, self.write_timeout, replicas, wait_ms
+        )
+
     def keeper(
         self,
         script: Script,

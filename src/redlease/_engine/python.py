@@ -146,8 +146,13 @@ class BoundedConnection:
         args: Sequence[EncodableT],
         timeout: float,
         asking: bool = False,
+        wait: tuple[int, int] | None = None,
     ) -> Any:
         """EVALSHA, and EVAL once on NOSCRIPT, within one overall deadline.
+
+        With ``wait`` = ``(replicas, ms)`` the script is followed by ``WAIT
+        replicas ms`` on this same connection (the one that ran it), and the
+        result is ``(reply, acknowledged)``; an error reply raises unwaited.
 
         On a cluster, an ASK redirection (the slot is being migrated and the
         keys have moved) is followed once: ASKING + the script on the target
@@ -156,9 +161,10 @@ class BoundedConnection:
         """
         deadline = time.monotonic() + timeout
         try:
-            return self._script(("EVALSHA", script.sha), keys, args, deadline, asking)
-        except NoScriptError:
-            return self._script(("EVAL", script.source), keys, args, deadline, asking)
+            try:
+                reply = self._script(("EVALSHA", script.sha), keys, args, deadline, asking)
+            except NoScriptError:
+                reply = self._script(("EVAL", script.source), keys, args, deadline, asking)
         except MovedError:
             raise
         except AskError as exc:
@@ -166,9 +172,16 @@ class BoundedConnection:
                 raise
             target = BoundedConnection(self._client, self._key, exc.node_addr)
             try:
-                return target.eval_script(script, keys, args, remaining(deadline), asking=True)
+                return target.eval_script(
+                    script, keys, args, remaining(deadline), asking=True, wait=wait
+                )
             finally:
                 target.drop()
+        if wait is None:
+            return reply
+        replicas, wait_ms = wait
+        acked = self.execute(("WAIT", replicas, wait_ms), wait_ms / 1000 + remaining(deadline))
+        return reply, int(acked)
 
     def _script(
         self,
@@ -214,6 +227,7 @@ class _Pool:
         keys: Sequence[str | bytes],
         args: Sequence[EncodableT],
         timeout: float,
+        wait: tuple[int, int] | None = None,
     ) -> Any:
         deadline = time.monotonic() + timeout
         key = keys[0] if keys and self._cluster else None
@@ -222,7 +236,7 @@ class _Pool:
             conn, generation = self._take(route, key, deadline)
             keep = True
             try:
-                return conn.eval_script(script, keys, args, remaining(deadline))
+                return conn.eval_script(script, keys, args, remaining(deadline), wait=wait)
             except MovedError:
                 # Nothing ran, and the slot map was refreshed: send again to the
                 # new owner while the deadline allows.
@@ -313,6 +327,33 @@ class PythonEngine:
         args: Sequence[EncodableT],
     ) -> Any:
         return self._writes.eval_script(script, keys, args, self.write_timeout)
+
+    def call_replicated(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        timeout: float,
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]:
+        reply, acked = self._calls.eval_script(
+            script, keys, args, timeout, wait=(replicas, wait_ms)
+        )
+        return reply, acked
+
+    def write_replicated(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]:
+        reply, acked = self._writes.eval_script(
+            script, keys, args, self.write_timeout, wait=(replicas, wait_ms)
+        )
+        return reply, acked
 
     def keeper(
         self,

@@ -105,6 +105,15 @@ class Pool:
         args: Sequence[_Encodable],
         timeout: float,
     ) -> Any: ...
+    def execute_wait(
+        self,
+        ref: ScriptRef,
+        keys: Sequence[str | bytes],
+        args: Sequence[_Encodable],
+        timeout: float,
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]: ...
     def command(self, args: Sequence[_Encodable], timeout: float) -> Any: ...
     def close(self) -> None: ...
 
