@@ -27,6 +27,7 @@ from helpers import (
     make_elector,
     wait_until,
 )
+from redlease._engine import is_failover_reply
 from redlease._testing import RedisServer
 
 
@@ -235,7 +236,7 @@ def test_readonly_on_renew_ends_the_term_within_one_renew_interval(
         assert time.monotonic() - started < 1.5
         assert term.reason == "lost"
         assert e.token() is None
-        assert any(redlease._engine.is_failover_reply(x) for x in events.values("error"))
+        assert any(is_failover_reply(x) for x in events.values("error"))
     finally:
         client.execute_command("REPLICAOF", "NO", "ONE")
         e.stop()
@@ -281,6 +282,41 @@ def test_lock_refresh_answered_readonly_loses_the_lock_at_once(
             assert held.done.wait(3.0), "the lock outlived READONLY refreshes"
         finally:
             client.execute_command("REPLICAOF", "NO", "ONE")
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+        redis.exceptions.MasterDownError("Link with MASTER is down"),
+        redis.exceptions.ResponseError("NOREPLICAS Not enough good replicas to write."),
+        redis.exceptions.ResponseError(
+            "Error running script (call to f_0): @user_script:1: @user_script: 1: "
+            "-READONLY You can't write against a read only replica."
+        ),
+        redis.exceptions.ResponseError(
+            "NOREPLICAS Not enough good replicas to write. script: 0, on @user_script:1."
+        ),
+        redis.exceptions.ConnectionError("The previous master is now a slave"),
+    ],
+    ids=["readonly", "masterdown", "noreplicas", "script-redis6", "script-redis7", "sentinel"],
+)
+def test_failover_replies_are_recognised_in_every_shape_redis_gives_them(
+    exc: Exception,
+) -> None:
+    assert is_failover_reply(exc)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        redis.exceptions.ResponseError("ERR wrong number of arguments"),
+        redis.exceptions.ConnectionError("Connection refused"),
+        redis.exceptions.ResponseError("WRONGTYPE the body said READONLY"),
+    ],
+)
+def test_other_errors_are_not_failover_replies(exc: Exception) -> None:
+    assert not is_failover_reply(exc)
 
 
 # -- settings ------------------------------------------------------------------------

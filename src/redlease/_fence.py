@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from redis.crc import key_slot
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from . import _scripts
 from ._config import ReplicationGuard
@@ -157,7 +157,7 @@ class Fence:
                 )
             else:
                 reply, acked = self._engine.write(*request), 0
-        except ResponseError as exc:
+        except RedisError as exc:
             self._failover_seen(request, exc)
             raise
         return self._outcome(reply, acked)
@@ -182,7 +182,7 @@ class Fence:
             )
         return applied
 
-    def _failover_seen(self, request: FenceRequest, exc: ResponseError) -> None:
+    def _failover_seen(self, request: FenceRequest, exc: RedisError) -> None:
         if self._on_failover is not None and is_failover_reply(exc):
             self._on_failover(int(request[2][0]), exc)
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from redis.exceptions import MasterDownError, ReadOnlyError, ResponseError
+from redis.exceptions import ConnectionError, MasterDownError, ReadOnlyError, ResponseError
 
 from .._scripts import Script
 
@@ -85,10 +85,16 @@ that is now a replica, cut off from its replicas, or refusing writes.
 """
 
 
+_SENTINEL_DEMOTED = "The previous master is now a slave"
+
+
 def is_failover_reply(exc: BaseException) -> bool:
     """Whether ``exc`` is a READONLY, MASTERDOWN or NOREPLICAS error reply."""
     if isinstance(exc, (ReadOnlyError, MasterDownError)):
         return True
+    if isinstance(exc, ConnectionError):
+        # What redis-py's Sentinel connections make of a READONLY reply.
+        return str(exc) == _SENTINEL_DEMOTED
     if not isinstance(exc, ResponseError):
         return False
     # redis-py strips the error codes it knows and keeps the others. Inside a
