@@ -1,33 +1,33 @@
 """Fence regressions across Sentinel failovers, with and without the replication guard.
 
     python benchmarks/failover_guard.py [--failovers N] [--engine native|python]
-                                        [--runs guard,plain,...]
+                                        [--runs guard,plain,guard-all] [--steady]
 
 Each run starts its own Sentinel set through the test harness: a master, two
 replicas and three sentinels. One elector (TTL 1 s) leads and writes through
 the fence every few milliseconds. Then N failovers, alternating ``SENTINEL
 FAILOVER`` and kill -9 of the master (restarted empty, to rejoin as a
-replica). Before each one, replication is held back: replicas are frozen
-(SIGSTOP), the leader resigns so that a new term is elected while they are,
-and the fault strikes while they are still frozen (they are thawed at once
-after a kill -9, and just before a ``SENTINEL FAILOVER``, which needs them).
+replica). Before each one, replication is held back: both replicas are
+frozen (SIGSTOP) and their links cut on the master (``CLIENT KILL TYPE
+replica``: a frozen process's kernel would still take the stream in), the
+leader resigns so that a new term is elected (or refused) meanwhile (not
+with ``--steady``: the leader keeps its term), and the fault strikes. After
+a kill -9 the replicas are thawed at once and one of them, holding only what
+it had before the hold-back, is promoted; before a ``SENTINEL FAILOVER``
+they are thawed first (it needs a live replica) and catch up from the
+master's backlog.
 
 A *fence regression* is the fence counter or the ``applied`` mark on the
 master going below a value that a confirmed election (a term this instance
-started) or a confirmed fenced write (one that returned True) returned: a
-token that could be handed out twice, or a stale write that the fence would
-let through. A sampler reads both from the master every 20 ms and compares
-them with what had been confirmed before each read. The table counts the
-failovers with at least one regression.
+started) or a confirmed fenced write (one that returned True) returned, or
+an election returning a token an earlier confirmed election had already
+returned: a token handed out twice, or a stale write the fence would let
+through. A sampler reads both from the master every 20 ms and compares them
+with what had been confirmed before each read. The table counts the
+failovers with at least one regression, by kind of fault.
 
-Runs (``--runs``, comma-separated, in order):
-
-- ``guard``: ``min_replicas=1``, both replicas held back;
-- ``plain``: no guard, both replicas held back;
-- ``guard-one``: ``min_replicas=1``, only the replica the sentinels will
-  promote held back (made the favourite with ``replica-priority``), so the
-  other one confirms: what WAIT cannot see;
-- ``guard-all``: ``min_replicas=2``, the same hold-back as ``guard-one``.
+Runs (``--runs``, comma-separated, in order): ``guard`` (``min_replicas=1``),
+``plain`` (no guard), ``guard-all`` (``min_replicas=2``: every replica).
 
 Prints a table; asserts nothing.
 """
@@ -44,7 +44,6 @@ import redis
 
 import redlease
 from redlease._testing import RedisServer, SentinelSet
-from redlease._testing._sentinel_events import pairs
 
 NAME = "guarded"
 FENCE_KEY = f"{NAME}:fence"
@@ -52,22 +51,18 @@ APPLIED_KEY = f"{NAME}:fence:applied"
 DATA_KEY = f"{NAME}:data"
 TTL = 1.0
 HOLD_BACK = 0.4
-PRIORITY_FAVOURITE = 10
-PRIORITY_OTHER = 100
 
 
 @dataclass
 class RunSpec:
     label: str
     min_replicas: int
-    hold: str  # "all" or "favourite"
 
 
 RUNS = {
-    "guard": RunSpec("min_replicas=1, both replicas held back", 1, "all"),
-    "plain": RunSpec("no guard, both replicas held back", 0, "all"),
-    "guard-one": RunSpec("min_replicas=1, the promoted replica held back", 1, "favourite"),
-    "guard-all": RunSpec("min_replicas=2, the promoted replica held back", 2, "favourite"),
+    "guard": RunSpec("min_replicas=1", 1),
+    "plain": RunSpec("no guard", 0),
+    "guard-all": RunSpec("min_replicas=2 (every replica)", 2),
 }
 
 
@@ -159,35 +154,7 @@ def node_client(sset: SentinelSet, node: RedisServer) -> Any:
     return sset.node_client(node, socket_timeout=2, socket_connect_timeout=2)
 
 
-def favour(sset: SentinelSet, favourite: RedisServer) -> None:
-    """Make ``favourite`` the replica the sentinels promote next, and wait until they know."""
-    for node in sset.replicas():
-        prio = PRIORITY_FAVOURITE if node is favourite else PRIORITY_OTHER
-        c = node_client(sset, node)
-        c.config_set("replica-priority", prio)
-        c.close()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if all(_knows_priority(sset, s, favourite) for s in sset.sentinels):
-            return
-        time.sleep(0.25)
-    raise RuntimeError("the sentinels did not learn the replica priorities")
-
-
-def _knows_priority(sset: SentinelSet, sentinel: RedisServer, favourite: RedisServer) -> bool:
-    c: Any = sset.sentinel_client(sentinel)
-    try:
-        for reply in c.execute_command("SENTINEL", "REPLICAS", sset.service):
-            fields = pairs(reply)
-            want = PRIORITY_FAVOURITE if int(fields["port"]) == favourite.port else PRIORITY_OTHER
-            if int(fields.get("slave-priority", -1)) != want:
-                return False
-        return True
-    finally:
-        c.close()
-
-
-def one_run(spec: RunSpec, failovers: int, engine: str) -> dict[str, Any]:
+def one_run(spec: RunSpec, failovers: int, engine: str, reelect: bool) -> dict[str, Any]:
     ledger = Ledger()
     with SentinelSet(replicas=2, sentinels=3) as sset:
         client = sset.master_for(socket_timeout=2, socket_connect_timeout=2)
@@ -212,25 +179,26 @@ def one_run(spec: RunSpec, failovers: int, engine: str) -> dict[str, Any]:
             for i in range(1, failovers + 1):
                 _wait(lambda: elector.token() is not None, 30, "a leader")
                 sset.wait_settled()
-                replicas = sset.replicas()
-                victims = replicas
-                if spec.hold == "favourite":
-                    favourite = replicas[0]
-                    favour(sset, favourite)
-                    victims = [favourite]
+                victims = sset.replicas()
                 time.sleep(0.2)  # some confirmed writes before the fault
                 with ledger.lock:
                     ledger.failover = i
                 kill = i % 2 == 0
                 for node in victims:
                     sset.freeze(node)
+                # A frozen replica's kernel still takes in the stream; cutting
+                # the links is what keeps the writes from reaching it at all.
+                master = node_client(sset, sset.master())
+                master.client_kill_filter(_type="replica")
+                master.close()
                 time.sleep(HOLD_BACK / 2)
                 # A new term elected while replication is held back: confirmed
                 # at once without the guard, refused (NotReplicated) with it
                 # unless a replica that is not held back confirms it.
-                before = ledger.outcomes()
-                elector.resign()
-                _wait(lambda b=before: ledger.outcomes() != b, 5, "the re-election's outcome")
+                if reelect:
+                    before = ledger.outcomes()
+                    elector.resign()
+                    _wait(lambda b=before: ledger.outcomes() != b, 5, "the re-election's outcome")
                 time.sleep(HOLD_BACK / 2)
                 if kill:
                     old_address = sset.master_address()
@@ -290,14 +258,23 @@ def main() -> None:
     parser.add_argument("--failovers", type=int, default=50, help="failovers per run (default 50)")
     parser.add_argument("--engine", default="native", choices=("native", "python"))
     parser.add_argument(
-        "--runs", default="guard,plain", help=f"comma-separated, of {', '.join(RUNS)}"
+        "--runs", default="guard,plain,guard-all", help=f"comma-separated, of {', '.join(RUNS)}"
+    )
+    parser.add_argument(
+        "--steady",
+        action="store_true",
+        help="no forced re-election while replication is held back: the leader keeps its term",
     )
     args = parser.parse_args()
     results = []
     for key in args.runs.split(","):
         spec = RUNS[key.strip()]
-        print(f"run: {spec.label} ({args.failovers} failovers, {args.engine} engine)", flush=True)
-        results.append(one_run(spec, args.failovers, args.engine))
+        schedule = "steady leader" if args.steady else "re-election while held back"
+        print(
+            f"run: {spec.label} ({args.failovers} failovers, {args.engine} engine, {schedule})",
+            flush=True,
+        )
+        results.append(one_run(spec, args.failovers, args.engine, not args.steady))
         print(_row(results[-1]), flush=True)
     print()
     print(

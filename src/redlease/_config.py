@@ -193,7 +193,7 @@ class Config:
             ident = instance_id
 
         guard = ReplicationGuard.resolve(min_replicas, replica_timeout)
-        if guard.replica_timeout >= ttl_s:
+        if guard.enabled and guard.replica_timeout >= ttl_s:
             raise ConfigError(
                 f"replica_timeout must be less than ttl ({ttl_s!r} s) so a confirmed acquire "
                 f"still has a lease to lead on, got {guard.replica_timeout!r} s"
