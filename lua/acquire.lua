@@ -2,11 +2,14 @@
 -- KEYS[1] the lock (<name>:leader), KEYS[2] the fence counter (<name>:fence),
 -- KEYS[3] the fence high-water mark (<name>:fence:applied)
 -- ARGV[1] instance id, ARGV[2] lease TTL in milliseconds
--- Returns {token, pttl}: token >= 1 and pttl = the TTL when a term starts;
--- token 0 and the holder's remaining PTTL when another instance holds the lock.
+-- Returns {token, pttl, holder}: token >= 1, pttl = the TTL and holder = ARGV[1]
+-- when a term starts; token 0, the holder's remaining PTTL and the holder's
+-- instance id when another instance holds the lock (so a follower learns who
+-- leads without another round trip).
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-    return {0, redis.call('PTTL', KEYS[1])}
+  local holder = redis.call('GET', KEYS[1])
+  if holder ~= ARGV[1] then
+    return {0, redis.call('PTTL', KEYS[1]), holder}
   end
   -- Our own leftover lock (a release that never arrived, a restart with a
   -- fixed id): take it over at once, as a new term with a fresh token.
@@ -21,4 +24,4 @@ end
 local token = redis.call('INCR', KEYS[2])
 -- Copy the counter as a string so large tokens are stored verbatim.
 redis.call('SET', KEYS[3], redis.call('GET', KEYS[2]))
-return {token, tonumber(ARGV[2])}
+return {token, tonumber(ARGV[2]), ARGV[1]}

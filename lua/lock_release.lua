@@ -1,11 +1,18 @@
--- lock release: delete the lock only while it is still ours, and leave an acknowledgement.
+-- lock release: delete the lock only while it is still ours, leave an acknowledgement,
+-- and tell the waiting acquirers at once.
 -- KEYS[1] the lock hash (<prefix>key:<name>), KEYS[2] the acknowledgement (<prefix>ack:<owner>)
--- ARGV[1] ownership token, ARGV[2] acknowledgement TTL in milliseconds
+-- ARGV[1] ownership token, ARGV[2] acknowledgement TTL in milliseconds,
+-- ARGV[3] "1" to send the notice in the key's slot (SPUBLISH, Redis Cluster 7+)
 -- Returns 1 when deleted, or when this owner's release already deleted it (a replay);
 -- 0 when the lock expired or belongs to another owner, whose lock is left untouched.
+-- The notice goes to <lock>:released (only on the delete itself, never on a replay).
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+  local channel = KEYS[1] .. ':released'
+  if ARGV[3] ~= '1' or not pcall(redis.call, 'SPUBLISH', channel, '1') then
+    redis.call('PUBLISH', channel, '1')
+  end
   return 1
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then

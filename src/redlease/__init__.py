@@ -23,8 +23,8 @@ from ._errors import (
     RedleaseError,
     TooManyEvalBodies,
 )
-from ._fence import Fencer
-from ._term import Observer, Term
+from ._fence import FencedPipeline, Fencer
+from ._term import Leader, Observer, Term
 from ._version import __version__
 from .lock import (
     DEFAULT_RETRY_INTERVAL,
@@ -45,7 +45,9 @@ __all__ = [
     "Config",
     "ConfigError",
     "Elector",
+    "FencedPipeline",
     "Fencer",
+    "Leader",
     "Lock",
     "Locker",
     "MemoryLocker",

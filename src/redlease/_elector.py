@@ -25,21 +25,14 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from . import _scripts
+from . import _notices, _scripts
 from ._config import Config, Duration
-from ._engine import (
-    ACTIVE,
-    EncodableT,
-    Engine,
-    Keeper,
-    is_cluster,
-    make_engine,
-)
+from ._engine import ACTIVE, EncodableT, Engine, Keeper, is_cluster, make_engine
 from ._errors import ConfigError, NotReplicated
-from ._fence import Fence, Fencer
+from ._fence import Fence, FencedPipeline, Fencer
 from ._keys import ElectionKeys, has_hash_tag
 from ._log import Events
-from ._term import Observer, Reason, Term, end_term
+from ._term import Leader, Observer, Reason, Term, end_term
 
 # How often a waiting run thread looks at a caller's stop event: a plain
 # threading.Event cannot wake anybody, so it is polled at this period.
@@ -48,6 +41,7 @@ _STOP_POLL = 0.05
 _ACQUIRE = _scripts.load("acquire")
 _RENEW = _scripts.load("renew")
 _RELEASE = _scripts.load("release")
+_LEADER = _scripts.load("leader")
 
 LeaderFn = Callable[[Term, Fencer], object]
 
@@ -64,7 +58,8 @@ def check_leader_fn(fn: object) -> None:
 class Run:
     """What one run shares between its thread and the rest of the program."""
 
-    def __init__(self, stop: threading.Event, keeper: Keeper) -> None:
+    def __init__(self, stop: threading.Event, keeper: Keeper, own_id: str) -> None:
+        self.own_id = own_id.encode()
         self.user_stop = stop
         self.stopping = threading.Event()
         self.keeper = keeper
@@ -72,6 +67,14 @@ class Run:
         self.resign_requested = False
         self.done = threading.Event()
         self.error: BaseException | None = None
+        # Set by a release notice (on the notice listener's thread), cleared
+        # before each acquire: a notice that lands between an acquire and the
+        # wait after it still cuts that wait short.
+        self.noticed = False
+        # Who released, by the latest notice (the lease's holder until then).
+        self.released_by: bytes | None = None
+        # True while the run rests after a term of its own (see notice()).
+        self.resting = False
         # The threads that must never wait for the run to end: the run thread
         # (observer callbacks) and the leader function's thread. Waiting there
         # would wait for themselves.
@@ -83,6 +86,21 @@ class Run:
     def request_stop(self) -> None:
         """Ask the run to end: the term steps down, the lease is released. Returns at once."""
         self.stopping.set()
+        self.keeper.notify()
+
+    def notice(self, released_by: bytes | None) -> None:
+        """The lease was released (a notice arrived): wake the waiting contender.
+
+        A notice of this instance's own release is not news: the instance
+        that just stepped down leaves the lease to the others for a while,
+        and only another holder's release (not a reconnected listener's
+        "look again", ``None``) ends that rest.
+        """
+        if released_by == self.own_id or (released_by is None and self.resting):
+            return
+        if released_by is not None:
+            self.released_by = released_by
+        self.noticed = True
         self.keeper.notify()
 
 
@@ -128,6 +146,9 @@ class Election:
                 f"observer must be a redlease.Observer, got {type(observer).__name__}"
             )
         self.engine: Engine = make_engine(client, engine)
+        self._client = client
+        # Releases announce in the name's slot on a cluster (SPUBLISH).
+        self._sharded_notice = "1" if _notices.sharded(client) else "0"
         self._observer = observer or Observer()
         self.keys = ElectionKeys(self.config.name)
         self.events = Events("elector", self.config.name, self.config.instance_id)
@@ -169,6 +190,13 @@ class Election:
         run = self.run
         return run.keeper.lateness() if run is not None else []
 
+    def leader(self) -> Leader | None:
+        """Who holds the lease now, as Redis says (one round trip); None when nobody does."""
+        reply = self.engine.call(_LEADER, (self.keys.leader,), (), self.config.renew_interval)
+        if reply is None:
+            return None
+        return Leader(_instance_text(reply[0]), int(reply[1]))
+
     def claim(self, stop: threading.Event) -> Run | None:
         """Reserve this election's one run; None when ``stop`` is already set.
 
@@ -190,18 +218,20 @@ class Election:
                 ttl=self.config.ttl,
             )
             self.events.keeper_opened(keeper)
-            run = Run(stop, keeper)
+            run = Run(stop, keeper, self.instance_id)
             self.run = run
         return run
 
     def execute(self, run: Run, fn: LeaderFn | None) -> None:
         """Run the loop on this thread until ``run`` ends; its error lands in ``run.error``."""
         run.own_threads.add(threading.current_thread())
+        notices = _notices.listen(self._client, self.keys.leader, run.notice)
         try:
             self._contend(run, fn)
         except BaseException as exc:
             run.error = exc
         finally:
+            notices.cancel()
             run.keeper.close()
             self.events.keeper_closed(run.keeper)
             with self._mutex:
@@ -214,10 +244,24 @@ class Election:
         cfg = self.config
         errors_in_row = 0
         follower = False
+        last_holder: str | None = None
+
+        def observe(holder: str) -> None:
+            nonlocal last_holder
+            if holder != last_holder:
+                last_holder = holder
+                self._emit(self._observer.on_new_leader, holder)
+
         while not run.should_stop():
+            run.noticed = False
+            released_by, run.released_by = run.released_by, None
+            if released_by is not None:
+                # A holder seen only through its release notice is still a
+                # holder this run observed (it led while we waited).
+                observe(_instance_text(released_by))
             sent = time.monotonic()
             try:
-                token, pttl_ms = self._acquire()
+                token, pttl_ms, holder = self._acquire()
             except Exception as exc:
                 # Redis errors above all, but anything that fails an acquire
                 # (a malformed reply, a broken connection class) is handled
@@ -229,36 +273,45 @@ class Election:
                 continue
             errors_in_row = 0
             self.events.ok()
+            observe(holder)
             if token == 0:
                 if not follower:
                     follower = True
                     self._emit(self._observer.on_follower)
-                self._sleep(run, self._poll_delay(pttl_ms))
+                self._wait_for_release(run, self._poll_delay(pttl_ms))
                 continue
             follower = False
             self._lead(run, fn, token, sent)
             if run.error is not None:
                 return
-            self._sleep(run, self._jittered(cfg.acquire_interval))
+            # Leave the lease to the others for an interval (the rest began
+            # as the term ended, before the release); if one of them takes it
+            # and releases it again meanwhile, its notice ends the wait.
+            try:
+                self._wait_for_release(run, self._jittered(cfg.acquire_interval))
+            finally:
+                run.resting = False
 
-    def _acquire(self) -> tuple[int, int]:
+    def _acquire(self) -> tuple[int, int, str]:
+        """``(token, pttl_ms, holder)``; token 0 when another instance (``holder``) leads."""
         guard = self.guard
         args = (self.instance_id, self.config.ttl_ms)
         # Answered READONLY / MASTERDOWN / NOREPLICAS, an acquire raises like
         # any error: no term starts (none runs while the loop contends).
+        acked = 0
         if not guard.enabled:
             reply = self.engine.call(_ACQUIRE, self.keys.all(), args, self.config.renew_interval)
-            return int(reply[0]), int(reply[1])
-        reply, acked = self.engine.call_replicated(
-            _ACQUIRE,
-            self.keys.all(),
-            args,
-            self.config.renew_interval,
-            guard.min_replicas,
-            guard.timeout_ms,
-        )
-        token, pttl_ms = int(reply[0]), int(reply[1])
-        if token > 0 and acked < guard.min_replicas:
+        else:
+            reply, acked = self.engine.call_replicated(
+                _ACQUIRE,
+                self.keys.all(),
+                args,
+                self.config.renew_interval,
+                guard.min_replicas,
+                guard.timeout_ms,
+            )
+        token = int(reply[0])
+        if token > 0 and guard.enabled and acked < guard.min_replicas:
             # Won on the master only: a failover now could hand the name to
             # another instance with an older fence. No term starts; the lease
             # goes back at once so nobody waits a TTL for it.
@@ -270,7 +323,8 @@ class Election:
                 applied=True,
                 replicas=acked,
             )
-        return token, pttl_ms
+        holder = self.instance_id if token else _instance_text(reply[2])
+        return token, int(reply[1]), holder
 
     def _failover_seen(self, token: int, exc: Exception) -> None:
         """A fenced write with ``token`` was answered READONLY / MASTERDOWN / NOREPLICAS.
@@ -316,6 +370,9 @@ class Election:
             run.own_threads.add(worker.thread)
             worker.thread.start()
         reason = self._hold(run, term, worker)
+        # Rest from here, before the release: a successor that takes the
+        # lease and gives it back at once must still find this run listening.
+        run.noticed, run.released_by, run.resting = False, None, True
         keeper.end()
         end_term(term, reason)
         self._drain(keeper)
@@ -347,10 +404,26 @@ class Election:
     def _release(self) -> None:
         try:
             self.engine.call(
-                _RELEASE, (self.keys.leader,), (self.instance_id,), self.config.renew_interval
+                _RELEASE,
+                (self.keys.leader,),
+                (self.instance_id, self._sharded_notice),
+                self.config.renew_interval,
             )
         except Exception as exc:  # as in _contend: reported, never fatal
             self._report(exc)
+
+    def _wait_for_release(self, run: Run, seconds: float) -> None:
+        """A follower's wait between acquires: ``seconds``, cut short by a release notice.
+
+        The notice only wakes the loop early; the acquire decides. A lost
+        notice costs one poll interval (``seconds``), nothing else.
+        """
+        deadline = time.monotonic() + seconds
+        while not run.should_stop() and not run.noticed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            run.keeper.wait(min(remaining, _STOP_POLL))
 
     def _sleep(self, run: Run, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -496,6 +569,15 @@ class Elector:
         """End the current term (lock released); the run re-contends. No-op when not leading."""
         self._election.resign()
 
+    def leader(self) -> Leader | None:
+        """Who holds the lease now, as Redis says: a ``Leader``, or None when nobody does.
+
+        One round trip (bounded like an acquire), whether or not this elector
+        runs; for dashboards and for forwarding requests to the leader. A
+        snapshot: the holder may change right after.
+        """
+        return self._election.leader()
+
     def renew_lateness(self) -> list[float]:
         """How late each renewal of the current run was sent, in seconds, oldest first.
 
@@ -630,6 +712,17 @@ class Elector:
         return self._fence.write(self._fence.eval_request(token, body, keys, args))
 
 
+    def fence_pipeline(self, token: int) -> FencedPipeline:
+        """A pipeline of fenced writes with ``token``, sent in one round trip.
+
+        ``pipe.set(...).hset(...).eval(...)`` queue writes (validated at
+        once); ``pipe.execute()`` returns one ``applied`` per write, in
+        order. Each write is fenced on its own, so a write after a rejected
+        one is rejected too. See ``redlease.FencedPipeline``.
+        """
+        return FencedPipeline(self._fence, token)
+
+
 _live_elections: weakref.WeakSet[Election] = weakref.WeakSet()
 _live_electors: weakref.WeakSet[Elector] = weakref.WeakSet()
 
@@ -678,6 +771,13 @@ class _LeaderThread:
 
     def join(self) -> None:
         self.thread.join()
+
+
+def _instance_text(value: object) -> str:
+    """An instance id from a reply (bytes on the wire) as the str it was set from."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
 
 
 class _Unraisable:

@@ -19,7 +19,7 @@ import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
@@ -439,19 +439,21 @@ class Locker(ABC):
     ) -> Lock:
         owner = secrets.token_hex(16)
         deadline = time.monotonic() + window
-        while True:
-            sent = time.monotonic()
-            token, remaining = self._attempt(name, owner, ttl_ms)
-            if token > 0:
-                return self._grant(name, owner, token, ttl_ms, sent, auto_renew)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                waited = f" after waiting {window} s" if window > 0 else ""
-                raise NotAcquired(f"lock {name!r} is held by another owner{waited}")
-            delay = interval * (1.0 - _RETRY_JITTER * random.random())
-            if 0 < remaining < delay:
-                delay = remaining
-            self._pause(min(delay, left))
+        waiting = self._waiting(name) if window > 0 else contextlib.nullcontext(self._pause)
+        with waiting as pause:
+            while True:
+                sent = time.monotonic()
+                token, remaining = self._attempt(name, owner, ttl_ms)
+                if token > 0:
+                    return self._grant(name, owner, token, ttl_ms, sent, auto_renew)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    waited = f" after waiting {window} s" if window > 0 else ""
+                    raise NotAcquired(f"lock {name!r} is held by another owner{waited}")
+                delay = interval * (1.0 - _RETRY_JITTER * random.random())
+                if 0 < remaining < delay:
+                    delay = remaining
+                pause(min(delay, left))
 
     def _grant(
         self, name: str, owner: str, token: int, ttl_ms: int, sent: float, auto_renew: bool
@@ -487,6 +489,14 @@ class Locker(ABC):
 
     def _pause(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    def _waiting(self, name: str) -> contextlib.AbstractContextManager[Callable[[float], None]]:
+        """For one waiting ``acquire`` of ``name``: the pause between its attempts.
+
+        A locker whose store announces releases returns a pause that ends
+        early on the announcement; the default just sleeps (``_pause``).
+        """
+        return contextlib.nullcontext(self._pause)
 
 
 def release_after_failure(held: Lock, body_exc: BaseException) -> None:

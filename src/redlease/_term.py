@@ -24,6 +24,9 @@ class Observer:
       the redis-py exception it was, or ``redlease.NotReplicated`` for an
       acquire too few replicas confirmed (``min_replicas``). Already handled (retried, backed off or
       stepped down from): for logs and metrics, never requires action.
+    - ``on_new_leader(instance_id)``: the run observed a different holder of
+      the lease than it last observed (this instance included), in the order
+      observed; the first observation of a run counts as a change.
 
     Callbacks run on the run thread and must not block. An exception from a
     callback neither kills the elector nor ends the term: it is passed to
@@ -34,6 +37,20 @@ class Observer:
     on_stepped_down: Callable[[], object] | None = None
     on_follower: Callable[[], object] | None = None
     on_error: Callable[[Exception], object] | None = None
+    on_new_leader: Callable[[str], object] | None = None
+
+
+@dataclass(frozen=True)
+class Leader:
+    """Who holds an election's lease, as Redis said at the moment of asking.
+
+    ``instance_id`` is the holder's identity (the lease's value) and
+    ``ttl_ms`` the lease's remaining time in milliseconds. A snapshot: the
+    holder may resign or lose the lease right after.
+    """
+
+    instance_id: str
+    ttl_ms: int
 
 
 class Term:

@@ -28,12 +28,14 @@ from ._elector import Election, Run, check_leader_fn
 from ._engine import EncodableT
 from ._engine.aioclient import sync_twin
 from ._errors import NotHeld
+from ._fence import AsyncFencedPipeline as FencedPipeline
 from ._fence import check_token
 from ._lock import release_after_failure
-from ._term import Observer, Term, when_ended
+from ._term import Leader, Observer, Term, when_ended
 
 __all__ = [
     "Elector",
+    "FencedPipeline",
     "Fencer",
     "Lock",
     "MemoryLocker",
@@ -79,6 +81,10 @@ class Fencer:
     ) -> bool:
         """Fenced Lua write; see ``Elector.fence_eval``."""
         return await self._elector.fence_eval(self.token, body, keys, args)
+
+    def pipeline(self) -> FencedPipeline:
+        """A pipeline of fenced writes with this token; ``await pipe.execute()`` sends it."""
+        return self._elector.fence_pipeline(self.token)
 
     def __bool__(self) -> bool:
         return self.token > 0
@@ -163,6 +169,10 @@ class Elector:
     def resign(self) -> None:
         """End the current term (its task is cancelled, the lock released); re-contend."""
         self._core.resign()
+
+    async def leader(self) -> Leader | None:
+        """Who holds the lease now (one round trip, off the event loop); None when nobody does."""
+        return await _off_loop(self._core.leader)
 
     def renew_lateness(self) -> list[float]:
         """How late each renewal of the current run was sent, in seconds (see the threaded one)."""
@@ -295,6 +305,15 @@ class Elector:
         return await self._fence.write_async(
             self._fence.eval_request(token, body, keys, args)
         )
+
+
+    def fence_pipeline(self, token: int) -> FencedPipeline:
+        """A pipeline of fenced writes with ``token``; ``await pipe.execute()`` -> ``list[bool]``.
+
+        Semantics as ``redlease.Elector.fence_pipeline``; the whole batch is
+        one round trip.
+        """
+        return FencedPipeline(self._fence, token)
 
 
 class _LeaderBridge:

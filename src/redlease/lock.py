@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from . import _notices
 from ._config import Duration, ReplicationGuard
 from ._engine import Engine, call_timeout, is_cluster, make_engine
 from ._engine.keeper import PythonKeeper
@@ -127,6 +129,9 @@ class RedisLocker(Locker):
         self._refresh_script = load("lock_refresh")
         self._release_script = load("lock_release")
         self._engine: Engine = make_engine(client, engine)
+        self._client = client
+        # Releases announce in the lock's slot on a cluster (SPUBLISH).
+        self._sharded_notice = "1" if _notices.sharded(client) else "0"
 
     @property
     def engine(self) -> str:
@@ -205,10 +210,27 @@ class RedisLocker(Locker):
         reply = self._engine.call(
             self._release_script,
             (self.key(name), self._keys.ack(owner)),
-            (owner, self._ack_ttl_ms),
+            (owner, self._ack_ttl_ms, self._sharded_notice),
             self._timeout,
         )
         return int(reply) == 1
+
+    @contextlib.contextmanager
+    def _waiting(self, name: str) -> Iterator[Callable[[float], None]]:
+        # A waiting acquire listens for the lock's release notice: the pause
+        # between attempts ends the moment the holder releases, and polling
+        # at retry_interval stays the fallback for a lost notice.
+        released = threading.Event()
+        notices = _notices.listen(self._client, self.key(name), lambda _by: released.set())
+
+        def pause(seconds: float) -> None:
+            released.wait(seconds)
+            released.clear()
+
+        try:
+            yield pause
+        finally:
+            notices.cancel()
 
     def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> LockKeeper:
         return self._engine.keeper(

@@ -33,8 +33,8 @@ def test_engine_runs_fenced_writes_and_control_scripts(server: Server, rc: redis
         assert db2.get("applied") == b"5"
         acquire = load("acquire")
         keys = ["n:leader", "n:fence", "n:fence:applied"]
-        token, pttl = engine.call(acquire, keys, ["me", 500], 2.0)
-        assert token == 1 and pttl == 500
+        token, pttl, holder = engine.call(acquire, keys, ["me", 500], 2.0)
+        assert token == 1 and pttl == 500 and holder == b"me"
         k = engine.keeper(RENEW, ["n:leader"], ["me", 500], interval=0.1, ttl=0.5)
         k.begin(token, time.monotonic())
         time.sleep(0.7)

@@ -600,7 +600,7 @@ def test_a_native_keeper_renews_over_tls_past_three_ttls(tls_endpoint: Any) -> N
     engine = NativeEngine(tls_endpoint, write_timeout=2.0)
     try:
         keys = ["k:leader", "k:fence", "k:fence:applied"]
-        token, _ = engine.call(load("acquire"), keys, ["me", 300], 2.0)
+        token, _, _ = engine.call(load("acquire"), keys, ["me", 300], 2.0)
         keeper = engine.keeper(load("renew"), ["k:leader"], ["me", 300], interval=0.1, ttl=0.3)
         assert isinstance(keeper, core.Keeper)
         keeper.begin(token, time.monotonic())
@@ -622,7 +622,7 @@ def test_a_forked_child_leaves_the_parents_tls_connections_alone(tls_endpoint: A
     pool = core.Pool(core.Target(tls_endpoint), 1)
     try:
         keys = ["f:leader", "f:fence", "f:fence:applied"]
-        token, _ = engine.call(load("acquire"), keys, ["me", 500], 2.0)
+        token, _, _ = engine.call(load("acquire"), keys, ["me", 500], 2.0)
         keeper = engine.keeper(load("renew"), ["f:leader"], ["me", 500], interval=0.02, ttl=0.5)
         keeper.begin(token, time.monotonic())
         parent_id = pool.command(["CLIENT", "ID"], 2.0)

@@ -26,6 +26,9 @@ from .._scripts import Script
 
 EncodableT = str | bytes | int | float
 
+ScriptRequest = tuple[Script, Sequence["str | bytes"], Sequence[EncodableT]]
+"""One script to run: the script, its keys and its args."""
+
 MIN_STEP = 0.002
 """The shortest wait a round-trip step gets, even past its deadline (seconds).
 
@@ -248,6 +251,18 @@ class Engine(Protocol):
         wait_ms: int,
     ) -> tuple[Any, int]:
         """``write``, then ``WAIT`` on the same connection; as ``call_replicated``."""
+        ...
+
+    def write_many(self, requests: Sequence[ScriptRequest]) -> list[Any]:
+        """Run many fenced-write scripts in one round trip on one write connection, in order.
+
+        Bounded by the write timeout in all. Returns every reply in order; an
+        error reply is a ResponseError object in the list, not raised, so all
+        replies are read first. NOSCRIPT is recovered by sending only the
+        commands it answered again as EVAL. A failure that leaves replies
+        unread raises ConnectionError / TimeoutError and sends nothing again.
+        Thread-safe.
+        """
         ...
 
     def keeper(

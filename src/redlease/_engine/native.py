@@ -15,7 +15,13 @@ from typing import Any
 
 from .._scripts import Script
 from ._native import _core as _native
-from .base import CALL_CONNECTIONS, DEFAULT_WRITE_TIMEOUT, WRITE_CONNECTIONS, EncodableT
+from .base import (
+    CALL_CONNECTIONS,
+    DEFAULT_WRITE_TIMEOUT,
+    WRITE_CONNECTIONS,
+    EncodableT,
+    ScriptRequest,
+)
 from .client import Endpoint
 from .failover import MasterSwitches
 
@@ -99,6 +105,14 @@ class NativeEngine:
         return self._writes.execute_wait(
             ref, keys, args, self.write_timeout, replicas, wait_ms
         )
+    def write_many(self, requests: Sequence[ScriptRequest]) -> list[Any]:
+        """Run fenced-write scripts in one round trip on a write connection (GIL released)."""
+        refs = self._refs
+        batch = [
+            (refs.get(script.sha) or self._ref(script), keys, args)
+            for script, keys, args in requests
+        ]
+        return _native.execute_many(self._writes, batch, self.write_timeout)
 
     def keeper(
         self,

@@ -18,10 +18,13 @@ from typing import Any
 from redis.backoff import NoBackoff
 from redis.exceptions import (
     AskError,
+    BusyLoadingError,
     ConnectionError,
     MovedError,
     NoScriptError,
+    ReadOnlyError,
     RedisError,
+    ResponseError,
     TimeoutError,
 )
 from redis.retry import Retry
@@ -32,6 +35,7 @@ from .base import (
     DEFAULT_WRITE_TIMEOUT,
     WRITE_CONNECTIONS,
     EncodableT,
+    ScriptRequest,
     remaining,
 )
 from .client import is_cluster, sentinels_of
@@ -42,14 +46,18 @@ _MAX_REDIRECTS = 3
 
 
 def _connection_factory(
-    client: Any, key: str | bytes | None, node_addr: tuple[str, int] | None = None
+    client: Any,
+    key: str | bytes | None,
+    node_addr: tuple[str, int] | None = None,
+    **overrides: Any,
 ) -> Callable[[], Any]:
     """A factory of standalone redis-py connections like ``client``'s, with no retries.
 
     The user's client keeps its own settings for its own commands; ours get a
     per-call deadline instead of whatever retry policy the client carries.
     On a cluster the connection goes to the owner of ``key``'s slot, or to
-    ``node_addr`` when given (an ASK redirection).
+    ``node_addr`` when given (an ASK redirection). ``overrides`` replace
+    connection settings (the notice listener's RESP protocol, for one).
     """
     if is_cluster(client):
         node = client.get_default_node() if key is None else client.get_node_from_key(key)
@@ -70,6 +78,7 @@ def _connection_factory(
         health_check_interval=0,
         decode_responses=False,
     )
+    kwargs.update(overrides)
     cls = pool.connection_class
 
     def make() -> Any:
@@ -104,6 +113,43 @@ class BoundedConnection:
 
     def execute(self, args: Sequence[Any], timeout: float) -> Any:
         deadline = time.monotonic() + timeout
+
+        def one(conn: Any) -> Any:
+            conn.send_command(*args)
+            return conn.read_response(timeout=remaining(deadline))
+
+        return self._round_trip(one, deadline)
+
+    def execute_many(self, commands: Sequence[Sequence[Any]], timeout: float) -> list[Any]:
+        """Send every command at once, then read every reply, in order.
+
+        An error reply is kept in the list as the ResponseError it is (not
+        raised), so the connection stays in step and the caller sees every
+        reply; a failure that leaves replies unread raises and drops the
+        connection.
+        """
+        deadline = time.monotonic() + timeout
+
+        def many(conn: Any) -> list[Any]:
+            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            replies: list[Any] = []
+            try:
+                for _ in commands:
+                    try:
+                        replies.append(conn.read_response(timeout=remaining(deadline)))
+                    except ResponseError as exc:
+                        replies.append(exc)
+            except BaseException:
+                # Replies are still owed (an interrupt between two reads, too):
+                # the connection is out of step and must not be used again.
+                conn.disconnect()
+                raise
+            return replies
+
+        replies: list[Any] = self._round_trip(many, deadline)
+        return replies
+
+    def _round_trip(self, exchange: Callable[[Any], Any], deadline: float) -> Any:
         if self._stale:
             self._stale = False
             self.drop()
@@ -118,8 +164,7 @@ class BoundedConnection:
             sock = getattr(conn, "_sock", None)
             if sock is not None:
                 sock.settimeout(remaining(deadline))
-            conn.send_command(*args)
-            return conn.read_response(timeout=remaining(deadline))
+            return exchange(conn)
         except MovedError:
             if self._cluster:
                 self._reroute()
@@ -183,6 +228,45 @@ class BoundedConnection:
         acked = self.execute(("WAIT", replicas, wait_ms), wait_ms / 1000 + remaining(deadline))
         return reply, int(acked)
 
+    def eval_many(
+        self, requests: Sequence[ScriptRequest], timeout: float, asking: bool = False
+    ) -> list[Any]:
+        """Every ``(script, keys, args)`` as EVALSHA in one round trip, replies in order.
+
+        Error replies are ResponseError objects in the list. The commands
+        answered NOSCRIPT did not run: only they are sent again, as EVAL, in
+        a second round trip within the same deadline. With ``asking`` (this
+        connection goes to the node a migrating slot's keys moved to), each
+        command follows its own ``ASKING``.
+        """
+        deadline = time.monotonic() + timeout
+        replies = self._send_scripts("EVALSHA", requests, deadline, asking)
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
+            again = self._send_scripts("EVAL", [requests[i] for i in missing], deadline, asking)
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        return replies
+
+    def _send_scripts(
+        self, how: str, requests: Sequence[ScriptRequest], deadline: float, asking: bool
+    ) -> list[Any]:
+        commands: list[tuple[Any, ...]] = []
+        for script, keys, args in requests:
+            if asking:
+                commands.append(("ASKING",))
+            name = script.sha if how == "EVALSHA" else script.source
+            commands.append((how, name, len(keys), *keys, *args))
+        replies = self.execute_many(commands, remaining(deadline))
+        if not asking:
+            return replies
+        refused = [reply for reply in replies[0::2] if isinstance(reply, Exception)]
+        if refused:
+            # The command after a refused ASKING met the migration on its own.
+            self.drop()
+            raise refused[0]
+        return replies[1::2]
+
     def _script(
         self,
         head: tuple[str, str],
@@ -201,6 +285,26 @@ class BoundedConnection:
             # A dying socket must not mask the error that killed it.
             with contextlib.suppress(Exception):
                 conn.disconnect()
+
+
+_RETRY_PAUSE = 0.05
+"""Seconds between two sends of a batch the server did not run (READONLY, LOADING...)."""
+
+_NOT_MASTER_PREFIXES = ("READONLY", "MASTERDOWN", "LOADING", "TRYAGAIN", "CLUSTERDOWN")
+
+
+def _not_run_here(reply: object, cluster: bool) -> bool:
+    """Whether ``reply`` says its write did not run because this server is not the one."""
+    if isinstance(reply, MovedError):
+        return cluster
+    if isinstance(reply, (ReadOnlyError, BusyLoadingError)):
+        return True
+    return isinstance(reply, ResponseError) and str(reply).startswith(_NOT_MASTER_PREFIXES)
+
+
+def _asked(reply: object) -> bool:
+    """An ASK redirection (MovedError is an AskError too, but says something else)."""
+    return isinstance(reply, AskError) and not isinstance(reply, MovedError)
 
 
 class _Pool:
@@ -246,6 +350,50 @@ class _Pool:
             finally:
                 self._give(route, conn, generation, keep)
         raise AssertionError("unreachable")
+
+    def eval_many(self, requests: Sequence[ScriptRequest], timeout: float) -> list[Any]:
+        """``BoundedConnection.eval_many`` on one pooled connection.
+
+        On a cluster the batch goes to the owner of its first key's slot.
+        When every reply says the write did not run on this server (MOVED;
+        READONLY, MASTERDOWN, LOADING: no longer the master), the route is
+        looked up again and the whole batch sent again while the deadline
+        allows; when every reply is ASK, the batch goes once to the node
+        named, each write after its own ASKING. As after a single write's
+        error, a batch with any error reply gives its connection up: the
+        next one connects afresh.
+        """
+        deadline = time.monotonic() + timeout
+        key = requests[0][1][0] if self._cluster and requests[0][1] else None
+        replies: list[Any] = []
+        for attempt in range(_MAX_REDIRECTS + 1):
+            route = self._client.get_node_from_key(key).name if key is not None else None
+            conn, generation = self._take(route, key, deadline)
+            keep = True
+            try:
+                replies = conn.eval_many(requests, remaining(deadline))
+                if not any(isinstance(reply, Exception) for reply in replies):
+                    return replies
+                keep = False
+                if self._cluster and all(_asked(reply) for reply in replies):
+                    # The slot is migrating and the keys have left: every write,
+                    # none of which ran, goes once to the node named.
+                    target = BoundedConnection(self._client, key, replies[0].node_addr)
+                    try:
+                        return target.eval_many(requests, remaining(deadline), asking=True)
+                    finally:
+                        target.drop()
+                if not all(_not_run_here(reply, self._cluster) for reply in replies):
+                    return replies
+                if isinstance(replies[0], MovedError):
+                    conn._reroute()
+                else:
+                    time.sleep(min(_RETRY_PAUSE, max(deadline - time.monotonic(), 0.0)))
+                if attempt == _MAX_REDIRECTS or time.monotonic() >= deadline:
+                    return replies
+            finally:
+                self._give(route, conn, generation, keep)
+        return replies
 
     def _give(self, route: object, conn: BoundedConnection, generation: int, keep: bool) -> None:
         with self._cond:
@@ -354,6 +502,9 @@ class PythonEngine:
             script, keys, args, self.write_timeout, wait=(replicas, wait_ms)
         )
         return reply, acked
+
+    def write_many(self, requests: Sequence[ScriptRequest]) -> list[Any]:
+        return self._writes.eval_many(requests, self.write_timeout)
 
     def keeper(
         self,

@@ -117,6 +117,17 @@ class Pool:
     def command(self, args: Sequence[_Encodable], timeout: float) -> Any: ...
     def close(self) -> None: ...
 
+def execute_many(
+    pool: Pool,
+    requests: Sequence[tuple[ScriptRef, Sequence[str | bytes], Sequence[_Encodable]]],
+    timeout: float,
+) -> list[Any]:
+    """Many scripts in one round trip on one of ``pool``'s connections, replies in order.
+
+    Error replies are exception objects in the list (not raised); a failure
+    that leaves replies unread raises ConnectionError / TimeoutError.
+    """
+
 class Keeper:
     """Keeps one lease alive from a native thread that never takes the GIL."""
 

@@ -46,6 +46,7 @@ any thread may block on it, the keeper thread included.
 #   _route.pxi         one routed round trip: MOVED / ASK / READONLY followed
 #   _pool.pxi          the Python-facing connection objects: ScriptRef,
 #                      Target, Pool, and failures as redis-py exceptions
+#   _pipeline.pxi      many scripts in one round trip on a Pool connection
 #   _keeper_thread.pxi the renewal thread (no GIL, ever)
 #   _keeper.pxi        Keeper, the Python face of that thread
 #
@@ -77,6 +78,7 @@ include "_sentinel.pxi"
 include "_cluster.pxi"
 include "_route.pxi"
 include "_pool.pxi"
+include "_pipeline.pxi"
 include "_keeper_thread.pxi"
 include "_keeper.pxi"
 
