@@ -192,6 +192,26 @@ def test_leader_fenced_write_unconfirmed_raises_and_the_term_goes_on(
         assert not term.ended()
 
 
+def test_fenced_pipeline_confirmed_by_the_replica_returns_every_result(
+    replicated: Replicated, engine: str
+) -> None:
+    e = make_elector(replicated.client, engine, min_replicas=1)
+    assert e.fence_pipeline(2).set("a", "1").hset("h", "f", "v").execute() == [True, True]
+    assert e.fence_pipeline(1).set("a", "stale").execute() == [False]
+
+
+def test_fenced_pipeline_unconfirmed_raises_not_replicated_after_one_wait(
+    replicated: Replicated, engine: str
+) -> None:
+    e = make_elector(replicated.client, engine, min_replicas=1, replica_timeout=0.05)
+    replicated.replica.pause()
+    with pytest.raises(redlease.NotReplicated) as caught:
+        e.fence_pipeline(4).set("a", "1").set("b", "2").execute()
+    assert caught.value.applied is True
+    assert caught.value.replicas == 0
+    assert replicated.client.mget("a", "b") == [b"1", b"2"]
+
+
 def test_aio_fenced_write_unconfirmed_raises_not_replicated(
     replicated: Replicated, engine: str
 ) -> None:

@@ -205,18 +205,30 @@ class Fence:
             return []
         if requests[0] is None:
             return self._rejected(len(requests))
-        return self._results(self._engine.write_many(cast(list[FenceRequest], requests)))
+        batch = cast(list[FenceRequest], requests)
+        guard = self._guard
+        if not guard.enabled:
+            return self._results(self._engine.write_many(batch))
+        # With the guard, one WAIT follows the batch on its connection.
+        replies, acked = self._engine.write_many_replicated(
+            batch, guard.min_replicas, guard.timeout_ms
+        )
+        applied = self._results(replies)
+        if any(applied) and acked < guard.min_replicas:
+            raise NotReplicated(
+                f"fenced pipeline on {self._name!r}: {sum(applied)} of {len(applied)} writes "
+                f"applied on the master but confirmed by {acked} of the {guard.min_replicas} "
+                f"replicas required within {guard.timeout_ms} ms; a failover now could lose them",
+                applied=True,
+                replicas=acked,
+            )
+        return applied
 
     async def write_many_async(self, requests: Sequence[FenceRequest | None]) -> list[bool]:
         """``write_many`` for a coroutine: one trip off the event loop for the whole batch."""
         if not requests:
             return []
-        if requests[0] is None:
-            return self._rejected(len(requests))
-        replies = await asyncio.get_running_loop().run_in_executor(
-            None, self._engine.write_many, cast(list[FenceRequest], requests)
-        )
-        return self._results(replies)
+        return await asyncio.get_running_loop().run_in_executor(None, self.write_many, requests)
 
     def _rejected(self, n: int) -> list[bool]:
         applied = [False] * n

@@ -253,6 +253,17 @@ class Engine(Protocol):
         """``write``, then ``WAIT`` on the same connection; as ``call_replicated``."""
         ...
 
+    def write_many_replicated(
+        self, requests: Sequence[ScriptRequest], replicas: int, wait_ms: int
+    ) -> tuple[list[Any], int]:
+        """``write_many``, then one ``WAIT replicas wait_ms`` on the same connection.
+
+        ``(replies, acknowledged)``. A failure of the WAIT itself raises
+        (the batch's replies are then lost to the caller, as after any
+        failure that leaves an outcome unknown).
+        """
+        ...
+
     def write_many(self, requests: Sequence[ScriptRequest]) -> list[Any]:
         """Run many fenced-write scripts in one round trip on one write connection, in order.
 

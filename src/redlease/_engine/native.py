@@ -114,6 +114,20 @@ class NativeEngine:
         ]
         return _native.execute_many(self._writes, batch, self.write_timeout)
 
+    def write_many_replicated(
+        self, requests: Sequence[ScriptRequest], replicas: int, wait_ms: int
+    ) -> tuple[list[Any], int]:
+        """``write_many`` and one WAIT on the same write connection, both without the GIL."""
+        refs = self._refs
+        batch = [
+            (refs.get(script.sha) or self._ref(script), keys, args)
+            for script, keys, args in requests
+        ]
+        replies, acked = _native.execute_many(
+            self._writes, batch, self.write_timeout, replicas, wait_ms
+        )
+        return replies, acked
+
     def keeper(
         self,
         script: Script,

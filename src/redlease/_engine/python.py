@@ -351,7 +351,20 @@ class _Pool:
                 self._give(route, conn, generation, keep)
         raise AssertionError("unreachable")
 
-    def eval_many(self, requests: Sequence[ScriptRequest], timeout: float) -> list[Any]:
+    def eval_many_wait(
+        self, requests: Sequence[ScriptRequest], timeout: float, replicas: int, wait_ms: int
+    ) -> tuple[list[Any], int]:
+        """``eval_many``, then one ``WAIT replicas wait_ms`` on the connection that ran it."""
+        acked: list[int] = []
+        replies = self.eval_many(requests, timeout, wait=(replicas, wait_ms, acked))
+        return replies, (acked[0] if acked else 0)
+
+    def eval_many(
+        self,
+        requests: Sequence[ScriptRequest],
+        timeout: float,
+        wait: tuple[int, int, list[int]] | None = None,
+    ) -> list[Any]:
         """``BoundedConnection.eval_many`` on one pooled connection.
 
         On a cluster the batch goes to the owner of its first key's slot.
@@ -373,18 +386,19 @@ class _Pool:
             try:
                 replies = conn.eval_many(requests, remaining(deadline))
                 if not any(isinstance(reply, Exception) for reply in replies):
-                    return replies
+                    return _then_wait(conn, replies, wait, deadline)
                 keep = False
                 if self._cluster and all(_asked(reply) for reply in replies):
                     # The slot is migrating and the keys have left: every write,
                     # none of which ran, goes once to the node named.
                     target = BoundedConnection(self._client, key, replies[0].node_addr)
                     try:
-                        return target.eval_many(requests, remaining(deadline), asking=True)
+                        replies = target.eval_many(requests, remaining(deadline), asking=True)
+                        return _then_wait(target, replies, wait, deadline)
                     finally:
                         target.drop()
                 if not all(_not_run_here(reply, self._cluster) for reply in replies):
-                    return replies
+                    return _then_wait(conn, replies, wait, deadline)
                 if isinstance(replies[0], MovedError):
                     conn._reroute()
                 else:
@@ -435,6 +449,20 @@ class _Pool:
             self._idle.clear()
         for conn in conns:
             conn.drop()
+
+
+def _then_wait(
+    conn: BoundedConnection,
+    replies: list[Any],
+    wait: tuple[int, int, list[int]] | None,
+    deadline: float,
+) -> list[Any]:
+    """With ``wait``, one WAIT on ``conn`` after its batch; the count goes into ``wait[2]``."""
+    if wait is not None:
+        replicas, wait_ms, acked = wait
+        reply = conn.execute(("WAIT", replicas, wait_ms), wait_ms / 1000 + remaining(deadline))
+        acked.append(int(reply))
+    return replies
 
 
 class PythonEngine:
@@ -505,6 +533,11 @@ class PythonEngine:
 
     def write_many(self, requests: Sequence[ScriptRequest]) -> list[Any]:
         return self._writes.eval_many(requests, self.write_timeout)
+
+    def write_many_replicated(
+        self, requests: Sequence[ScriptRequest], replicas: int, wait_ms: int
+    ) -> tuple[list[Any], int]:
+        return self._writes.eval_many_wait(requests, self.write_timeout, replicas, wait_ms)
 
     def keeper(
         self,
