@@ -19,6 +19,7 @@ from ._errors import (
     ConfigError,
     NotAcquired,
     NotHeld,
+    NotReplicated,
     RedleaseError,
     TooManyEvalBodies,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "MemoryLocker",
     "NotAcquired",
     "NotHeld",
+    "NotReplicated",
     "Observer",
     "RedisLocker",
     "RedleaseError",

@@ -22,15 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from redis.crc import key_slot
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from . import _scripts
-from ._engine import EncodableT, Engine
-from ._errors import TooManyEvalBodies
+from ._config import ReplicationGuard
+from ._engine import EncodableT, Engine, is_failover_reply
+from ._errors import NotReplicated, TooManyEvalBodies
 from ._log import Events
 
 if TYPE_CHECKING:
@@ -91,9 +92,21 @@ class Fence:
     """
 
     def __init__(
-        self, engine: Engine, applied_key: str, name: str, events: Events, *, cluster: bool = False
+        self,
+        engine: Engine,
+        applied_key: str,
+        name: str,
+        events: Events,
+        *,
+        cluster: bool = False,
+        guard: ReplicationGuard | None = None,
+        on_failover: Callable[[int, Exception], object] | None = None,
     ) -> None:
         self._engine = engine
+        self._guard = guard or ReplicationGuard()
+        # Told when a write with a token is answered READONLY / MASTERDOWN /
+        # NOREPLICAS, so the term holding that token can end at once.
+        self._on_failover = on_failover
         self._applied_key = applied_key
         self._name = name
         # On a cluster every key of a write must live in the name's slot.
@@ -136,12 +149,26 @@ class Fence:
         return self._eval_script(body), checked_keys, checked_args
 
     def write(self, request: FenceRequest | None) -> bool:
-        """Send ``request`` once and return whether it was applied."""
+        """Send ``request`` once and return whether it was applied.
+
+        With the replication guard on, the write is followed by ``WAIT`` on
+        its connection, and an applied write that fewer than
+        ``min_replicas`` replicas confirmed raises ``NotReplicated``.
+        """
         if request is None:
             return False
-        applied = bool(self._engine.write(*request) == 1)
-        self._events.fenced(applied)
-        return applied
+        guard = self._guard
+        try:
+            if guard.enabled:
+                reply, acked = self._engine.write_replicated(
+                    *request, guard.min_replicas, guard.timeout_ms
+                )
+            else:
+                reply, acked = self._engine.write(*request), 0
+        except RedisError as exc:
+            self._failover_seen(request, exc)
+            raise
+        return self._outcome(reply, acked)
 
     async def write_async(self, request: FenceRequest | None) -> bool:
         """``write`` for a coroutine: pipelined on the engine's connection for this loop.
@@ -151,14 +178,38 @@ class Fence:
         """
         if request is None:
             return False
+        if self._guard.enabled:
+            # WAIT must follow on the write's own connection: the blocking path.
+            return await asyncio.get_running_loop().run_in_executor(None, self.write, request)
         loop = asyncio.get_running_loop()
         writer = self._engine.loop_writer(loop)
-        if writer is None:
-            reply = await loop.run_in_executor(None, self._engine.write, *request)
-        else:
-            reply = await writer.write(*request)
-        self._events.fenced(reply == 1)
-        return bool(reply == 1)
+        try:
+            if writer is None:
+                reply = await loop.run_in_executor(None, self._engine.write, *request)
+            else:
+                reply = await writer.write(*request)
+        except RedisError as exc:
+            self._failover_seen(request, exc)
+            raise
+        return self._outcome(reply, 0)
+
+    def _outcome(self, reply: object, acked: int) -> bool:
+        applied = reply == 1
+        self._events.fenced(applied)
+        guard = self._guard
+        if applied and guard.enabled and acked < guard.min_replicas:
+            raise NotReplicated(
+                f"fenced write on {self._name!r} was applied on the master but confirmed by "
+                f"{acked} of the {guard.min_replicas} replicas required within "
+                f"{guard.timeout_ms} ms; a failover now could lose it",
+                applied=True,
+                replicas=acked,
+            )
+        return applied
+
+    def _failover_seen(self, request: FenceRequest, exc: RedisError) -> None:
+        if self._on_failover is not None and is_failover_reply(exc):
+            self._on_failover(int(request[2][0]), exc)
 
     def write_many(self, requests: Sequence[FenceRequest | None]) -> list[bool]:
         """Send ``requests`` in one round trip, in order; one ``applied`` per request.
@@ -171,18 +222,30 @@ class Fence:
             return []
         if requests[0] is None:
             return self._rejected(len(requests))
-        return self._results(self._engine.write_many(cast(list[FenceRequest], requests)))
+        batch = cast(list[FenceRequest], requests)
+        guard = self._guard
+        if not guard.enabled:
+            return self._results(self._engine.write_many(batch))
+        # With the guard, one WAIT follows the batch on its connection.
+        replies, acked = self._engine.write_many_replicated(
+            batch, guard.min_replicas, guard.timeout_ms
+        )
+        applied = self._results(replies)
+        if any(applied) and acked < guard.min_replicas:
+            raise NotReplicated(
+                f"fenced pipeline on {self._name!r}: {sum(applied)} of {len(applied)} writes "
+                f"applied on the master but confirmed by {acked} of the {guard.min_replicas} "
+                f"replicas required within {guard.timeout_ms} ms; a failover now could lose them",
+                applied=True,
+                replicas=acked,
+            )
+        return applied
 
     async def write_many_async(self, requests: Sequence[FenceRequest | None]) -> list[bool]:
         """``write_many`` for a coroutine: one trip off the event loop for the whole batch."""
         if not requests:
             return []
-        if requests[0] is None:
-            return self._rejected(len(requests))
-        replies = await asyncio.get_running_loop().run_in_executor(
-            None, self._engine.write_many, cast(list[FenceRequest], requests)
-        )
-        return self._results(replies)
+        return await asyncio.get_running_loop().run_in_executor(None, self.write_many, requests)
 
     def _rejected(self, n: int) -> list[bool]:
         applied = [False] * n

@@ -113,6 +113,8 @@ class Elector:
         instance_id: str | None = None,
         observer: Observer | None = None,
         engine: str | None = "auto",
+        min_replicas: int = 0,
+        replica_timeout: Duration | None = None,
     ) -> None:
         self._client = client
         self._core = Election(
@@ -124,6 +126,8 @@ class Elector:
             instance_id=instance_id,
             observer=observer,
             engine=engine,
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
         )
         self._fence = self._core.fence
         self._stop_event: asyncio.Event | None = None
@@ -512,9 +516,23 @@ class RedisLocker(_AsyncLocker):
     """
 
     def __init__(
-        self, client: Any, prefix: str = lock.DEFAULT_PREFIX, engine: str | None = "auto"
+        self,
+        client: Any,
+        prefix: str = lock.DEFAULT_PREFIX,
+        engine: str | None = "auto",
+        *,
+        min_replicas: int = 0,
+        replica_timeout: Duration | None = None,
     ) -> None:
-        super().__init__(lock.RedisLocker(sync_twin(client), prefix=prefix, engine=engine))
+        super().__init__(
+            lock.RedisLocker(
+                sync_twin(client),
+                prefix=prefix,
+                engine=engine,
+                min_replicas=min_replicas,
+                replica_timeout=replica_timeout,
+            )
+        )
 
 
 class MemoryLocker(_AsyncLocker):

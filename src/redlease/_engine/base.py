@@ -23,6 +23,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from redis.exceptions import ConnectionError, MasterDownError, ReadOnlyError, ResponseError
+
 from .._scripts import Script
 
 if TYPE_CHECKING:
@@ -90,6 +92,35 @@ ENDED = 3
 """The term was ended by the owner (``end()``); nothing is renewed any more."""
 
 
+FAILOVER_REPLIES = ("READONLY", "MASTERDOWN", "NOREPLICAS")
+"""Error replies saying the server is no longer the master a lease was granted on.
+
+A term answered with one of them ends at once: its lease lives on a server
+that is now a replica, cut off from its replicas, or refusing writes.
+"""
+
+
+_SENTINEL_DEMOTED = "The previous master is now a slave"
+
+
+def is_failover_reply(exc: BaseException) -> bool:
+    """Whether ``exc`` is a READONLY, MASTERDOWN or NOREPLICAS error reply."""
+    if isinstance(exc, (ReadOnlyError, MasterDownError)):
+        return True
+    if isinstance(exc, ConnectionError):
+        # What redis-py's Sentinel connections make of a READONLY reply.
+        return str(exc) == _SENTINEL_DEMOTED
+    if not isinstance(exc, ResponseError):
+        return False
+    # redis-py strips the error codes it knows and keeps the others. Inside a
+    # script, Redis 7 passes the command's error code on; Redis 6 wraps it:
+    # "Error running script (...): @user_script:1: -READONLY You can't...".
+    text = str(exc).lstrip()
+    return text.startswith(FAILOVER_REPLIES) or any(
+        f": -{code} " in text for code in FAILOVER_REPLIES
+    )
+
+
 class Keeper(Protocol):
     """Keeps one lease alive from a dedicated thread.
 
@@ -101,7 +132,9 @@ class Keeper(Protocol):
     the acquire), and that deadline is enforced by a timer, not by the next
     tick: at the deadline the term is LOST even if a renewal is in flight.
     Every state change and every error wakes ``wait()`` and makes
-    ``fileno()`` readable.
+    ``fileno()`` readable. A renewal answered READONLY, MASTERDOWN or
+    NOREPLICAS (``FAILOVER_REPLIES``) ends the term as LOST at once: the
+    server is no longer the master the lease was granted on.
     """
 
     @property
@@ -211,6 +244,45 @@ class Engine(Protocol):
         ``aiowriter``): no thread hop per write. Only from ``loop``'s thread.
         None where the engine cannot (the Python engine on a cluster): its
         writes go through ``write``. Renewals never share this connection.
+        """
+        ...
+
+    def call_replicated(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        timeout: float,
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]:
+        """``call``, then ``WAIT replicas wait_ms`` on the same connection.
+
+        ``(reply, acknowledged)``: the script's reply and how many replicas
+        confirmed it. An error reply raises without a WAIT. The WAIT is
+        bounded by ``wait_ms`` plus what is left of ``timeout``.
+        """
+        ...
+
+    def write_replicated(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]:
+        """``write``, then ``WAIT`` on the same connection; as ``call_replicated``."""
+        ...
+
+    def write_many_replicated(
+        self, requests: Sequence[ScriptRequest], replicas: int, wait_ms: int
+    ) -> tuple[list[Any], int]:
+        """``write_many``, then one ``WAIT replicas wait_ms`` on the same connection.
+
+        ``(replies, acknowledged)``. A failure of the WAIT itself raises
+        (the batch's replies are then lost to the caller, as after any
+        failure that leaves an outcome unknown).
         """
         ...
 

@@ -106,6 +106,32 @@ class NativeEngine:
             self._loop_writers[loop] = writer
         return writer
 
+    def call_replicated(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        timeout: float,
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]:
+        """``call`` and a WAIT on the same control connection, both without the GIL."""
+        return self._calls.execute_wait(self._ref(script), keys, args, timeout, replicas, wait_ms)
+
+    def write_replicated(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]:
+        """``write`` and a WAIT on the same write connection, both without the GIL."""
+        ref = self._refs.get(script.sha) or self._ref(script)
+        return self._writes.execute_wait(
+            ref, keys, args, self.write_timeout, replicas, wait_ms
+        )
+
     def write_many(self, requests: Sequence[ScriptRequest]) -> list[Any]:
         """Run fenced-write scripts in one round trip on a write connection (GIL released)."""
         refs = self._refs
@@ -114,6 +140,20 @@ class NativeEngine:
             for script, keys, args in requests
         ]
         return _native.execute_many(self._writes, batch, self.write_timeout)
+
+    def write_many_replicated(
+        self, requests: Sequence[ScriptRequest], replicas: int, wait_ms: int
+    ) -> tuple[list[Any], int]:
+        """``write_many`` and one WAIT on the same write connection, both without the GIL."""
+        refs = self._refs
+        batch = [
+            (refs.get(script.sha) or self._ref(script), keys, args)
+            for script, keys, args in requests
+        ]
+        replies, acked = _native.execute_many(
+            self._writes, batch, self.write_timeout, replicas, wait_ms
+        )
+        return replies, acked
 
     def keeper(
         self,

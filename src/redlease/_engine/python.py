@@ -193,8 +193,13 @@ class BoundedConnection:
         args: Sequence[EncodableT],
         timeout: float,
         asking: bool = False,
+        wait: tuple[int, int] | None = None,
     ) -> Any:
         """EVALSHA, and EVAL once on NOSCRIPT, within one overall deadline.
+
+        With ``wait`` = ``(replicas, ms)`` the script is followed by ``WAIT
+        replicas ms`` on this same connection (the one that ran it), and the
+        result is ``(reply, acknowledged)``; an error reply raises unwaited.
 
         On a cluster, an ASK redirection (the slot is being migrated and the
         keys have moved) is followed once: ASKING + the script on the target
@@ -203,9 +208,10 @@ class BoundedConnection:
         """
         deadline = time.monotonic() + timeout
         try:
-            return self._script(("EVALSHA", script.sha), keys, args, deadline, asking)
-        except NoScriptError:
-            return self._script(("EVAL", script.source), keys, args, deadline, asking)
+            try:
+                reply = self._script(("EVALSHA", script.sha), keys, args, deadline, asking)
+            except NoScriptError:
+                reply = self._script(("EVAL", script.source), keys, args, deadline, asking)
         except MovedError:
             raise
         except AskError as exc:
@@ -213,9 +219,16 @@ class BoundedConnection:
                 raise
             target = BoundedConnection(self._client, self._key, exc.node_addr)
             try:
-                return target.eval_script(script, keys, args, remaining(deadline), asking=True)
+                return target.eval_script(
+                    script, keys, args, remaining(deadline), asking=True, wait=wait
+                )
             finally:
                 target.drop()
+        if wait is None:
+            return reply
+        replicas, wait_ms = wait
+        acked = self.execute(("WAIT", replicas, wait_ms), wait_ms / 1000 + remaining(deadline))
+        return reply, int(acked)
 
     def eval_many(
         self, requests: Sequence[ScriptRequest], timeout: float, asking: bool = False
@@ -320,6 +333,7 @@ class _Pool:
         keys: Sequence[str | bytes],
         args: Sequence[EncodableT],
         timeout: float,
+        wait: tuple[int, int] | None = None,
     ) -> Any:
         deadline = time.monotonic() + timeout
         key = keys[0] if keys and self._cluster else None
@@ -328,7 +342,7 @@ class _Pool:
             conn, generation = self._take(route, key, deadline)
             keep = True
             try:
-                return conn.eval_script(script, keys, args, remaining(deadline))
+                return conn.eval_script(script, keys, args, remaining(deadline), wait=wait)
             except MovedError:
                 # Nothing ran, and the slot map was refreshed: send again to the
                 # new owner while the deadline allows.
@@ -339,7 +353,20 @@ class _Pool:
                 self._give(route, conn, generation, keep)
         raise AssertionError("unreachable")
 
-    def eval_many(self, requests: Sequence[ScriptRequest], timeout: float) -> list[Any]:
+    def eval_many_wait(
+        self, requests: Sequence[ScriptRequest], timeout: float, replicas: int, wait_ms: int
+    ) -> tuple[list[Any], int]:
+        """``eval_many``, then one ``WAIT replicas wait_ms`` on the connection that ran it."""
+        acked: list[int] = []
+        replies = self.eval_many(requests, timeout, wait=(replicas, wait_ms, acked))
+        return replies, (acked[0] if acked else 0)
+
+    def eval_many(
+        self,
+        requests: Sequence[ScriptRequest],
+        timeout: float,
+        wait: tuple[int, int, list[int]] | None = None,
+    ) -> list[Any]:
         """``BoundedConnection.eval_many`` on one pooled connection.
 
         On a cluster the batch goes to the owner of its first key's slot.
@@ -361,18 +388,19 @@ class _Pool:
             try:
                 replies = conn.eval_many(requests, remaining(deadline))
                 if not any(isinstance(reply, Exception) for reply in replies):
-                    return replies
+                    return _then_wait(conn, replies, wait, deadline)
                 keep = False
                 if self._cluster and all(_asked(reply) for reply in replies):
                     # The slot is migrating and the keys have left: every write,
                     # none of which ran, goes once to the node named.
                     target = BoundedConnection(self._client, key, replies[0].node_addr)
                     try:
-                        return target.eval_many(requests, remaining(deadline), asking=True)
+                        replies = target.eval_many(requests, remaining(deadline), asking=True)
+                        return _then_wait(target, replies, wait, deadline)
                     finally:
                         target.drop()
                 if not all(_not_run_here(reply, self._cluster) for reply in replies):
-                    return replies
+                    return _then_wait(conn, replies, wait, deadline)
                 if isinstance(replies[0], MovedError):
                     conn._reroute()
                 else:
@@ -423,6 +451,20 @@ class _Pool:
             self._idle.clear()
         for conn in conns:
             conn.drop()
+
+
+def _then_wait(
+    conn: BoundedConnection,
+    replies: list[Any],
+    wait: tuple[int, int, list[int]] | None,
+    deadline: float,
+) -> list[Any]:
+    """With ``wait``, one WAIT on ``conn`` after its batch; the count goes into ``wait[2]``."""
+    if wait is not None:
+        replicas, wait_ms, acked = wait
+        reply = conn.execute(("WAIT", replicas, wait_ms), wait_ms / 1000 + remaining(deadline))
+        acked.append(int(reply))
+    return replies
 
 
 class PythonEngine:
@@ -479,9 +521,40 @@ class PythonEngine:
             writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self.write)
             self._loop_writers[loop] = writer
         return writer
+    def call_replicated(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        timeout: float,
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]:
+        reply, acked = self._calls.eval_script(
+            script, keys, args, timeout, wait=(replicas, wait_ms)
+        )
+        return reply, acked
+
+    def write_replicated(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]:
+        reply, acked = self._writes.eval_script(
+            script, keys, args, self.write_timeout, wait=(replicas, wait_ms)
+        )
+        return reply, acked
 
     def write_many(self, requests: Sequence[ScriptRequest]) -> list[Any]:
         return self._writes.eval_many(requests, self.write_timeout)
+
+    def write_many_replicated(
+        self, requests: Sequence[ScriptRequest], replicas: int, wait_ms: int
+    ) -> tuple[list[Any], int]:
+        return self._writes.eval_many_wait(requests, self.write_timeout, replicas, wait_ms)
 
     def keeper(
         self,

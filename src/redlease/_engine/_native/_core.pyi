@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, overload
 
 _Encodable: TypeAlias = str | bytes | bytearray | memoryview | int | float
 
@@ -106,6 +106,15 @@ class Pool:
         args: Sequence[_Encodable],
         timeout: float,
     ) -> Any: ...
+    def execute_wait(
+        self,
+        ref: ScriptRef,
+        keys: Sequence[str | bytes],
+        args: Sequence[_Encodable],
+        timeout: float,
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]: ...
     def command(self, args: Sequence[_Encodable], timeout: float) -> Any: ...
     def close(self) -> None: ...
 
@@ -135,11 +144,20 @@ class LoopConn:
     def clear(self) -> None: ...
     def drop(self) -> None: ...
 
+@overload
 def execute_many(
     pool: Pool,
     requests: Sequence[tuple[ScriptRef, Sequence[str | bytes], Sequence[_Encodable]]],
     timeout: float,
-) -> list[Any]:
+) -> list[Any]: ...
+@overload
+def execute_many(
+    pool: Pool,
+    requests: Sequence[tuple[ScriptRef, Sequence[str | bytes], Sequence[_Encodable]]],
+    timeout: float,
+    replicas: int,
+    wait_ms: int,
+) -> tuple[list[Any], int]:
     """Many scripts in one round trip on one of ``pool``'s connections, replies in order.
 
     Error replies are exception objects in the list (not raised); a failure

@@ -343,7 +343,8 @@ cdef list batch_replies(rl_batch* b):
     return replies
 
 
-def execute_many(Pool pool not None, list requests not None, double timeout):
+def execute_many(Pool pool not None, list requests not None, double timeout,
+                 int replicas=0, int wait_ms=0):
     """Run ``[(ScriptRef, keys, args), ...]`` in one round trip on one of ``pool``'s connections.
 
     The replies come back in order as redis-py gives them; an error reply is
@@ -352,14 +353,20 @@ def execute_many(Pool pool not None, list requests not None, double timeout):
     connection broke, the deadline passed) raises redis-py's ConnectionError
     or TimeoutError: those commands may or may not have run, and none is sent
     again. ``timeout`` bounds the whole batch, the NOSCRIPT resend included.
+
+    With ``replicas`` > 0 the batch is followed by ``WAIT replicas wait_ms`` on
+    the same connection (GIL released) and the result is ``(replies,
+    acknowledged)``; the WAIT gets ``wait_ms`` beyond the batch's deadline.
     """
     cdef int64_t deadline = deadline_after(timeout)
+    cdef int64_t wait_deadline
     cdef rl_batch b
     cdef rl_slot* slot
     cdef rl_conn* c
     cdef int rc
+    acked = 0
     if not requests:
-        return []
+        return ([], 0) if replicas > 0 else []
     memset(&b, 0, sizeof(b))
     try:
         batch_encode(&b, requests)
@@ -371,8 +378,24 @@ def execute_many(Pool pool not None, list requests not None, double timeout):
                 rc = batch_run(c, &b, deadline)
             if rc < 0:
                 raise conn_exception(c)
+            if replicas > 0:
+                if c.fd < 0:
+                    # Never WAIT on a new connection: it would count another server's replicas.
+                    raise _RedisConnectionError("Connection closed before WAIT")
+                c.w.len = 0
+                put_command(&c.w, ("WAIT", replicas, wait_ms if wait_ms > 0 else 1))
+                wait_deadline = rl_now_ns()
+                wait_deadline = (deadline if deadline > wait_deadline else wait_deadline) + \
+                    <int64_t>wait_ms * 1000000
+                with nogil:
+                    rc = conn_run_command(c, wait_deadline)
+                if rc < 0:
+                    raise conn_exception(c)
+                acked = take_reply(c)
         finally:
             release_slot(slot)
+        if replicas > 0:
+            return batch_replies(&b), acked
         return batch_replies(&b)
     finally:
         batch_free(&b)
