@@ -267,6 +267,22 @@ def hold_gil(n: int) -> float:
     return time.monotonic() - started
 
 
+def hold_gil_at_least(n: int, seconds: float, attempts: int = 3) -> float:
+    """``hold_gil``, repeated with a larger call until one call lasted ``seconds``.
+
+    ``gil_call_size`` calibrates on a loaded machine too: when its samples were
+    all slowed, the real call ends early. Each retry is one call again, sized
+    from what the last one took; the last call's duration is returned.
+    """
+    held = hold_gil(n)
+    for _ in range(attempts - 1):
+        if held >= seconds:
+            break
+        n = int(n * 1.5 * seconds / max(held, 0.01))
+        held = hold_gil(n)
+    return held
+
+
 class ProcessContender:
     """An elector (Python engine) for ``name`` in another process, reporting each election.
 
