@@ -9,6 +9,7 @@ take the GIL.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -42,7 +43,12 @@ class NativeEngine:
         self._calls = _native.Pool(self._target, CALL_CONNECTIONS)
         self._writes = _native.Pool(self._target, WRITE_CONNECTIONS)
         self._refs: dict[str, _native.ScriptRef] = {}
-        self._keepers: weakref.WeakSet[_native.Keeper] = weakref.WeakSet()
+        self._keepers: weakref.WeakSet[_native.Keeper | _native.Lease] = weakref.WeakSet()
+        # One thread and one connection renew every lease of this engine
+        # (fixed addresses; behind Sentinel or Cluster each keeper keeps its
+        # own, as its server may move). Made with the first keeper.
+        self._renewer: _native.Renewer | None = None
+        self._renewer_lock = threading.Lock()
         self._switches = MasterSwitches(endpoint.sentinels, self._forget_master)
 
     def __repr__(self) -> str:
@@ -82,12 +88,36 @@ class NativeEngine:
         *,
         interval: float,
         ttl: float,
-    ) -> _native.Keeper:
-        """A new native keeper renewing with ``script`` on its own connection and thread."""
-        keeper = _native.Keeper(self._target, self._ref(script), keys, args, interval, ttl)
+    ) -> _native.Keeper | _native.Lease:
+        """A new lease keeper renewing with ``script``.
+
+        On a fixed address: a ``Lease`` on the engine's one shared renewer
+        (every lease of the engine renewed by one native thread over one
+        connection). Behind Sentinel or Cluster: a ``Keeper`` with a
+        connection and a thread of its own.
+        """
+        keeper: _native.Keeper | _native.Lease
+        renewer = self._shared_renewer()
+        if renewer is not None:
+            keeper = _native.Lease(renewer, self._ref(script), keys, args, interval, ttl)
+        else:
+            keeper = _native.Keeper(self._target, self._ref(script), keys, args, interval, ttl)
         self._keepers.add(keeper)
         self._switches.track(keeper)
         return keeper
+
+    def _shared_renewer(self) -> _native.Renewer | None:
+        if self.endpoint.kind != "direct":
+            return None
+        with self._renewer_lock:
+            if self._renewer is None or self._renewer.closed:
+                self._renewer = _native.Renewer(self._target)
+            return self._renewer
+
+    @property
+    def renewer(self) -> _native.Renewer | None:
+        """The shared renewer, once a keeper was made on a fixed address (else None)."""
+        return self._renewer
 
     def _forget_master(self) -> None:
         # The sentinels named a new master: the next connect must ask them again.
@@ -98,5 +128,7 @@ class NativeEngine:
         self._switches.close()
         for keeper in list(self._keepers):
             keeper.close()
+        if self._renewer is not None:
+            self._renewer.close()
         self._calls.close()
         self._writes.close()

@@ -48,6 +48,8 @@ any thread may block on it, the keeper thread included.
 #                      Target, Pool, and failures as redis-py exceptions
 #   _keeper_thread.pxi the renewal thread (no GIL, ever)
 #   _keeper.pxi        Keeper, the Python face of that thread
+#   _renewer.pxi       Renewer and Lease: one thread and one connection that
+#                      renew many leases from a timer heap, pipelined
 #
 # Fork safety lives here, at the end: it reaches into Pool and Keeper.
 
@@ -79,6 +81,7 @@ include "_route.pxi"
 include "_pool.pxi"
 include "_keeper_thread.pxi"
 include "_keeper.pxi"
+include "_renewer.pxi"
 
 
 # ---------------------------------------------------------------- fork safety
@@ -89,6 +92,11 @@ def _after_fork_in_child():
             (<Keeper>obj).after_fork_in_child()
         elif isinstance(obj, Pool):
             (<Pool>obj).after_fork_in_child()
+        elif isinstance(obj, Renewer):
+            (<Renewer>obj).after_fork_in_child()
+    for obj in list(_live):
+        if isinstance(obj, Lease):
+            (<Lease>obj).after_fork_in_child()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
