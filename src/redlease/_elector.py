@@ -27,10 +27,11 @@ from typing import Any
 
 from . import _scripts
 from ._config import Config, Duration
-from ._engine import ACTIVE, EncodableT, Engine, Keeper, is_cluster, make_engine
+from ._engine import ACTIVE, EncodableT, Engine, Keeper, is_cluster, shared_engine
 from ._errors import ConfigError
 from ._fence import Fence, Fencer
 from ._keys import ElectionKeys, has_hash_tag
+from ._driver import driver
 from ._log import Events
 from ._term import Observer, Reason, Term, end_term
 
@@ -69,6 +70,8 @@ class Run:
         # (observer callbacks) and the leader function's thread. Waiting there
         # would wait for themselves.
         self.own_threads: set[threading.Thread] = set()
+        # Set when the process's driver runs this run instead of a thread.
+        self.driven: DrivenRun | None = None
 
     def should_stop(self) -> bool:
         return self.stopping.is_set() or self.user_stop.is_set()
@@ -77,6 +80,8 @@ class Run:
         """Ask the run to end: the term steps down, the lease is released. Returns at once."""
         self.stopping.set()
         self.keeper.notify()
+        if self.driven is not None:
+            self.driven.poke()
 
 
 class Election:
@@ -115,7 +120,9 @@ class Election:
             raise ConfigError(
                 f"observer must be a redlease.Observer, got {type(observer).__name__}"
             )
-        self.engine: Engine = make_engine(client, engine)
+        # Shared with every other election on this client: one control pool,
+        # one write pool and one renewer for all of them.
+        self.engine: Engine = shared_engine(client, engine)
         self._observer = observer or Observer()
         self.keys = ElectionKeys(self.config.name)
         self.events = Events("elector", self.config.name, self.config.instance_id)
@@ -475,42 +482,48 @@ class Elector:
             raise run.error
 
     def start(self, fn: LeaderFn | None = None) -> Elector:
-        """Run the same loop on a background thread; returns this elector."""
+        """Run the same loop in the background; returns this elector.
+
+        The loop runs on the process's one driver thread, with every other
+        started elector's: only the leader function, when given, gets a
+        thread of its own while it runs.
+        """
         check_leader_fn(fn)
         run = self._election.claim(threading.Event())
         assert run is not None
-        thread = threading.Thread(
-            target=self._election.execute,
-            args=(run, fn),
-            name=f"redlease-run-{self.config.name}",
-            daemon=True,
-        )
-        self._thread, self._started = thread, run
-        thread.start()
+        self._thread, self._started = None, run
+        DrivenRun(self._election, run, fn).start()
         return self
 
     def stop(self, timeout: float | None = None) -> None:
-        """End the run: the term ends, the lock is released, the thread joined.
+        """End the run: the term ends, the lock is released, the run is over.
 
         Re-raises the leader function's exception when that is what ended a
         run started with ``start()``. No-op when nothing runs.
         """
         run = self._election.run
         if run is not None:
-            run.request_stop()
             if threading.current_thread() in run.own_threads:
                 # Called by the leader function or a callback: the run ends as
                 # soon as that returns; waiting here would wait for ourselves.
+                run.request_stop()
                 return
+            if run.driven is not None:
+                run.driven.stop(timeout)
+            else:
+                run.request_stop()
         thread, started = self._thread, self._started
-        if thread is None or started is None:
+        if started is None:
             if run is not None:
                 run.done.wait(timeout)
             return
-        if thread is threading.current_thread():
-            return
-        thread.join(timeout)
-        if thread.is_alive():
+        if thread is not None:
+            if thread is threading.current_thread():
+                return
+            thread.join(timeout)
+            if thread.is_alive():
+                return
+        elif not started.done.wait(timeout):
             return
         self._thread = self._started = None
         if started.error is not None:
@@ -518,7 +531,7 @@ class Elector:
             raise error
 
     def __enter__(self) -> Elector:
-        if self._thread is None:
+        if self._started is None:
             self.start(None)
         return self
 
@@ -585,6 +598,208 @@ def _forget_runs_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_runs_after_fork)
+
+
+class DrivenRun:
+    """One started run as steps of the process's driver (see ``_driver``).
+
+    The same loop as ``Election._contend``/``_lead``/``_hold``/``_release``,
+    cut into steps: contending is a timer (one acquire per step), leading is
+    a watch on the keeper. ``stop()`` from another thread ends the run right
+    there, on that thread, once any step in progress is done; with a leader
+    function it asks the driver and waits, as the function must return first.
+    """
+
+    CONTEND, LEAD, DRAIN, DONE = range(4)
+
+    def __init__(self, election: Election, run: Run, fn: LeaderFn | None) -> None:
+        self.election = election
+        self.run = run
+        self.fn = fn
+        self.keeper = run.keeper
+        self.busy = threading.Lock()
+        self.phase = self.CONTEND
+        self.errors_in_row = 0
+        self.follower = False
+        self.token = 0
+        self.reason: Reason = "stopped"
+        self.worker: _LeaderThread | None = None
+        run.driven = self
+
+    def start(self) -> None:
+        driver().poke(self)
+
+    def poke(self) -> None:
+        driver().poke(self)
+
+    # -- steps (on the driver thread) ---------------------------------------------------
+
+    def step(self) -> float | None:
+        if not self.busy.acquire(blocking=False):
+            return None  # stop() is ending the run on another thread
+        try:
+            thread = threading.current_thread()
+            self.run.own_threads.add(thread)
+            try:
+                return self._step()
+            except BaseException as exc:
+                self.run.error = exc
+                self._finish()
+                return None
+            finally:
+                self.run.own_threads.discard(thread)
+        finally:
+            self.busy.release()
+
+    def check(self) -> bool:
+        """The watch: the keeper reported something while leading (True: watch no more)."""
+        when = self.step()
+        if when is not None:
+            driver().schedule(self, when)
+        return self.phase in (self.CONTEND, self.DONE)
+
+    def _step(self) -> float | None:
+        if self.phase == self.DONE:
+            return None
+        if self.phase == self.CONTEND:
+            return self._contend_step()
+        if self.phase == self.LEAD:
+            reason = self._hold_reason()
+            if reason is None:
+                return None
+            self._end_term(reason)
+        if self.phase == self.DRAIN:
+            worker = self.worker
+            if worker is not None and not worker.finished:
+                return None
+            self._after_term()
+            if self.run.error is not None or self.run.should_stop():
+                self._finish()
+                return None
+            return time.monotonic() + self.election._jittered(self.election.config.acquire_interval)
+        return None
+
+    def _contend_step(self) -> float | None:
+        election, run, cfg = self.election, self.run, self.election.config
+        if run.should_stop():
+            self._finish()
+            return None
+        sent = time.monotonic()
+        try:
+            token, pttl_ms = election._acquire()
+        except Exception as exc:
+            election._report(exc)
+            self.errors_in_row += 1
+            return sent + min(cfg.acquire_interval * 2**self.errors_in_row, cfg.ttl)
+        self.errors_in_row = 0
+        election.events.ok()
+        if token == 0:
+            if not self.follower:
+                self.follower = True
+                election._emit(election._observer.on_follower)
+            return time.monotonic() + election._poll_delay(pttl_ms)
+        self.follower = False
+        self._begin(token, sent)
+        return None
+
+    def _begin(self, token: int, acquired_at: float) -> None:
+        election, run, keeper = self.election, self.run, self.keeper
+        run.resign_requested = False
+        keeper.begin(token, acquired_at)
+        term = Term(token)
+        run.term = term
+        self.token = token
+        self.phase = self.LEAD
+        election.events.elected(token)
+        election._emit(election._observer.on_elected, token)
+        if self.fn is not None:
+            worker = _LeaderThread(self.fn, term, election._fencer(token), keeper)
+            self.worker = worker
+            run.own_threads.add(worker.thread)
+            worker.thread.start()
+        if self.phase == self.LEAD:
+            driver().watch(self)
+
+    def _hold_reason(self) -> Reason | None:
+        run, keeper = self.run, self.keeper
+        self.election._drain(keeper)
+        if keeper.state != ACTIVE:
+            return "lost"
+        worker = self.worker
+        if worker is not None and worker.finished:
+            return "returned"
+        if run.resign_requested:
+            return "resigned"
+        if run.should_stop():
+            return "stopped"
+        return None
+
+    def _end_term(self, reason: Reason) -> None:
+        self.keeper.end()
+        self.reason = reason
+        self.phase = self.DRAIN
+        term = self.run.term
+        if term is not None:
+            end_term(term, reason)
+
+    def _after_term(self) -> None:
+        election, run, worker = self.election, self.run, self.worker
+        election._drain(self.keeper)
+        if worker is not None:
+            worker.join()
+            run.own_threads.discard(worker.thread)
+            self.worker = None
+        if self.reason != "lost":
+            election._release()
+        run.term = None
+        election.events.stepped_down(self.token, self.reason)
+        election._emit(election._observer.on_stepped_down)
+        self.token = 0
+        self.phase = self.CONTEND
+        if worker is not None and worker.error is not None:
+            run.error = worker.error
+
+    def _finish(self) -> None:
+        if self.phase == self.DONE:
+            return
+        election, run = self.election, self.run
+        if self.phase == self.LEAD:
+            self._end_term("stopped")
+        if self.phase == self.DRAIN:
+            self._after_term()
+        self.phase = self.DONE
+        driver().unwatch(self)
+        run.keeper.close()
+        election.events.keeper_closed(run.keeper)
+        with election._mutex:
+            if election.run is run:
+                election.run = None
+        run.done.set()
+
+    # -- stop (on the caller's thread) ---------------------------------------------------
+
+    def stop(self, timeout: float | None) -> None:
+        run = self.run
+        run.stopping.set()
+        if self.fn is None:
+            # Nothing to wait for but a step in progress: end the run here,
+            # without a hand-over to the driver thread and back.
+            acquired = self.busy.acquire(timeout=-1 if timeout is None else max(timeout, 0))
+            if acquired:
+                thread = threading.current_thread()
+                run.own_threads.add(thread)
+                try:
+                    self._finish()
+                except BaseException as exc:
+                    run.error = exc
+                    self.phase = self.DONE
+                    run.done.set()
+                finally:
+                    run.own_threads.discard(thread)
+                    self.busy.release()
+                return
+        run.keeper.notify()
+        self.poke()
 
 
 class _LeaderThread:

@@ -8,7 +8,7 @@
 
 from .base import ACTIVE, ENDED, IDLE, LATENESS_BUCKETS, LOST, EncodableT, Engine, Keeper
 from .client import call_timeout, is_cluster, socket_timeout, write_timeout
-from .select import make_engine, native_available, resolve_engine_name
+from .select import make_engine, native_available, resolve_engine_name, shared_engine
 
 __all__ = [
     "ACTIVE",
@@ -22,6 +22,7 @@ __all__ = [
     "call_timeout",
     "is_cluster",
     "make_engine",
+    "shared_engine",
     "native_available",
     "resolve_engine_name",
     "socket_timeout",

@@ -57,6 +57,7 @@ cdef struct rl_lease:
     int err_head
     int err_count
     rl_err* errs          # ERR_RING entries, allocated on the first error
+    int64_t* changes      # the renewer's change counter
 
 
 cdef struct rl_renewer:
@@ -77,6 +78,7 @@ cdef struct rl_renewer:
     rl_lease* batch[512]
     size_t batch_len
     rl_buf out
+    int64_t changes       # bumped by every wake-up of any lease (atomic)
     int64_t sent_total    # renewals written (for tests and benchmarks)
     int64_t batches_total
 
@@ -88,6 +90,9 @@ cdef inline int64_t lease_key(rl_lease* l) noexcept nogil:
 
 
 cdef void lease_wake(rl_lease* l) noexcept nogil:
+    # mu held: one counter tells a driver that some lease of the renewer
+    # changed, so it need not look at each of them to find out.
+    rl_store(l.changes, rl_load(l.changes) + 1)
     if l.wake_fd >= 0:
         fd_signal(l.wake_fd)
     else:
@@ -611,6 +616,13 @@ cdef class Renewer:
         return self.r.sent_total, self.r.batches_total
 
     @property
+    def changes(self):
+        """A counter bumped by every wake-up of any of the renewer's leases."""
+        if self.r == NULL:
+            return 0
+        return rl_load(&self.r.changes)
+
+    @property
     def closed(self):
         return self._closed
 
@@ -664,7 +676,7 @@ cdef class Lease:
     """
 
     cdef rl_lease* l
-    cdef Renewer renewer
+    cdef readonly Renewer renewer
     cdef bint _closed
     cdef bint _forked
     cdef int _waiters
@@ -697,6 +709,7 @@ cdef class Lease:
         l.ttl_ns = <int64_t>(ttl * 1e9)
         self.l = l
         self.renewer = renewer
+        l.changes = &renewer.r.changes
         put_evalsha(&l.cmd, ref.sha, ref.source, keys, args, &cmd)
         renewer.add_script(ref)
         _live.add(self)
@@ -753,6 +766,13 @@ cdef class Lease:
         if self.l == NULL:
             return 0
         return rl_load(&self.l.renewals)
+
+    @property
+    def changes(self):
+        """The renewer's change counter: it moves whenever any of its leases is woken."""
+        if self.renewer is None or self.renewer.r == NULL:
+            return 0
+        return rl_load(&self.renewer.r.changes)
 
     @property
     def has_errors(self):
@@ -899,9 +919,6 @@ cdef class Lease:
         cdef rl_lease* l = self.l
         cdef rl_renewer* r
         if l == NULL or self._closed:
-            return
-        if l.wake_fd >= 0:
-            fd_signal(l.wake_fd)
             return
         r = self._r()
         pthread_mutex_lock(&r.mu)
