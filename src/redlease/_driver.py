@@ -96,6 +96,7 @@ class Driver:
             self._watched.setdefault(source, {})[item] = None
             self._seen.pop(source, None)  # look at the group on the next sweep
             self._ensure_thread()
+            self._cond.notify()  # it may be waiting with nothing to watch
 
     def unwatch(self, item: Watched) -> None:
         source = _source(item.keeper)

@@ -261,10 +261,12 @@ cdef void batch_fail(rl_renewer* r, size_t first, int kind, const char* msg) noe
     for i in range(first, r.batch_len):
         l = r.batch[i]
         if l.gen == l.sent_gen and rl_load(&l.state) == ST_ACTIVE and not l.closed:
+            # The failure is reported even when it ends the lease, as a
+            # keeper of its own reports the round trip its deadline cut short.
+            lease_record_error(l, kind, msg)
             if now >= l.lease_deadline:
                 lease_lose(l)
             else:
-                lease_record_error(l, kind, msg)
                 lease_wake(l)
                 l.next_send = l.sched + l.interval_ns
                 if l.next_send < now + RENEW_RETRY_NS:
