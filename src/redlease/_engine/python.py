@@ -36,7 +36,7 @@ from .base import (
 )
 from .client import is_cluster, sentinels_of
 from .failover import MasterSwitches
-from .keeper import PythonKeeper
+from .keeper import HostedKeeper, KeeperHost, PythonKeeper
 
 _MAX_REDIRECTS = 3
 
@@ -289,12 +289,19 @@ class PythonEngine:
 
     def __init__(self, client: Any, write_timeout: float | None = None) -> None:
         self._client = client
+        self._cluster = is_cluster(client)
         self.write_timeout = (
             DEFAULT_WRITE_TIMEOUT if write_timeout is None else float(write_timeout)
         )
         self._calls = _Pool(client, CALL_CONNECTIONS)
         self._writes = _Pool(client, WRITE_CONNECTIONS)
         self._keeper_conns: weakref.WeakSet[BoundedConnection] = weakref.WeakSet()
+        # One thread renews every keeper of this engine; off a cluster, over
+        # one connection (only that thread uses it).
+        self._host = KeeperHost()
+        weakref.finalize(self, self._host.stop)
+        self._renew_conn = BoundedConnection(client)
+        self._keeper_conns.add(self._renew_conn)
         self._switches = MasterSwitches(sentinels_of(client), self._forget_master)
 
     def call(
@@ -323,14 +330,25 @@ class PythonEngine:
         interval: float,
         ttl: float,
     ) -> PythonKeeper:
+        """A keeper renewed by the engine's one keeper thread (``KeeperHost``).
+
+        On one server all keepers share one renewal connection; on a cluster
+        each has its own, routed by its key's slot.
+        """
         keys, args = tuple(keys), tuple(args)
-        conn = BoundedConnection(self._client, keys[0] if keys else None)
-        self._keeper_conns.add(conn)
+        on_close: Callable[[], object] | None = None
+        if self._cluster:
+            conn = BoundedConnection(self._client, keys[0] if keys else None)
+            self._keeper_conns.add(conn)
+            on_close = conn.drop
+        else:
+            conn = self._renew_conn
+        host = self._host
 
         def renew(timeout: float) -> Any:
             return conn.eval_script(script, keys, args, timeout)
 
-        keeper = PythonKeeper(renew, interval=interval, ttl=ttl, on_close=conn.drop)
+        keeper = HostedKeeper(host, renew, interval=interval, ttl=ttl, on_close=on_close)
         self._switches.track(keeper)
         return keeper
 
@@ -344,6 +362,8 @@ class PythonEngine:
         self._switches.close()
         self._calls.close()
         self._writes.close()
+        self._host.stop()
+        self._renew_conn.drop()
 
 
 __all__ = ["BoundedConnection", "PythonEngine"]
