@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
+import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import redis
 
@@ -208,6 +210,18 @@ def print_table(rows: list[Row]) -> None:
         )
 
 
+SCENARIOS = ("native", "python", "locks", "alone-native", "alone-python")
+
+
+def run_scenario(name: str, port: int, args: argparse.Namespace) -> Row:
+    if name in ("native", "python"):
+        count = args.electors if name == "native" else args.python_electors
+        return electors_scenario(port, name, count, args.seconds)
+    if name == "locks":
+        return locks_scenario(port, args.locks, args.seconds)
+    return single_scenario(port, name.split("-")[1], args.seconds)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small, short run")
@@ -215,22 +229,36 @@ def main() -> int:
     parser.add_argument("--python-electors", type=int, default=None)
     parser.add_argument("--locks", type=int, default=None)
     parser.add_argument("--seconds", type=float, default=None, help="each lateness window")
+    parser.add_argument("--scenario", choices=SCENARIOS, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    electors = args.electors or (1000 if args.quick else 10_000)
-    python_electors = args.python_electors or electors
-    locks = args.locks or (200 if args.quick else 1000)
-    seconds = args.seconds or (2.0 if args.quick else 5.0)
+    args.electors = args.electors or (1000 if args.quick else 10_000)
+    args.python_electors = args.python_electors or args.electors
+    args.locks = args.locks or (200 if args.quick else 1000)
+    args.seconds = args.seconds or (2.0 if args.quick else 5.0)
+    if args.scenario:
+        # One scenario in a process of its own, so that threads, connections
+        # and RSS are counted from a clean baseline.
+        print(json.dumps(asdict(run_scenario(args.scenario, args.port, args))))
+        return 0
     available, why = native_engine_available()
     if not available:
         print(f"the native engine is unavailable: {why}", file=sys.stderr)
         return 1
     rows: list[Row] = []
+    passed = [a for a in sys.argv[1:] if a != "--quick"]
+    if args.quick:
+        passed.append("--quick")
     with RedisServer(args=["--maxclients", "20000"]) as server:
-        rows.append(electors_scenario(server.port, "native", electors, seconds))
-        rows.append(electors_scenario(server.port, "python", python_electors, seconds))
-        rows.append(locks_scenario(server.port, locks, seconds))
-        rows.append(single_scenario(server.port, "native", seconds))
-        rows.append(single_scenario(server.port, "python", seconds))
+        for name in SCENARIOS:
+            out = subprocess.run(
+                [sys.executable, __file__, *passed, "--scenario", name, "--port", str(server.port)],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            rows.append(Row(**json.loads(out.strip().splitlines()[-1])))
+            server.client().flushall()
     print_table(rows)
     return 0
 

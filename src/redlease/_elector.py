@@ -15,6 +15,7 @@ observer — and the loop itself, read top to bottom as ``_contend``, ``_lead``,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
@@ -55,16 +56,69 @@ def check_leader_fn(fn: object) -> None:
         )
 
 
+class _Flag:
+    """A set-once flag with ``threading.Event``'s ``set``/``is_set`` and nothing to wait on."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+class _Done:
+    """``threading.Event``'s ``set``/``is_set``/``wait`` for a one-way "the run is over".
+
+    A held lock released once: a tenth of an Event's memory, which counts
+    with thousands of runs.
+    """
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            with contextlib.suppress(RuntimeError):  # set twice at once: released once
+                self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        if self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            self._lock.release()
+            return True
+        return self._set
+
+
+_NEVER = threading.Event()
+"""The caller's stop event of every run started with ``start()``: never set."""
+
+
 class Run:
     """What one run shares between its thread and the rest of the program."""
 
     def __init__(self, stop: threading.Event, keeper: Keeper) -> None:
         self.user_stop = stop
-        self.stopping = threading.Event()
+        # A flag, not an Event: nobody waits on it (the keeper's notify() is
+        # the wake-up), and thousands of runs should not cost a Condition each.
+        self.stopping = _Flag()
         self.keeper = keeper
         self.term: Term | None = None
         self.resign_requested = False
-        self.done = threading.Event()
+        self.done = _Done()
         self.error: BaseException | None = None
         # The threads that must never wait for the run to end: the run thread
         # (observer callbacks) and the leader function's thread. Waiting there
@@ -489,7 +543,7 @@ class Elector:
         thread of its own while it runs.
         """
         check_leader_fn(fn)
-        run = self._election.claim(threading.Event())
+        run = self._election.claim(_NEVER)
         assert run is not None
         self._thread, self._started = None, run
         DrivenRun(self._election, run, fn).start()
