@@ -158,7 +158,9 @@ def locks_scenario(port: int, count: int, seconds: float) -> Row:
     row.rss = rss_mib() - base_rss
     keepers = [lock._keeper for lock in held]
     row.p99_idle, row.p99_gil = windows(keepers, seconds)
-    row.extra["kept through the hog"] = f"{sum(1 for lock in held if not lock.done.is_set())}/{count}"
+    row.extra["kept through the hog"] = (
+        f"{sum(1 for lock in held if not lock.done.is_set())}/{count}"
+    )
     started = time.monotonic()
     for lock in held:
         lock.release()

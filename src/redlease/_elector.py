@@ -15,7 +15,6 @@ observer — and the loop itself, read top to bottom as ``_contend``, ``_lead``,
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import sys
@@ -28,13 +27,13 @@ from typing import Any
 
 from . import _scripts
 from ._config import Config, Duration
+from ._driver import driver
 from ._engine import ACTIVE, EncodableT, Engine, Keeper, is_cluster, shared_engine
 from ._errors import ConfigError
 from ._fence import Fence, Fencer
 from ._keys import ElectionKeys, has_hash_tag
-from ._driver import driver
 from ._log import Events
-from ._term import Observer, Reason, Term, end_term
+from ._term import Observer, Once, Reason, Term, end_term
 
 # How often a waiting run thread looks at a caller's stop event: a plain
 # threading.Event cannot wake anybody, so it is polled at this period.
@@ -71,38 +70,6 @@ class _Flag:
         return self._set
 
 
-class _Done:
-    """``threading.Event``'s ``set``/``is_set``/``wait`` for a one-way "the run is over".
-
-    A held lock released once: a tenth of an Event's memory, which counts
-    with thousands of runs.
-    """
-
-    __slots__ = ("_lock", "_set")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lock.acquire()
-        self._set = False
-
-    def set(self) -> None:
-        if not self._set:
-            self._set = True
-            with contextlib.suppress(RuntimeError):  # set twice at once: released once
-                self._lock.release()
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if self._set:
-            return True
-        if self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
-            self._lock.release()
-            return True
-        return self._set
-
-
 _NEVER = threading.Event()
 """The caller's stop event of every run started with ``start()``: never set."""
 
@@ -118,7 +85,7 @@ class Run:
         self.keeper = keeper
         self.term: Term | None = None
         self.resign_requested = False
-        self.done = _Done()
+        self.done = Once()
         self.error: BaseException | None = None
         # The threads that must never wait for the run to end: the run thread
         # (observer callbacks) and the leader function's thread. Waiting there
@@ -744,7 +711,8 @@ class DrivenRun:
         except Exception as exc:
             election._report(exc)
             self.errors_in_row += 1
-            return sent + min(cfg.acquire_interval * 2**self.errors_in_row, cfg.ttl)
+            backoff: float = min(cfg.acquire_interval * 2**self.errors_in_row, cfg.ttl)
+            return sent + backoff
         self.errors_in_row = 0
         election.events.ok()
         if token == 0:

@@ -522,5 +522,3 @@ def release_after_failure(held: Lock, body_exc: BaseException) -> None:
         _add_note(body_exc, f"redlease: {lost}")
     except Exception as err:
         _add_note(body_exc, f"redlease: releasing lock {held.name!r} failed: {err!r}")
-
-

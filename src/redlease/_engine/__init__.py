@@ -22,9 +22,9 @@ __all__ = [
     "call_timeout",
     "is_cluster",
     "make_engine",
-    "shared_engine",
     "native_available",
     "resolve_engine_name",
+    "shared_engine",
     "socket_timeout",
     "write_timeout",
 ]

@@ -9,8 +9,8 @@ the GIL to run, which is the limitation the native keeper removes.
 from __future__ import annotations
 
 import bisect
-import heapq
 import contextlib
+import heapq
 import os
 import threading
 import time

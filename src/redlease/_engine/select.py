@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
@@ -138,7 +139,7 @@ def shared_engine(client: object, engine: str | None) -> Engine:
             entry = None  # a dead client's id reused
         if entry is None:
             try:
-                ref = weakref.ref(client, lambda _ref, key=key: _forget(key, _ref))
+                ref = weakref.ref(client, functools.partial(_forget, key))
             except TypeError:
                 return make_engine(client, engine)
             entry = (ref, weakref.WeakValueDictionary())
