@@ -274,3 +274,29 @@ def test_a_forked_child_has_no_keeper_thread_and_no_lease(
     assert {e.config.name: e.token() for e in group} == tokens
     assert all(client.get(f"p{i}:leader") == group[i].instance_id.encode() for i in range(5))
     assert client.get("fork:value") is None
+
+
+def test_many_auto_renewed_locks_share_the_keeper_and_each_watchdog_still_sees_its_loss(
+    redis_server: RedisServer, engine: str
+) -> None:
+    client = redis_server.client()
+    observer = redis_server.client()
+    client.ping()
+    before_threads, before_clients = threads(), server_clients(observer)
+    locker = redlease.RedisLocker(client, engine=engine)
+    try:
+        held = [locker.acquire(f"job{i}", ttl=1.0, auto_renew=True) for i in range(300)]
+        assert threads() - before_threads <= THREADS_ADDED_MAX
+        assert server_clients(observer) - before_clients <= THREADS_ADDED_MAX
+        time.sleep(1.2)  # past a TTL: only renewals keep them
+        assert not any(lock.done.is_set() for lock in held)
+        observer.delete(locker.key("job42"))
+        assert held[42].done.wait(3.0), "the watchdog of the lost lock fires"
+        assert [i for i, lock in enumerate(held) if lock.done.is_set()] == [42]
+        for i, lock in enumerate(held):
+            if i != 42:
+                lock.release()
+    finally:
+        locker.close()
+        client.close()
+        observer.close()
