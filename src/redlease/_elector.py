@@ -74,8 +74,43 @@ _NEVER = threading.Event()
 """The caller's stop event of every run started with ``start()``: never set."""
 
 
+class _Threads:
+    """A tiny set of threads (one to three at a time): a list, a quarter of a set's memory."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: list[threading.Thread] = []
+
+    def add(self, thread: threading.Thread) -> None:
+        if thread not in self._items:
+            self._items.append(thread)
+
+    def discard(self, thread: threading.Thread) -> None:
+        if thread in self._items:
+            self._items.remove(thread)
+
+    def __contains__(self, thread: object) -> bool:
+        return thread in self._items
+
+
+_NO_OBSERVER = Observer()
+
+
 class Run:
     """What one run shares between its thread and the rest of the program."""
+
+    __slots__ = (
+        "done",
+        "driven",
+        "error",
+        "keeper",
+        "own_threads",
+        "resign_requested",
+        "stopping",
+        "term",
+        "user_stop",
+    )
 
     def __init__(self, stop: threading.Event, keeper: Keeper) -> None:
         self.user_stop = stop
@@ -90,7 +125,7 @@ class Run:
         # The threads that must never wait for the run to end: the run thread
         # (observer callbacks) and the leader function's thread. Waiting there
         # would wait for themselves.
-        self.own_threads: set[threading.Thread] = set()
+        self.own_threads = _Threads()
         # Set when the process's driver runs this run instead of a thread.
         self.driven: DrivenRun | None = None
 
@@ -144,7 +179,7 @@ class Election:
         # Shared with every other election on this client: one control pool,
         # one write pool and one renewer for all of them.
         self.engine: Engine = shared_engine(client, engine)
-        self._observer = observer or Observer()
+        self._observer = observer or _NO_OBSERVER
         self.keys = ElectionKeys(self.config.name)
         self.events = Events("elector", self.config.name, self.config.instance_id)
         self.fence = Fence(
@@ -632,6 +667,20 @@ class DrivenRun:
     """
 
     CONTEND, LEAD, DRAIN, DONE = range(4)
+
+    __slots__ = (
+        "busy",
+        "election",
+        "errors_in_row",
+        "fn",
+        "follower",
+        "keeper",
+        "phase",
+        "reason",
+        "run",
+        "token",
+        "worker",
+    )
 
     def __init__(self, election: Election, run: Run, fn: LeaderFn | None) -> None:
         self.election = election

@@ -43,7 +43,7 @@ class NativeEngine:
         self._calls = _native.Pool(self._target, CALL_CONNECTIONS)
         self._writes = _native.Pool(self._target, WRITE_CONNECTIONS)
         self._refs: dict[str, _native.ScriptRef] = {}
-        self._keepers: weakref.WeakSet[_native.Keeper | _native.Lease] = weakref.WeakSet()
+        self._keepers: weakref.WeakSet[_native.Keeper] = weakref.WeakSet()
         # One thread and one connection renew every lease of this engine
         # (fixed addresses; behind Sentinel or Cluster each keeper keeps its
         # own, as its server may move). Made with the first keeper.
@@ -96,12 +96,11 @@ class NativeEngine:
         connection). Behind Sentinel or Cluster: a ``Keeper`` with a
         connection and a thread of its own.
         """
-        keeper: _native.Keeper | _native.Lease
         renewer = self._shared_renewer()
         if renewer is not None:
-            keeper = _native.Lease(renewer, self._ref(script), keys, args, interval, ttl)
-        else:
-            keeper = _native.Keeper(self._target, self._ref(script), keys, args, interval, ttl)
+            # close() reaches these through the renewer, which ends them all.
+            return _native.Lease(renewer, self._ref(script), keys, args, interval, ttl)
+        keeper = _native.Keeper(self._target, self._ref(script), keys, args, interval, ttl)
         self._keepers.add(keeper)
         self._switches.track(keeper)
         return keeper
