@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from .base import ACTIVE, ENDED, IDLE, LATENESS_BUCKETS, LOST, MIN_STEP
 
@@ -369,16 +369,32 @@ class KeeperHost:
                         break
                     self._cond.wait(self._heap[0][0] - now if self._heap else None)
                 _when, _seq, generation, keeper = heapq.heappop(self._heap)
-            if keeper._generation != generation:
-                continue  # a newer term (or its end) took over this entry
+                batch: list[PipelinedKeeper] = []
+                if isinstance(keeper, PipelinedKeeper) and keeper._generation == generation:
+                    # Everything else due now on the same connection goes with it.
+                    batch.append(keeper)
+                    until = now + BATCH_WINDOW
+                    while self._heap and self._heap[0][0] <= until and len(batch) < BATCH_MAX:
+                        other = self._heap[0]
+                        if not (isinstance(other[3], PipelinedKeeper)
+                                and other[3].batch == keeper.batch):
+                            break
+                        heapq.heappop(self._heap)
+                        if other[3]._generation == other[2]:
+                            batch.append(other[3])
             try:
-                keeper._tick()
+                if batch:
+                    _tick_batch(batch)
+                elif keeper._generation == generation:
+                    keeper._tick()
             except BaseException:
-                # This thread also enforces the keeper's deadline: if its tick
-                # fails outright, the term must not outlive it.
-                with keeper._cond:
-                    if keeper._state == ACTIVE:
-                        keeper._lose()
+                # This thread also enforces the keepers' deadlines: if a tick
+                # fails outright, no term must outlive it.
+                victims: list[HostedKeeper] = [*batch] if batch else [keeper]
+                for lost in victims:
+                    with lost._cond:
+                        if lost._state == ACTIVE:
+                            lost._lose()
 
     def _after_fork_in_child(self) -> None:
         self._cond = threading.Condition()
@@ -418,39 +434,58 @@ class HostedKeeper(PythonKeeper):
 
     def _tick(self) -> None:
         """One step on the host thread: a renewal when due, a loss at the deadline."""
-        with self._cond:
-            if self._closed or self._state != ACTIVE:
-                return
-            now = time.monotonic()
-            if now >= self._deadline:
-                self._lose()
-                return
-            generation = self._generation
-            if now < self._next:
-                self._host.schedule(self, min(self._next, self._deadline), generation)
-                return
-            scheduled = self._next
-            deadline = self._deadline
-        sent = time.monotonic()
-        with self._cond:
-            self._record_lateness(sent - scheduled)
+        due = self._prepare()
+        if due is None:
+            return
+        generation, scheduled, deadline, sent = due
         renew = self._renew
         try:
             if renew is None:
                 raise RuntimeError("keeper is closed")
             reply = renew(max(min(self._interval, deadline - sent), MIN_STEP))
         except Exception as exc:  # any failure at all is a failed renewal
-            with self._cond:
-                if generation == self._generation:
-                    self._errors.append(exc)
-                    self._next = self._next_slot(scheduled)
-                    self.notify()
-                    self._host.schedule(self, min(self._next, self._deadline), generation)
+            self._finish(generation, scheduled, sent, None, exc)
             return
+        self._finish(generation, scheduled, sent, reply, None)
+
+    def _prepare(self, early: float = 0.0) -> tuple[int, float, float, float] | None:
+        """``(generation, scheduled, deadline, sent)`` when a renewal is due now, else None.
+
+        A term past its deadline is lost here; one not yet due is put back.
+        The lateness of the renewal about to be sent is recorded.
+        """
+        with self._cond:
+            if self._closed or self._state != ACTIVE:
+                return None
+            now = time.monotonic()
+            if now >= self._deadline:
+                self._lose()
+                return None
+            generation = self._generation
+            if now + early < self._next:
+                self._host.schedule(self, min(self._next, self._deadline), generation)
+                return None
+            scheduled = self._next
+            self._record_lateness(max(now - scheduled, 0.0))
+            return generation, scheduled, self._deadline, now
+
+    def _finish(
+        self,
+        generation: int,
+        scheduled: float,
+        sent: float,
+        reply: Any,
+        error: Exception | None,
+    ) -> None:
+        """Apply one renewal's outcome (a reply, or the error that replaced it)."""
         with self._cond:
             if generation != self._generation:
                 return
-            if reply == 1:
+            if error is not None:
+                self._errors.append(error)
+                self._next = self._next_slot(scheduled)
+                self.notify()
+            elif reply == 1:
                 self._renewals += 1
                 self._renewed_at = sent
                 self._deadline = sent + self._ttl
@@ -465,6 +500,71 @@ class HostedKeeper(PythonKeeper):
                 self._next = self._next_slot(scheduled)
                 self.notify()
             self._host.schedule(self, min(self._next, self._deadline), generation)
+
+
+class PipelinedKeeper(HostedKeeper):
+    """A ``HostedKeeper`` whose renewal the host can pipeline with others on one connection.
+
+    ``command`` is its EVALSHA; ``batch`` sends many such commands in one
+    write and returns each reply (or the error reply in its place), or raises
+    when the connection failed (every renewal of the batch then failed).
+    On NOSCRIPT a keeper falls back to its own ``renew`` (EVAL) at once.
+    """
+
+    def __init__(
+        self,
+        host: KeeperHost,
+        renew: Renew,
+        command: tuple[Any, ...],
+        batch: Callable[[list[tuple[Any, ...]], float], list[Any]],
+        *,
+        interval: float,
+        ttl: float,
+    ) -> None:
+        super().__init__(host, renew, interval=interval, ttl=ttl)
+        self.command = command
+        self.batch = batch
+
+
+BATCH_WINDOW = 0.002
+"""Renewals due within this much of the first due one are sent with it (seconds)."""
+
+BATCH_MAX = 512
+
+
+def _tick_batch(keepers: list[PipelinedKeeper]) -> None:
+    """Renew ``keepers`` (all on one connection) in one pipelined round trip."""
+    due: list[tuple[PipelinedKeeper, tuple[int, float, float, float]]] = []
+    for keeper in keepers:
+        prepared = keeper._prepare(BATCH_WINDOW)
+        if prepared is not None:
+            due.append((keeper, prepared))
+    if not due:
+        return
+    timeout = max(
+        min(min(k._interval, d[2] - d[3]) for k, d in due),
+        MIN_STEP,
+    )
+    try:
+        replies = due[0][0].batch([k.command for k, _ in due], timeout)
+    except Exception as exc:  # the connection failed: so did every renewal on it
+        for keeper, (generation, scheduled, _deadline, sent) in due:
+            keeper._finish(generation, scheduled, sent, None, exc)
+        return
+    for (keeper, (generation, scheduled, deadline, sent)), reply in zip(due, replies, strict=True):
+        if isinstance(reply, NoScriptError):
+            renew = keeper._renew
+            try:
+                if renew is None:
+                    raise RuntimeError("keeper is closed")
+                reply = renew(max(min(keeper._interval, deadline - time.monotonic()), MIN_STEP))
+            except Exception as exc:
+                keeper._finish(generation, scheduled, sent, None, exc)
+                continue
+        if isinstance(reply, Exception):
+            keeper._finish(generation, scheduled, sent, None, reply)
+        else:
+            keeper._finish(generation, scheduled, sent, reply, None)
 
 
 _live_hosts: weakref.WeakSet[KeeperHost] = weakref.WeakSet()

@@ -22,6 +22,7 @@ from redis.exceptions import (
     MovedError,
     NoScriptError,
     RedisError,
+    ResponseError,
     TimeoutError,
 )
 from redis.retry import Retry
@@ -36,7 +37,7 @@ from .base import (
 )
 from .client import is_cluster, sentinels_of
 from .failover import MasterSwitches
-from .keeper import HostedKeeper, KeeperHost, PythonKeeper
+from .keeper import HostedKeeper, KeeperHost, PipelinedKeeper, PythonKeeper
 
 _MAX_REDIRECTS = 3
 
@@ -129,6 +130,42 @@ class BoundedConnection:
                 self._reroute()  # drops too; the slot may have moved
             else:
                 self.drop()
+            if isinstance(exc, RedisError):
+                raise
+            raise ConnectionError(str(exc)) from exc
+
+    def execute_many(self, commands: list[tuple[Any, ...]], timeout: float) -> list[Any]:
+        """Send ``commands`` in one write and read their replies, within one deadline.
+
+        An error reply takes its command's place in the list (the others are
+        unaffected); a broken or slow connection raises, and every reply is
+        then unknown. Not for cluster clients (one connection, one node).
+        """
+        deadline = time.monotonic() + timeout
+        if self._stale:
+            self._stale = False
+            self.drop()
+        conn = self._conn
+        try:
+            if conn is None:
+                conn = self._conn = self._make()
+            left = remaining(deadline)
+            conn.socket_timeout = left
+            conn.socket_connect_timeout = left
+            conn.connect()
+            sock = getattr(conn, "_sock", None)
+            if sock is not None:
+                sock.settimeout(remaining(deadline))
+            conn.send_packed_command(conn.pack_commands(commands))
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(conn.read_response(timeout=remaining(deadline)))
+                except ResponseError as exc:
+                    replies.append(exc)
+            return replies
+        except (RedisError, OSError) as exc:
+            self.drop()
             if isinstance(exc, RedisError):
                 raise
             raise ConnectionError(str(exc)) from exc
@@ -348,7 +385,15 @@ class PythonEngine:
         def renew(timeout: float) -> Any:
             return conn.eval_script(script, keys, args, timeout)
 
-        keeper = HostedKeeper(host, renew, interval=interval, ttl=ttl, on_close=on_close)
+        keeper: HostedKeeper
+        if self._cluster:
+            keeper = HostedKeeper(host, renew, interval=interval, ttl=ttl, on_close=on_close)
+        else:
+            # Renewals falling due together share one write and one read.
+            command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+            keeper = PipelinedKeeper(
+                host, renew, command, conn.execute_many, interval=interval, ttl=ttl
+            )
         self._switches.track(keeper)
         return keeper
 
