@@ -783,7 +783,8 @@ cdef class Lease:
 
     @property
     def closed(self):
-        return self._closed
+        """True once ``close()`` ran, or the renewer was closed (the engine's close)."""
+        return self._closed or self.renewer._closed
 
     def begin(self, token, double acquired_at):
         """Start a term; ``acquired_at`` is the ``time.monotonic()`` send time of the acquire."""
