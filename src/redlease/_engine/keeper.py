@@ -334,14 +334,19 @@ class KeeperHost:
         self._thread: threading.Thread | None = None
         _live_hosts.add(self)
 
-    def stop(self) -> None:
-        """Stop and join the thread (the engine is closed or gone). Idempotent."""
+    def stop(self, join: bool = True) -> None:
+        """Stop the thread (the engine is closed or gone), and join it unless told not to.
+
+        Idempotent. From the garbage collector (``join=False``) it only
+        signals: the collector may run on a thread that holds what the
+        keeper thread needs to finish.
+        """
         with self._cond:
             self._stopped = True
             self._heap.clear()
             thread, self._thread = self._thread, None
             self._cond.notify()
-        if thread is not None and thread is not threading.current_thread():
+        if join and thread is not None and thread is not threading.current_thread():
             thread.join()
 
     def schedule(self, keeper: HostedKeeper, when: float, generation: int) -> None:

@@ -152,7 +152,8 @@ def shared_engine(client: object, engine: str | None) -> Engine:
 
 
 def _forget(key: int, ref: weakref.ref[Any]) -> None:
-    with _shared_lock:
-        entry = _shared.get(key)
-        if entry is not None and entry[0] is ref:
-            del _shared[key]
+    # No lock: this runs from the garbage collector, maybe inside
+    # shared_engine() on this very thread. Reads and a pop are atomic.
+    entry = _shared.get(key)
+    if entry is not None and entry[0] is ref:
+        _shared.pop(key, None)
