@@ -283,7 +283,7 @@ cdef void lease_apply_reply(rl_renewer* r, rl_lease* l, rl_conn* c) noexcept nog
         return
     if top.kind == c':' and top.ival == 1:
         if l.t_send + l.ttl_ns > l.lease_deadline:
-            l.lease_deadline = l.t_send + l.ttl_ns
+            rl_store(&l.lease_deadline, l.t_send + l.ttl_ns)
         rl_store(&l.renewed_at, l.t_send)
         rl_store(&l.renewals, rl_load(&l.renewals) + 1)
         l.next_send = l.sched + l.interval_ns
@@ -741,18 +741,27 @@ cdef class Lease:
     cdef inline rl_renewer* _r(self):
         return self.renewer.r
 
+    cdef inline bint _expired(self) noexcept:
+        # The renewer may be waiting on a slow server's replies to other
+        # leases when this one's deadline passes: readers see the loss at
+        # the deadline all the same, the thread records it when it is back.
+        return (rl_load(&self.l.state) == ST_ACTIVE
+                and rl_now_ns() >= rl_load(&self.l.lease_deadline))
+
     @property
     def token(self):
-        """The running term's token, or 0 when no term is ACTIVE."""
-        if self.l == NULL:
+        """The running term's token, or 0 when no term is ACTIVE (or its deadline passed)."""
+        if self.l == NULL or self._expired():
             return 0
         return rl_load(&self.l.token)
 
     @property
     def state(self):
-        """IDLE, ACTIVE, LOST or ENDED."""
+        """IDLE, ACTIVE, LOST or ENDED (LOST from the deadline on)."""
         if self.l == NULL:
             return ST_ENDED
+        if self._expired():
+            return ST_LOST
         return rl_load(&self.l.state)
 
     @property
@@ -807,7 +816,7 @@ cdef class Lease:
             pthread_mutex_unlock(&r.mu)
             raise
         l.gen += 1
-        l.lease_deadline = <int64_t>(acquired_at * 1e9) + l.ttl_ns
+        rl_store(&l.lease_deadline, <int64_t>(acquired_at * 1e9) + l.ttl_ns)
         l.next_send = rl_now_ns()
         rl_store(&l.token, tok)
         rl_store(&l.state, ST_ACTIVE)
