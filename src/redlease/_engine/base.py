@@ -7,7 +7,10 @@ An engine owns three things for one Elector (or one RedisLocker):
   client, so a client configured with retries or no timeout can never stretch
   it. NOSCRIPT is recovered by EVAL and one retry.
 * ``write`` — the fenced-write path that users drive (``fence_set`` & co).
-* ``keeper`` — a lease keeper: a thread that renews one lease on time.
+* ``keeper`` — a lease keeper that renews one lease on time. Every keeper of
+  an engine is renewed by the engine's one renewal thread (natively: one
+  native thread and one connection, pipelining the renewals due together);
+  each keeps its own deadline, token and state.
 
 The native engine implements them in Cython with the GIL released; the
 pure-Python engine with redis-py connections and a Python thread. The
