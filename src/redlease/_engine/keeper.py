@@ -334,20 +334,20 @@ class KeeperHost:
         self._thread: threading.Thread | None = None
         _live_hosts.add(self)
 
-    def stop(self, join: bool = True) -> None:
-        """Stop the thread (the engine is closed or gone), and join it unless told not to.
+    def stop(self, join_timeout: float | None = None) -> None:
+        """Stop and join the thread (the engine is closed or gone). Idempotent.
 
-        Idempotent. From the garbage collector (``join=False``) it only
-        signals: the collector may run on a thread that holds what the
-        keeper thread needs to finish.
+        From the garbage collector the join is bounded (``join_timeout``):
+        the collector may in principle run on a thread that holds what the
+        keeper thread needs to finish, and must then not wait forever.
         """
         with self._cond:
             self._stopped = True
             self._heap.clear()
             thread, self._thread = self._thread, None
             self._cond.notify()
-        if join and thread is not None and thread is not threading.current_thread():
-            thread.join()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(join_timeout)
 
     def schedule(self, keeper: HostedKeeper, when: float, generation: int) -> None:
         with self._cond:

@@ -336,7 +336,7 @@ class PythonEngine:
         # One thread renews every keeper of this engine; off a cluster, over
         # one connection (only that thread uses it).
         self._host = KeeperHost()
-        weakref.finalize(self, self._host.stop, False)
+        weakref.finalize(self, self._host.stop, 1.0)
         self._renew_conn = BoundedConnection(client)
         self._keeper_conns.add(self._renew_conn)
         self._switches = MasterSwitches(sentinels_of(client), self._forget_master)
