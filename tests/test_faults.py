@@ -313,6 +313,9 @@ def test_a_dying_python_renewer_ends_the_term_instead_of_leaving_it_unguarded(
             raise Crash("renewer thread killed")
 
         run.keeper._renew = crash  # type: ignore[attr-defined]
+        if hasattr(run.keeper, "batch"):
+            # Renewals pipelined with others' go through the engine's batch call.
+            run.keeper.batch = crash
         assert terms[0].wait(3), "the term must end when its renewer dies"
         assert terms[0].reason == "lost"
         assert e.token() is None or e.token() != terms[0].token

@@ -27,12 +27,13 @@ from typing import Any
 
 from . import _notices, _scripts
 from ._config import Config, Duration
-from ._engine import ACTIVE, EncodableT, Engine, Keeper, is_cluster, make_engine
+from ._driver import driver
+from ._engine import ACTIVE, EncodableT, Engine, Keeper, is_cluster, shared_engine
 from ._errors import ConfigError, NotReplicated
 from ._fence import Fence, FencedPipeline, Fencer
 from ._keys import ElectionKeys, has_hash_tag
 from ._log import Events
-from ._term import Leader, Observer, Reason, Term, end_term
+from ._term import Leader, Observer, Once, Reason, Term, end_term
 
 # How often a waiting run thread looks at a caller's stop event: a plain
 # threading.Event cannot wake anybody, so it is polled at this period.
@@ -55,17 +56,77 @@ def check_leader_fn(fn: object) -> None:
         )
 
 
+class _Flag:
+    """A set-once flag with ``threading.Event``'s ``set``/``is_set`` and nothing to wait on."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+_NEVER = threading.Event()
+"""The caller's stop event of every run started with ``start()``: never set."""
+
+
+class _Threads:
+    """A tiny set of threads (one to three at a time): a list, a quarter of a set's memory."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: list[threading.Thread] = []
+
+    def add(self, thread: threading.Thread) -> None:
+        if thread not in self._items:
+            self._items.append(thread)
+
+    def discard(self, thread: threading.Thread) -> None:
+        if thread in self._items:
+            self._items.remove(thread)
+
+    def __contains__(self, thread: object) -> bool:
+        return thread in self._items
+
+
+_NO_OBSERVER = Observer()
+
+
 class Run:
     """What one run shares between its thread and the rest of the program."""
+
+    __slots__ = (
+        "done",
+        "driven",
+        "error",
+        "keeper",
+        "noticed",
+        "own_id",
+        "own_threads",
+        "released_by",
+        "resign_requested",
+        "resting",
+        "stopping",
+        "term",
+        "user_stop",
+    )
 
     def __init__(self, stop: threading.Event, keeper: Keeper, own_id: str) -> None:
         self.own_id = own_id.encode()
         self.user_stop = stop
-        self.stopping = threading.Event()
+        # A flag, not an Event: nobody waits on it (the keeper's notify() is
+        # the wake-up), and thousands of runs should not cost a Condition each.
+        self.stopping = _Flag()
         self.keeper = keeper
         self.term: Term | None = None
         self.resign_requested = False
-        self.done = threading.Event()
+        self.done = Once()
         self.error: BaseException | None = None
         # Set by a release notice (on the notice listener's thread), cleared
         # before each acquire: a notice that lands between an acquire and the
@@ -78,7 +139,9 @@ class Run:
         # The threads that must never wait for the run to end: the run thread
         # (observer callbacks) and the leader function's thread. Waiting there
         # would wait for themselves.
-        self.own_threads: set[threading.Thread] = set()
+        self.own_threads = _Threads()
+        # Set when the process's driver runs this run instead of a thread.
+        self.driven: DrivenRun | None = None
 
     def should_stop(self) -> bool:
         return self.stopping.is_set() or self.user_stop.is_set()
@@ -87,6 +150,8 @@ class Run:
         """Ask the run to end: the term steps down, the lease is released. Returns at once."""
         self.stopping.set()
         self.keeper.notify()
+        if self.driven is not None:
+            self.driven.poke()
 
     def notice(self, released_by: bytes | None) -> None:
         """The lease was released (a notice arrived): wake the waiting contender.
@@ -102,6 +167,8 @@ class Run:
             self.released_by = released_by
         self.noticed = True
         self.keeper.notify()
+        if self.driven is not None:
+            self.driven.poke()
 
 
 class Election:
@@ -145,11 +212,13 @@ class Election:
             raise ConfigError(
                 f"observer must be a redlease.Observer, got {type(observer).__name__}"
             )
-        self.engine: Engine = make_engine(client, engine)
+        # Shared with every other election on this client: one control pool,
+        # one write pool and one renewer for all of them.
+        self.engine: Engine = shared_engine(client, engine)
         self._client = client
         # Releases announce in the name's slot on a cluster (SPUBLISH).
         self._sharded_notice = "1" if _notices.sharded(client) else "0"
-        self._observer = observer or Observer()
+        self._observer = observer or _NO_OBSERVER
         self.keys = ElectionKeys(self.config.name)
         self.events = Events("elector", self.config.name, self.config.instance_id)
         self.fence = Fence(
@@ -185,6 +254,8 @@ class Election:
         if run is not None and run.keeper.token:
             run.resign_requested = True
             run.keeper.notify()
+            if run.driven is not None:
+                run.driven.poke()
 
     def renew_lateness(self) -> list[float]:
         run = self.run
@@ -617,42 +688,48 @@ class Elector:
             raise run.error
 
     def start(self, fn: LeaderFn | None = None) -> Elector:
-        """Run the same loop on a background thread; returns this elector."""
+        """Run the same loop in the background; returns this elector.
+
+        The loop runs on the process's one driver thread, with every other
+        started elector's: only the leader function, when given, gets a
+        thread of its own while it runs.
+        """
         check_leader_fn(fn)
-        run = self._election.claim(threading.Event())
+        run = self._election.claim(_NEVER)
         assert run is not None
-        thread = threading.Thread(
-            target=self._election.execute,
-            args=(run, fn),
-            name=f"redlease-run-{self.config.name}",
-            daemon=True,
-        )
-        self._thread, self._started = thread, run
-        thread.start()
+        self._thread, self._started = None, run
+        DrivenRun(self._election, run, fn).start()
         return self
 
     def stop(self, timeout: float | None = None) -> None:
-        """End the run: the term ends, the lock is released, the thread joined.
+        """End the run: the term ends, the lock is released, the run is over.
 
         Re-raises the leader function's exception when that is what ended a
         run started with ``start()``. No-op when nothing runs.
         """
         run = self._election.run
         if run is not None:
-            run.request_stop()
             if threading.current_thread() in run.own_threads:
                 # Called by the leader function or a callback: the run ends as
                 # soon as that returns; waiting here would wait for ourselves.
+                run.request_stop()
                 return
+            if run.driven is not None:
+                run.driven.stop(timeout)
+            else:
+                run.request_stop()
         thread, started = self._thread, self._started
-        if thread is None or started is None:
+        if started is None:
             if run is not None:
                 run.done.wait(timeout)
             return
-        if thread is threading.current_thread():
-            return
-        thread.join(timeout)
-        if thread.is_alive():
+        if thread is not None:
+            if thread is threading.current_thread():
+                return
+            thread.join(timeout)
+            if thread.is_alive():
+                return
+        elif not started.done.wait(timeout):
             return
         self._thread = self._started = None
         if started.error is not None:
@@ -660,7 +737,7 @@ class Elector:
             raise error
 
     def __enter__(self) -> Elector:
-        if self._thread is None:
+        if self._started is None:
             self.start(None)
         return self
 
@@ -740,6 +817,259 @@ def _forget_runs_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_runs_after_fork)
 
 
+class DrivenRun:
+    """One started run as steps of the process's driver (see ``_driver``).
+
+    The same loop as ``Election._contend``/``_lead``/``_hold``/``_release``,
+    cut into steps: contending is a timer (one acquire per step), leading is
+    a watch on the keeper. ``stop()`` from another thread ends the run right
+    there, on that thread, once any step in progress is done; with a leader
+    function it asks the driver and waits, as the function must return first.
+    """
+
+    CONTEND, LEAD, DRAIN, DONE = range(4)
+
+    __slots__ = (
+        "busy",
+        "election",
+        "errors_in_row",
+        "fn",
+        "follower",
+        "keeper",
+        "last_holder",
+        "not_before",
+        "notices",
+        "phase",
+        "reason",
+        "run",
+        "token",
+        "worker",
+    )
+
+    def __init__(self, election: Election, run: Run, fn: LeaderFn | None) -> None:
+        self.election = election
+        self.run = run
+        self.fn = fn
+        self.keeper = run.keeper
+        self.busy = threading.Lock()
+        self.phase = self.CONTEND
+        self.errors_in_row = 0
+        self.follower = False
+        self.token = 0
+        self.reason: Reason = "stopped"
+        self.worker: _LeaderThread | None = None
+        self.last_holder: str | None = None
+        # The next acquire's time (a poll, a backoff, the rest after a term):
+        # an early step (a poke, a sweep) waits for it unless a release
+        # notice arrived meanwhile.
+        self.not_before = 0.0
+        self.notices: _notices.Subscription | None = None
+        run.driven = self
+
+    def start(self) -> None:
+        election = self.election
+        self.notices = _notices.listen(election._client, election.keys.leader, self.run.notice)
+        driver().poke(self)
+
+    def poke(self) -> None:
+        driver().poke(self)
+
+    # -- steps (on the driver thread) ---------------------------------------------------
+
+    def step(self) -> float | None:
+        if not self.busy.acquire(blocking=False):
+            return None  # stop() is ending the run on another thread
+        try:
+            thread = threading.current_thread()
+            self.run.own_threads.add(thread)
+            try:
+                return self._step()
+            except BaseException as exc:
+                self.run.error = exc
+                self._finish()
+                return None
+            finally:
+                self.run.own_threads.discard(thread)
+        finally:
+            self.busy.release()
+
+    def check(self) -> bool:
+        """The watch: the keeper reported something while leading (True: watch no more)."""
+        when = self.step()
+        if when is not None:
+            driver().schedule(self, when)
+        return self.phase in (self.CONTEND, self.DONE)
+
+    def _step(self) -> float | None:
+        if self.phase == self.DONE:
+            return None
+        if self.phase == self.CONTEND:
+            return self._contend_step()
+        if self.phase == self.LEAD:
+            reason = self._hold_reason()
+            if reason is None:
+                return None
+            self._end_term(reason)
+        if self.phase == self.DRAIN:
+            worker = self.worker
+            if worker is not None and not worker.finished:
+                return None
+            self._after_term()
+            if self.run.error is not None or self.run.should_stop():
+                self._finish()
+                return None
+            self.not_before = time.monotonic() + self.election._jittered(
+                self.election.config.acquire_interval
+            )
+            return self.not_before
+        return None
+
+    def _contend_step(self) -> float | None:
+        election, run, cfg = self.election, self.run, self.election.config
+        if run.should_stop():
+            self._finish()
+            return None
+        if not run.noticed and time.monotonic() < self.not_before:
+            return self.not_before
+        run.noticed, run.resting = False, False
+        released_by, run.released_by = run.released_by, None
+        if released_by is not None:
+            # A holder seen only through its release notice still led meanwhile.
+            self._observe(_instance_text(released_by))
+        sent = time.monotonic()
+        try:
+            token, pttl_ms, holder = election._acquire()
+        except Exception as exc:
+            election._report(exc)
+            self.errors_in_row += 1
+            backoff: float = min(cfg.acquire_interval * 2**self.errors_in_row, cfg.ttl)
+            self.not_before = sent + backoff
+            return self.not_before
+        self.errors_in_row = 0
+        election.events.ok()
+        self._observe(holder)
+        if token == 0:
+            if not self.follower:
+                self.follower = True
+                election._emit(election._observer.on_follower)
+            self.not_before = time.monotonic() + election._poll_delay(pttl_ms)
+            return self.not_before
+        self.follower = False
+        self._begin(token, sent)
+        return None
+
+    def _observe(self, holder: str) -> None:
+        if holder != self.last_holder:
+            self.last_holder = holder
+            self.election._emit(self.election._observer.on_new_leader, holder)
+
+    def _begin(self, token: int, acquired_at: float) -> None:
+        election, run, keeper = self.election, self.run, self.keeper
+        run.resign_requested = False
+        keeper.begin(token, acquired_at)
+        term = Term(token)
+        run.term = term
+        self.token = token
+        self.phase = self.LEAD
+        election.events.elected(token)
+        election._emit(election._observer.on_elected, token)
+        if self.fn is not None:
+            worker = _LeaderThread(self.fn, term, election._fencer(token), keeper, self.poke)
+            self.worker = worker
+            run.own_threads.add(worker.thread)
+            worker.thread.start()
+        if self.phase == self.LEAD:
+            driver().watch(self)
+
+    def _hold_reason(self) -> Reason | None:
+        run, keeper = self.run, self.keeper
+        self.election._drain(keeper)
+        if keeper.state != ACTIVE:
+            return "lost"
+        worker = self.worker
+        if worker is not None and worker.finished:
+            return "returned"
+        if run.resign_requested:
+            return "resigned"
+        if run.should_stop():
+            return "stopped"
+        return None
+
+    def _end_term(self, reason: Reason) -> None:
+        # Rest from here, before the release: a successor that takes the
+        # lease and gives it back at once must still find this run listening.
+        run = self.run
+        run.noticed, run.released_by, run.resting = False, None, True
+        self.keeper.end()
+        self.reason = reason
+        self.phase = self.DRAIN
+        term = self.run.term
+        if term is not None:
+            end_term(term, reason)
+
+    def _after_term(self) -> None:
+        election, run, worker = self.election, self.run, self.worker
+        election._drain(self.keeper)
+        if worker is not None:
+            worker.join()
+            run.own_threads.discard(worker.thread)
+            self.worker = None
+        if self.reason != "lost":
+            election._release()
+        run.term = None
+        election.events.stepped_down(self.token, self.reason)
+        election._emit(election._observer.on_stepped_down)
+        self.token = 0
+        self.phase = self.CONTEND
+        if worker is not None and worker.error is not None:
+            run.error = worker.error
+
+    def _finish(self) -> None:
+        if self.phase == self.DONE:
+            return
+        election, run = self.election, self.run
+        if self.phase == self.LEAD:
+            self._end_term("stopped")
+        if self.phase == self.DRAIN:
+            self._after_term()
+        self.phase = self.DONE
+        driver().unwatch(self)
+        if self.notices is not None:
+            self.notices.cancel()
+            self.notices = None
+        run.keeper.close()
+        election.events.keeper_closed(run.keeper)
+        with election._mutex:
+            if election.run is run:
+                election.run = None
+        run.done.set()
+
+    # -- stop (on the caller's thread) ---------------------------------------------------
+
+    def stop(self, timeout: float | None) -> None:
+        run = self.run
+        run.stopping.set()
+        if self.fn is None:
+            # Nothing to wait for but a step in progress: end the run here,
+            # without a hand-over to the driver thread and back.
+            acquired = self.busy.acquire(timeout=-1 if timeout is None else max(timeout, 0))
+            if acquired:
+                thread = threading.current_thread()
+                run.own_threads.add(thread)
+                try:
+                    self._finish()
+                except BaseException as exc:
+                    run.error = exc
+                    self.phase = self.DONE
+                    run.done.set()
+                finally:
+                    run.own_threads.discard(thread)
+                    self.busy.release()
+                return
+        run.keeper.notify()
+        self.poke()
+
+
 class _LeaderThread:
     """The leader function on a thread of its own; wakes the run when fn returns."""
 
@@ -749,8 +1079,10 @@ class _LeaderThread:
         term: Term,
         fencer: Fencer,
         keeper: Keeper,
+        on_finish: Callable[[], None] | None = None,
     ) -> None:
         self.error: BaseException | None = None
+        self._on_finish = on_finish
         self.finished = False
         self._fn = fn
         self._term = term
@@ -768,6 +1100,8 @@ class _LeaderThread:
         finally:
             self.finished = True
             self._keeper.notify()
+            if self._on_finish is not None:
+                self._on_finish()
 
     def join(self) -> None:
         self.thread.join()

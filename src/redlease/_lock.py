@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from ._config import Duration, to_seconds, whole_ms
+from ._driver import driver
 from ._engine import ENDED, LOST
 from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
 from ._log import Events
@@ -43,7 +44,6 @@ MIN_AUTO_RENEW_TTL = 0.03
 
 # Waiting acquirers poll a little early, at random, so they do not move in step.
 _RETRY_JITTER = 0.1
-_WATCHER_JOIN_TIMEOUT = 2.0
 
 
 # -- validation ----------------------------------------------------------------
@@ -124,22 +124,50 @@ class LockKeeper(Protocol):
     def renewals(self) -> int: ...
 
 
-def _watch(
-    keeper: LockKeeper, done: threading.Event, stopping: threading.Event, events: Events
-) -> None:
-    """Set ``done`` the moment the keeper reports the lease LOST; log the renewal errors."""
-    while True:
-        for exc in events.drain(keeper):
+class _Watchdog:
+    """Sets ``done`` the moment the keeper reports the lease LOST; logs the renewal errors.
+
+    Watched by the process's driver (no thread of its own): looked at when
+    the keeper reports a change, and once a second during an outage, to see
+    it end.
+    """
+
+    def __init__(
+        self, keeper: LockKeeper, done: threading.Event, stopping: threading.Event, events: Events
+    ) -> None:
+        self.keeper = keeper
+        self._done = done
+        self._stopping = stopping
+        self._events = events
+        self._finished = False
+        self._look_pending = False
+
+    def check(self) -> bool:
+        """True once there is nothing more to watch."""
+        if self._finished:
+            return True
+        events = self._events
+        for exc in events.drain(self.keeper):
             events.error(exc)
-        state = keeper.state
+        state = self.keeper.state
         if state == LOST:
-            done.set()
+            self._finished = True
+            self._done.set()
             events.released("lost")
-            return
-        if state == ENDED or stopping.is_set():
-            return
-        # During an outage, look back now and then to see it end.
-        keeper.wait(1.0 if events.failing() else None)
+            return True
+        if state == ENDED or self._stopping.is_set():
+            self._finished = True
+            return True
+        if events.failing() and not self._look_pending:
+            self._look_pending = True
+            driver().schedule(self, time.monotonic() + 1.0)
+        return False
+
+    def step(self) -> float | None:
+        self._look_pending = False
+        if self.check():
+            driver().unwatch(self)
+        return None
 
 
 def _stop_renewing(keeper: LockKeeper, stopping: threading.Event, pid: int) -> None:
@@ -185,7 +213,7 @@ class Lock:
         self._released = False
         self._keeper: LockKeeper | None = None
         self._auto_renew = False
-        self._watcher: threading.Thread | None = None
+        self._watcher: _Watchdog | None = None
         self._abandon: weakref.finalize[Any, Any] | None = None
         self._stopping = threading.Event()
         self._events = locker._events.child("lock", name)
@@ -284,13 +312,8 @@ class Lock:
         self._auto_renew = True
         keeper.begin(self._fencing_token, acquired_at)
         self._events.keeper_opened(keeper)
-        self._watcher = threading.Thread(
-            target=_watch,
-            args=(keeper, self.done, self._stopping, self._events),
-            name=f"redlease-lock-watch:{self._name}",
-            daemon=True,
-        )
-        self._watcher.start()
+        self._watcher = _Watchdog(keeper, self.done, self._stopping, self._events)
+        driver().watch(self._watcher)
         self._abandon = weakref.finalize(self, _stop_renewing, keeper, self._stopping, self._pid)
 
     def _stop_watchdog(self) -> None:
@@ -303,8 +326,8 @@ class Lock:
         self._stopping.set()
         keeper.end()
         keeper.notify()
-        if watcher is not None and watcher is not threading.current_thread():
-            watcher.join(_WATCHER_JOIN_TIMEOUT)
+        if watcher is not None:
+            driver().unwatch(watcher)
         keeper.close()
         self._events.keeper_closed(keeper)
 
@@ -509,5 +532,3 @@ def release_after_failure(held: Lock, body_exc: BaseException) -> None:
         _add_note(body_exc, f"redlease: {lost}")
     except Exception as err:
         _add_note(body_exc, f"redlease: releasing lock {held.name!r} failed: {err!r}")
-
-

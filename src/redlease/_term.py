@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,6 +54,38 @@ class Leader:
     ttl_ms: int
 
 
+class Once:
+    """``threading.Event``'s ``set``/``is_set``/``wait`` for something that happens once.
+
+    A held lock released once: a fraction of an Event's memory, which counts
+    with thousands of runs and terms.
+    """
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            with contextlib.suppress(RuntimeError):  # set twice at once: released once
+                self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        if self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            self._lock.release()
+            return True
+        return self._set
+
+
 class Term:
     """One leadership term: its fencing token, and whether and why it ended.
 
@@ -66,7 +99,7 @@ class Term:
 
     def __init__(self, token: int) -> None:
         self.token = token
-        self._ended = threading.Event()
+        self._ended = Once()
         self._reason: Reason | None = None
         self._guard = threading.Lock()
         self._callbacks: list[Callable[[], object]] = []

@@ -271,7 +271,11 @@ def test_begin_validates_its_arguments(keepers: Keepers) -> None:
 
 def test_close_joins_the_thread_and_frees_every_fd(keepers: Keepers, rc: redis.Redis) -> None:
     rc.ping()  # the client's own socket is part of the baseline
-    warm = keepers("warm")  # so is the engine: only the keepers are counted
+    # So is the engine, with the renewal thread a native engine shares between
+    # all its keepers: only what each keeper adds is counted.
+    warm = keepers("warm", ttl=0.3, interval=0.05)
+    keepers.start(warm, token=1)
+    wait_until(lambda: keepers.renewals("warm") >= 1, 2.0)
     warm.close()
     gc.collect()
     fds, before = open_fds(), threads()

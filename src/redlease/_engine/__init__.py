@@ -19,7 +19,7 @@ from .base import (
     is_failover_reply,
 )
 from .client import call_timeout, is_cluster, socket_timeout, write_timeout
-from .select import make_engine, native_available, resolve_engine_name
+from .select import make_engine, native_available, resolve_engine_name, shared_engine
 
 __all__ = [
     "ACTIVE",
@@ -37,6 +37,7 @@ __all__ = [
     "make_engine",
     "native_available",
     "resolve_engine_name",
+    "shared_engine",
     "socket_timeout",
     "write_timeout",
 ]

@@ -9,7 +9,10 @@ An engine owns three things for one Elector (or one RedisLocker):
 * ``write`` — the fenced-write path that users drive (``fence_set`` & co).
 * ``loop_writer`` — the same fenced writes for coroutines, pipelined on a
   connection the event loop drives.
-* ``keeper`` — a lease keeper: a thread that renews one lease on time.
+* ``keeper`` — a lease keeper that renews one lease on time. Every keeper of
+  an engine is renewed by the engine's one renewal thread (natively: one
+  native thread and one connection, pipelining the renewals due together);
+  each keeps its own deadline, token and state.
 
 The native engine implements them in Cython with the GIL released; the
 pure-Python engine with redis-py connections and a Python thread. The

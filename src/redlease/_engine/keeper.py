@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import heapq
 import os
 import threading
 import time
@@ -18,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from .base import ACTIVE, ENDED, IDLE, LATENESS_BUCKETS, LOST, MIN_STEP, is_failover_reply
 
@@ -64,10 +65,11 @@ class PythonKeeper:
         self._late_hist = [0] * (len(LATENESS_BUCKETS) + 1)
         self._late_sum = 0.0
         self._renewals = 0
+        self._renewed_at = 0.0
         self._wakeup = threading.Event()
-        self._rfd, self._wfd = os.pipe()
-        os.set_blocking(self._rfd, False)
-        os.set_blocking(self._wfd, False)
+        # The wake-up pipe is made by the first fileno(): a keeper nobody
+        # selects on (most of them, with many leases) costs no descriptor.
+        self._rfd = self._wfd = -1
         self._thread: threading.Thread | None = None
         _live_keepers.add(self)
 
@@ -131,7 +133,7 @@ class PythonKeeper:
                 return True
             self._wakeup.clear()
             try:
-                while os.read(self._rfd, 64):
+                while self._rfd >= 0 and os.read(self._rfd, 64):
                     pass
             except (BlockingIOError, OSError):
                 pass
@@ -143,8 +145,9 @@ class PythonKeeper:
                 return
             self._wakeup.set()
             # EAGAIN: a wake-up is already pending.
-            with contextlib.suppress(OSError):
-                os.write(self._wfd, b"\x01")
+            if self._wfd >= 0:
+                with contextlib.suppress(OSError):
+                    os.write(self._wfd, b"\x01")
 
     def pop_errors(self) -> list[Exception]:
         with self._cond:
@@ -160,13 +163,27 @@ class PythonKeeper:
     def renewals(self) -> int:
         return self._renewals
 
+    @property
+    def renewed_at(self) -> float:
+        """``time.monotonic()`` send time of the last good renewal (0.0 before the first)."""
+        return self._renewed_at
+
     def lateness_totals(self) -> tuple[list[int], float]:
         with self._cond:
             return list(self._late_hist), self._late_sum
 
     def fileno(self) -> int:
         """The pipe's read end while open; -1 once closed (its number may be reused)."""
-        return -1 if self._closed else self._rfd
+        with self._cond:
+            if self._closed:
+                return -1
+            if self._rfd < 0:
+                self._rfd, self._wfd = os.pipe()
+                os.set_blocking(self._rfd, False)
+                os.set_blocking(self._wfd, False)
+                if self._wakeup.is_set():
+                    os.write(self._wfd, b"\x01")
+            return self._rfd
 
     def close(self) -> None:
         with self._cond:
@@ -187,6 +204,8 @@ class PythonKeeper:
             self._on_close()
         with self._cond:
             for fd in (self._rfd, self._wfd):
+                if fd < 0:
+                    continue
                 with contextlib.suppress(OSError):
                     os.close(fd)
         _live_keepers.discard(self)
@@ -266,6 +285,7 @@ class PythonKeeper:
                     continue
                 if reply == 1:
                     self._renewals += 1
+                    self._renewed_at = sent
                     self._deadline = sent + self._ttl
                     self._next = self._next_slot(scheduled)
                 elif reply == 0:
@@ -300,3 +320,275 @@ def _reset_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+class KeeperHost:
+    """One Python thread that renews every ``HostedKeeper`` of an engine.
+
+    The Python engine's answer to a thread per lease: keepers wait in a
+    timer heap and the thread renews each when it falls due, one round trip
+    at a time. Each keeper keeps its own deadline, token and state machine
+    (those of ``PythonKeeper``). The thread starts with the first term and
+    lives until ``stop()`` (the engine's close, or its collection).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, int, HostedKeeper]] = []
+        self._seq = 0
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        _live_hosts.add(self)
+
+    def stop(self, join_timeout: float | None = None) -> None:
+        """Stop and join the thread (the engine is closed or gone). Idempotent.
+
+        From the garbage collector the join is bounded (``join_timeout``):
+        the collector may in principle run on a thread that holds what the
+        keeper thread needs to finish, and must then not wait forever.
+        """
+        with self._cond:
+            self._stopped = True
+            self._heap.clear()
+            thread, self._thread = self._thread, None
+            self._cond.notify()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(join_timeout)
+
+    def schedule(self, keeper: HostedKeeper, when: float, generation: int) -> None:
+        with self._cond:
+            if self._stopped:
+                raise RuntimeError("the engine's keeper thread is stopped (engine closed)")
+            self._seq += 1
+            heapq.heappush(self._heap, (when, self._seq, generation, keeper))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._main, name="redlease-renewer", daemon=True
+                )
+                self._thread.start()
+            elif self._heap[0][3] is keeper:
+                self._cond.notify()
+
+    def _main(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._stopped:
+                        return
+                    now = time.monotonic()
+                    if self._heap and self._heap[0][0] <= now:
+                        break
+                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
+                _when, _seq, generation, keeper = heapq.heappop(self._heap)
+                batch: list[PipelinedKeeper] = []
+                if isinstance(keeper, PipelinedKeeper) and keeper._generation == generation:
+                    # Everything else due now on the same connection goes with it.
+                    batch.append(keeper)
+                    until = now + BATCH_WINDOW
+                    while self._heap and self._heap[0][0] <= until and len(batch) < BATCH_MAX:
+                        other = self._heap[0]
+                        if not (isinstance(other[3], PipelinedKeeper)
+                                and other[3].batch == keeper.batch):
+                            break
+                        heapq.heappop(self._heap)
+                        if other[3]._generation == other[2]:
+                            batch.append(other[3])
+            try:
+                if batch:
+                    _tick_batch(batch)
+                elif keeper._generation == generation:
+                    keeper._tick()
+            except BaseException:
+                # This thread also enforces the keepers' deadlines: if a tick
+                # fails outright, no term must outlive it.
+                victims: list[HostedKeeper] = [*batch] if batch else [keeper]
+                for lost in victims:
+                    with lost._cond:
+                        if lost._state == ACTIVE:
+                            lost._lose()
+
+    def _after_fork_in_child(self) -> None:
+        self._cond = threading.Condition()
+        self._heap = []
+        self._thread = None
+
+
+class HostedKeeper(PythonKeeper):
+    """A ``PythonKeeper`` renewed by a shared ``KeeperHost`` instead of a thread of its own."""
+
+    def __init__(
+        self,
+        host: KeeperHost,
+        renew: Renew,
+        *,
+        interval: float,
+        ttl: float,
+        on_close: Callable[[], object] | None = None,
+    ) -> None:
+        super().__init__(renew, interval=interval, ttl=ttl, on_close=on_close)
+        self._host = host
+
+    def begin(self, token: int, acquired_at: float) -> None:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("keeper is closed")
+            if token < 1:
+                raise ValueError("token must be >= 1")
+            self._generation += 1
+            self._deadline = acquired_at + self._ttl
+            self._next = time.monotonic()
+            self._token = token
+            self._state = ACTIVE
+            generation = self._generation
+        self._host.schedule(self, self._next, generation)
+        self.notify()
+
+    def _tick(self) -> None:
+        """One step on the host thread: a renewal when due, a loss at the deadline."""
+        due = self._prepare()
+        if due is None:
+            return
+        generation, scheduled, deadline, sent = due
+        renew = self._renew
+        try:
+            if renew is None:
+                raise RuntimeError("keeper is closed")
+            reply = renew(max(min(self._interval, deadline - sent), MIN_STEP))
+        except Exception as exc:  # any failure at all is a failed renewal
+            self._finish(generation, scheduled, sent, None, exc)
+            return
+        self._finish(generation, scheduled, sent, reply, None)
+
+    def _prepare(self, early: float = 0.0) -> tuple[int, float, float, float] | None:
+        """``(generation, scheduled, deadline, sent)`` when a renewal is due now, else None.
+
+        A term past its deadline is lost here; one not yet due is put back.
+        The lateness of the renewal about to be sent is recorded.
+        """
+        with self._cond:
+            if self._closed or self._state != ACTIVE:
+                return None
+            now = time.monotonic()
+            if now >= self._deadline:
+                self._lose()
+                return None
+            generation = self._generation
+            if now + early < self._next:
+                self._host.schedule(self, min(self._next, self._deadline), generation)
+                return None
+            scheduled = self._next
+            self._record_lateness(max(now - scheduled, 0.0))
+            return generation, scheduled, self._deadline, now
+
+    def _finish(
+        self,
+        generation: int,
+        scheduled: float,
+        sent: float,
+        reply: Any,
+        error: Exception | None,
+    ) -> None:
+        """Apply one renewal's outcome (a reply, or the error that replaced it)."""
+        with self._cond:
+            if generation != self._generation:
+                return
+            if error is not None:
+                self._errors.append(error)
+                if is_failover_reply(error):
+                    # Not the master the lease was granted on: the term ends
+                    # now, as on a keeper with a thread of its own.
+                    self._lose()
+                    return
+                self._next = self._next_slot(scheduled)
+                self.notify()
+            elif reply == 1:
+                self._renewals += 1
+                self._renewed_at = sent
+                self._deadline = sent + self._ttl
+                self._next = self._next_slot(scheduled)
+            elif reply == 0:
+                self._lose()
+                return
+            else:
+                self._errors.append(
+                    ResponseError("unexpected reply to a renewal (expected 1 or 0)")
+                )
+                self._next = self._next_slot(scheduled)
+                self.notify()
+            self._host.schedule(self, min(self._next, self._deadline), generation)
+
+
+class PipelinedKeeper(HostedKeeper):
+    """A ``HostedKeeper`` whose renewal the host can pipeline with others on one connection.
+
+    ``command`` is its EVALSHA; ``batch`` sends many such commands in one
+    write and returns each reply (or the error reply in its place), or raises
+    when the connection failed (every renewal of the batch then failed).
+    On NOSCRIPT a keeper falls back to its own ``renew`` (EVAL) at once.
+    """
+
+    def __init__(
+        self,
+        host: KeeperHost,
+        renew: Renew,
+        command: tuple[Any, ...],
+        batch: Callable[[list[tuple[Any, ...]], float], list[Any]],
+        *,
+        interval: float,
+        ttl: float,
+    ) -> None:
+        super().__init__(host, renew, interval=interval, ttl=ttl)
+        self.command = command
+        self.batch = batch
+
+
+BATCH_WINDOW = 0.002
+"""Renewals due within this much of the first due one are sent with it (seconds)."""
+
+BATCH_MAX = 512
+
+
+def _tick_batch(keepers: list[PipelinedKeeper]) -> None:
+    """Renew ``keepers`` (all on one connection) in one pipelined round trip."""
+    due: list[tuple[PipelinedKeeper, tuple[int, float, float, float]]] = []
+    for keeper in keepers:
+        prepared = keeper._prepare(BATCH_WINDOW)
+        if prepared is not None:
+            due.append((keeper, prepared))
+    if not due:
+        return
+    timeout = max(
+        min(min(k._interval, d[2] - d[3]) for k, d in due),
+        MIN_STEP,
+    )
+    try:
+        replies = due[0][0].batch([k.command for k, _ in due], timeout)
+    except Exception as exc:  # the connection failed: so did every renewal on it
+        for keeper, (generation, scheduled, _deadline, sent) in due:
+            keeper._finish(generation, scheduled, sent, None, exc)
+        return
+    for (keeper, (generation, scheduled, deadline, sent)), reply in zip(due, replies, strict=True):
+        if isinstance(reply, NoScriptError):
+            renew = keeper._renew
+            try:
+                if renew is None:
+                    raise RuntimeError("keeper is closed")
+                reply = renew(max(min(keeper._interval, deadline - time.monotonic()), MIN_STEP))
+            except Exception as exc:
+                keeper._finish(generation, scheduled, sent, None, exc)
+                continue
+        if isinstance(reply, Exception):
+            keeper._finish(generation, scheduled, sent, None, reply)
+        else:
+            keeper._finish(generation, scheduled, sent, reply, None)
+
+
+_live_hosts: weakref.WeakSet[KeeperHost] = weakref.WeakSet()
+
+
+def _reset_hosts_after_fork() -> None:
+    for host in list(_live_hosts):
+        host._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_reset_hosts_after_fork)

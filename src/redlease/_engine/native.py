@@ -10,6 +10,7 @@ take the GIL.
 from __future__ import annotations
 
 import asyncio
+import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -51,6 +52,11 @@ class NativeEngine:
         self._writes = _native.Pool(self._target, WRITE_CONNECTIONS)
         self._refs: dict[str, _native.ScriptRef] = {}
         self._keepers: weakref.WeakSet[_native.Keeper] = weakref.WeakSet()
+        # One thread and one connection renew every lease of this engine
+        # (fixed addresses; behind Sentinel or Cluster each keeper keeps its
+        # own, as its server may move). Made with the first keeper.
+        self._renewer: _native.Renewer | None = None
+        self._renewer_lock = threading.Lock()
         self._switches = MasterSwitches(endpoint.sentinels, self._forget_master)
         # asyncio writes: one pipelined connection per event loop.
         self._loop_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWriter] = (
@@ -163,12 +169,35 @@ class NativeEngine:
         *,
         interval: float,
         ttl: float,
-    ) -> _native.Keeper:
-        """A new native keeper renewing with ``script`` on its own connection and thread."""
+    ) -> _native.Keeper | _native.Lease:
+        """A new lease keeper renewing with ``script``.
+
+        On a fixed address: a ``Lease`` on the engine's one shared renewer
+        (every lease of the engine renewed by one native thread over one
+        connection). Behind Sentinel or Cluster: a ``Keeper`` with a
+        connection and a thread of its own.
+        """
+        renewer = self._shared_renewer()
+        if renewer is not None:
+            # close() reaches these through the renewer, which ends them all.
+            return _native.Lease(renewer, self._ref(script), keys, args, interval, ttl)
         keeper = _native.Keeper(self._target, self._ref(script), keys, args, interval, ttl)
         self._keepers.add(keeper)
         self._switches.track(keeper)
         return keeper
+
+    def _shared_renewer(self) -> _native.Renewer | None:
+        if self.endpoint.kind != "direct":
+            return None
+        with self._renewer_lock:
+            if self._renewer is None or self._renewer.closed:
+                self._renewer = _native.Renewer(self._target)
+            return self._renewer
+
+    @property
+    def renewer(self) -> _native.Renewer | None:
+        """The shared renewer, once a keeper was made on a fixed address (else None)."""
+        return self._renewer
 
     def _forget_master(self) -> None:
         # The sentinels named a new master: the next connect must ask them again.
@@ -181,5 +210,7 @@ class NativeEngine:
             writer.close()
         for keeper in list(self._keepers):
             keeper.close()
+        if self._renewer is not None:
+            self._renewer.close()
         self._calls.close()
         self._writes.close()

@@ -42,7 +42,7 @@ from .base import (
 )
 from .client import is_cluster, sentinels_of
 from .failover import MasterSwitches
-from .keeper import PythonKeeper
+from .keeper import HostedKeeper, KeeperHost, PipelinedKeeper, PythonKeeper
 
 _MAX_REDIRECTS = 3
 
@@ -481,12 +481,19 @@ class PythonEngine:
 
     def __init__(self, client: Any, write_timeout: float | None = None) -> None:
         self._client = client
+        self._cluster = is_cluster(client)
         self.write_timeout = (
             DEFAULT_WRITE_TIMEOUT if write_timeout is None else float(write_timeout)
         )
         self._calls = _Pool(client, CALL_CONNECTIONS)
         self._writes = _Pool(client, WRITE_CONNECTIONS)
         self._keeper_conns: weakref.WeakSet[BoundedConnection] = weakref.WeakSet()
+        # One thread renews every keeper of this engine; off a cluster, over
+        # one connection (only that thread uses it).
+        self._host = KeeperHost()
+        weakref.finalize(self, self._host.stop, 1.0)
+        self._renew_conn = BoundedConnection(client)
+        self._keeper_conns.add(self._renew_conn)
         self._switches = MasterSwitches(sentinels_of(client), self._forget_master)
         self._loop_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWriter] = (
             weakref.WeakKeyDictionary()
@@ -565,14 +572,33 @@ class PythonEngine:
         interval: float,
         ttl: float,
     ) -> PythonKeeper:
+        """A keeper renewed by the engine's one keeper thread (``KeeperHost``).
+
+        On one server all keepers share one renewal connection; on a cluster
+        each has its own, routed by its key's slot.
+        """
         keys, args = tuple(keys), tuple(args)
-        conn = BoundedConnection(self._client, keys[0] if keys else None)
-        self._keeper_conns.add(conn)
+        on_close: Callable[[], object] | None = None
+        if self._cluster:
+            conn = BoundedConnection(self._client, keys[0] if keys else None)
+            self._keeper_conns.add(conn)
+            on_close = conn.drop
+        else:
+            conn = self._renew_conn
+        host = self._host
 
         def renew(timeout: float) -> Any:
             return conn.eval_script(script, keys, args, timeout)
 
-        keeper = PythonKeeper(renew, interval=interval, ttl=ttl, on_close=conn.drop)
+        keeper: HostedKeeper
+        if self._cluster:
+            keeper = HostedKeeper(host, renew, interval=interval, ttl=ttl, on_close=on_close)
+        else:
+            # Renewals falling due together share one write and one read.
+            command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+            keeper = PipelinedKeeper(
+                host, renew, command, conn.execute_many, interval=interval, ttl=ttl
+            )
         self._switches.track(keeper)
         return keeper
 
@@ -589,6 +615,8 @@ class PythonEngine:
             writer.close()
         self._calls.close()
         self._writes.close()
+        self._host.stop()
+        self._renew_conn.drop()
 
 
 __all__ = ["BoundedConnection", "PythonEngine"]

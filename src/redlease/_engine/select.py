@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
+import weakref
+from typing import Any
 
 from .._errors import ConfigError
 from .base import Engine
@@ -110,3 +114,46 @@ def make_engine(client: object, engine: str | None) -> Engine:
         built = PythonEngine(client, write_timeout=write_timeout(client))
     built.reason = reason
     return built
+
+
+# The engines electors share, per client object and engine name. An engine
+# lives as long as an election holds it (the values are weak), and forgets
+# its client when the client goes.
+_shared: dict[int, tuple[weakref.ref[Any], weakref.WeakValueDictionary[str, Any]]] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_engine(client: object, engine: str | None) -> Engine:
+    """The engine ``engine`` names for ``client``, shared by every caller with that client.
+
+    Electors on one client then share one control pool, one fenced-write
+    pool and (natively) one renewal thread and connection, whatever their
+    number. Clients that cannot be weakly referenced get an engine each.
+    """
+    name, reason, _endpoint = choose_engine(client, engine)
+    kind = f"{name}:{reason}"
+    key = id(client)
+    with _shared_lock:
+        entry = _shared.get(key)
+        if entry is not None and entry[0]() is not client:
+            entry = None  # a dead client's id reused
+        if entry is None:
+            try:
+                ref = weakref.ref(client, functools.partial(_forget, key))
+            except TypeError:
+                return make_engine(client, engine)
+            entry = (ref, weakref.WeakValueDictionary())
+            _shared[key] = entry
+        built: Engine | None = entry[1].get(kind)
+        if built is None:
+            built = make_engine(client, engine)
+            entry[1][kind] = built
+        return built
+
+
+def _forget(key: int, ref: weakref.ref[Any]) -> None:
+    # No lock: this runs from the garbage collector, maybe inside
+    # shared_engine() on this very thread. Reads and a pop are atomic.
+    entry = _shared.get(key)
+    if entry is not None and entry[0] is ref:
+        _shared.pop(key, None)

@@ -51,6 +51,8 @@ any thread may block on it, the keeper thread included.
 #   _pipeline.pxi      many scripts in one round trip on a Pool connection
 #   _keeper_thread.pxi the renewal thread (no GIL, ever)
 #   _keeper.pxi        Keeper, the Python face of that thread
+#   _renewer.pxi       Renewer and Lease: one thread and one connection that
+#                      renew many leases from a timer heap, pipelined
 #
 # Fork safety lives here, at the end: it reaches into Pool, LoopConn and Keeper.
 
@@ -84,6 +86,7 @@ include "_loopconn.pxi"
 include "_pipeline.pxi"
 include "_keeper_thread.pxi"
 include "_keeper.pxi"
+include "_renewer.pxi"
 
 
 # ---------------------------------------------------------------- fork safety
@@ -96,6 +99,11 @@ def _after_fork_in_child():
             (<Pool>obj).after_fork_in_child()
         elif isinstance(obj, LoopConn):
             (<LoopConn>obj).after_fork_in_child()
+        elif isinstance(obj, Renewer):
+            (<Renewer>obj).after_fork_in_child()
+    for obj in list(_live):
+        if isinstance(obj, Lease):
+            (<Lease>obj).after_fork_in_child()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

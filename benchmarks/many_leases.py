@@ -1,0 +1,269 @@
+"""Many leases in one process: thousands of electors and locks on a fixed set of threads.
+
+    python benchmarks/many_leases.py [--quick] [--electors N] [--locks N] [--seconds S]
+
+Each scenario runs against a private redis-server started here and reports,
+from one run, what the issue's targets name:
+
+- N token-driven electors (``start(None)``, distinct names) on one client,
+  native engine: time from the first ``start()`` until all lead; threads,
+  server connections and RSS added; renew lateness p99 (as measured by each
+  lease's keeper: send time minus scheduled time) idle and while the main
+  thread holds the GIL in ~1.5 s C calls; the time ``stop()`` of all takes.
+- the same on the Python engine (its lateness under a GIL hog is reported
+  as it is: a Python renewer cannot run while the GIL is held);
+- M auto-renewed ``RedisLocker`` locks held at once (native);
+- one elector alone: renew lateness p99 and fenced writes per second.
+
+``--quick`` runs a small version (1,000 electors, 200 locks, short windows).
+Prints a table; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import redis
+
+import redlease
+from redlease._cli.bench import native_engine_available, percentile
+from redlease._testing import RedisServer
+
+TTL = 5.0
+RENEW = 1.0
+
+
+def gil_call_size(seconds: float) -> int:
+    """An n for which ``sum(range(n))`` holds the GIL for about ``seconds``."""
+    n = 1_000_000
+    while True:
+        start = time.perf_counter()
+        sum(range(n))
+        spent = time.perf_counter() - start
+        if spent >= 0.05:
+            return max(1, int(n * seconds / spent))
+        n *= 4
+
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def server_clients(observer: redis.Redis) -> int:
+    return int(observer.info("clients")["connected_clients"])
+
+
+@dataclass
+class Row:
+    scenario: str
+    count: int
+    to_lead: float = float("nan")
+    threads: int = 0
+    connections: int = 0
+    rss: float = 0.0
+    p99_idle: float = float("nan")
+    p99_gil: float = float("nan")
+    stop_all: float = float("nan")
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def lateness_since(keepers: list[object], marks: list[int]) -> list[float]:
+    samples: list[float] = []
+    for keeper, mark in zip(keepers, marks, strict=True):
+        samples.extend(keeper.lateness()[mark:])  # type: ignore[attr-defined]
+    return samples
+
+
+def windows(keepers: list[object], seconds: float) -> tuple[float, float]:
+    """p99 renew lateness (ms) over an idle window, then over a GIL-hog window."""
+    marks = [len(k.lateness()) for k in keepers]  # type: ignore[attr-defined]
+    time.sleep(seconds)
+    idle = lateness_since(keepers, marks)
+    marks = [len(k.lateness()) for k in keepers]  # type: ignore[attr-defined]
+    n = gil_call_size(1.5)
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        sum(range(n))  # one C call holding the GIL for ~1.5 s
+    # A renewal held up by the hog is counted when it is finally sent.
+    time.sleep(RENEW)
+    gil = lateness_since(keepers, marks)
+    return p99_ms(idle), p99_ms(gil)
+
+
+def p99_ms(samples: list[float]) -> float:
+    return percentile(samples, 99) * 1000 if samples else float("nan")
+
+
+def electors_scenario(port: int, engine: str, count: int, seconds: float) -> Row:
+    client = redis.Redis(port=port)
+    observer = redis.Redis(port=port)
+    client.ping()
+    gc.collect()
+    base_threads, base_conns, base_rss = threads(), server_clients(observer), rss_mib()
+    group = [
+        redlease.Elector(client, f"e{i}", ttl=TTL, renew_interval=RENEW, engine=engine)
+        for i in range(count)
+    ]
+    started = time.monotonic()
+    for e in group:
+        e.start(None)
+    while not all(e.token() for e in group):
+        if time.monotonic() - started > 120:
+            break
+        time.sleep(0.005)
+    row = Row(f"{engine} electors", count, to_lead=time.monotonic() - started)
+    row.threads = threads() - base_threads
+    row.connections = server_clients(observer) - base_conns
+    row.rss = rss_mib() - base_rss
+    keepers = [e._election.run.keeper for e in group if e._election.run is not None]
+    row.p99_idle, row.p99_gil = windows(keepers, seconds)
+    kept = sum(1 for e in group if e.token())
+    row.extra["kept through the hog"] = f"{kept}/{count}"
+    started = time.monotonic()
+    for e in group:
+        e.stop()
+    row.stop_all = time.monotonic() - started
+    client.close()
+    observer.close()
+    return row
+
+
+def locks_scenario(port: int, count: int, seconds: float) -> Row:
+    client = redis.Redis(port=port)
+    observer = redis.Redis(port=port)
+    client.ping()
+    gc.collect()
+    base_threads, base_conns, base_rss = threads(), server_clients(observer), rss_mib()
+    locker = redlease.RedisLocker(client, engine="native")
+    started = time.monotonic()
+    held = [locker.acquire(f"job{i}", ttl=TTL, auto_renew=True) for i in range(count)]
+    row = Row("native RedisLocker locks", count, to_lead=time.monotonic() - started)
+    row.threads = threads() - base_threads
+    row.connections = server_clients(observer) - base_conns
+    row.rss = rss_mib() - base_rss
+    keepers = [lock._keeper for lock in held]
+    row.p99_idle, row.p99_gil = windows(keepers, seconds)
+    row.extra["kept through the hog"] = (
+        f"{sum(1 for lock in held if not lock.done.is_set())}/{count}"
+    )
+    started = time.monotonic()
+    for lock in held:
+        lock.release()
+    row.stop_all = time.monotonic() - started
+    locker.close()
+    client.close()
+    observer.close()
+    return row
+
+
+def single_scenario(port: int, engine: str, seconds: float) -> Row:
+    client = redis.Redis(port=port)
+    e = redlease.Elector(client, f"alone-{engine}", ttl=2.0, renew_interval=0.05, engine=engine)
+    e.start(None)
+    while not e.token():
+        time.sleep(0.001)
+    row = Row(f"{engine} one elector alone", 1)
+    keeper = e._election.run.keeper  # type: ignore[union-attr]
+    mark = len(keeper.lateness())
+    time.sleep(seconds)
+    row.p99_idle = percentile(keeper.lateness()[mark:], 99) * 1000
+    token = e.token() or 0
+    writes = 0
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        e.fence_set(token, "bench:value", writes)
+        writes += 1
+    row.extra["fenced writes/s"] = f"{writes / (time.monotonic() - started):,.0f}"
+    e.stop()
+    client.close()
+    return row
+
+
+def print_table(rows: list[Row]) -> None:
+    head = (
+        "| scenario | count | all leading / held | threads added | server conns added "
+        "| RSS added | lateness p99 idle | lateness p99 GIL hog | stop all | notes |"
+    )
+    print(head)
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for r in rows:
+        notes = "; ".join(f"{k}: {v}" for k, v in r.extra.items())
+        print(
+            f"| {r.scenario} | {r.count:,} | {r.to_lead:.2f} s | {r.threads} | {r.connections} "
+            f"| {r.rss:.0f} MiB | {r.p99_idle:.2f} ms | {r.p99_gil:.2f} ms | {r.stop_all:.2f} s "
+            f"| {notes} |"
+            if r.count > 1
+            else f"| {r.scenario} | 1 | | | | | {r.p99_idle:.2f} ms | | | {notes} |"
+        )
+
+
+SCENARIOS = ("native", "python", "locks", "alone-native", "alone-python")
+
+
+def run_scenario(name: str, port: int, args: argparse.Namespace) -> Row:
+    if name in ("native", "python"):
+        count = args.electors if name == "native" else args.python_electors
+        return electors_scenario(port, name, count, args.seconds)
+    if name == "locks":
+        return locks_scenario(port, args.locks, args.seconds)
+    return single_scenario(port, name.split("-")[1], args.seconds)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small, short run")
+    parser.add_argument("--electors", type=int, default=None)
+    parser.add_argument("--python-electors", type=int, default=None)
+    parser.add_argument("--locks", type=int, default=None)
+    parser.add_argument("--seconds", type=float, default=None, help="each lateness window")
+    parser.add_argument("--scenario", choices=SCENARIOS, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.electors = args.electors or (1000 if args.quick else 10_000)
+    args.python_electors = args.python_electors or args.electors
+    args.locks = args.locks or (200 if args.quick else 1000)
+    args.seconds = args.seconds or (2.0 if args.quick else 5.0)
+    if args.scenario:
+        # One scenario in a process of its own, so that threads, connections
+        # and RSS are counted from a clean baseline.
+        print(json.dumps(asdict(run_scenario(args.scenario, args.port, args))))
+        return 0
+    available, why = native_engine_available()
+    if not available:
+        print(f"the native engine is unavailable: {why}", file=sys.stderr)
+        return 1
+    rows: list[Row] = []
+    passed = [a for a in sys.argv[1:] if a != "--quick"]
+    if args.quick:
+        passed.append("--quick")
+    with RedisServer(args=["--maxclients", "20000"]) as server:
+        for name in SCENARIOS:
+            out = subprocess.run(
+                [sys.executable, __file__, *passed, "--scenario", name, "--port", str(server.port)],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            rows.append(Row(**json.loads(out.strip().splitlines()[-1])))
+            server.client().flushall()
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

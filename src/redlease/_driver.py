@@ -1,0 +1,198 @@
+"""One thread that drives every started election and every lock watchdog of the process.
+
+A run started with ``Elector.start()`` used to own a thread that spent its
+life asleep: polling as a follower, waiting on its keeper as a leader. The
+driver runs all of them as scheduled steps on one thread instead:
+
+* a contending run is a timer: one acquire per step, the next step when the
+  poll delay says;
+* a leading run (and a lock's watchdog) is a *watch*: nothing happens until
+  its keeper reports something (a loss, an error, ``notify()``). Keepers on
+  one native renewer share a change counter, so a sweep looks at a group of
+  leases only when one of them changed; other keepers are looked at every
+  ``TICK``.
+
+With a leader function, the function runs on a thread of its own, as the
+contract says; nothing else of the run has a thread. Callbacks (observer,
+events) run on the driver thread, or on the thread that calls ``stop()``
+when the run is ended there.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import threading
+import time
+from collections import deque
+from typing import Any, Protocol
+
+TICK = 0.05
+"""How often watched keepers are looked at (seconds), at most."""
+
+
+class Watched(Protocol):
+    """Something the driver looks at when its keeper reports a change."""
+
+    keeper: Any
+
+    def check(self) -> bool:
+        """Handle what happened; True when the item needs no more watching."""
+        ...
+
+
+class Timed(Protocol):
+    """Something the driver steps on a schedule."""
+
+    def step(self) -> float | None:
+        """One step; the ``time.monotonic()`` of the next one, or None for none."""
+        ...
+
+
+def _source(keeper: Any) -> int:
+    """Which change counter a keeper reports through (0: none, look every tick)."""
+    renewer = getattr(keeper, "renewer", None)
+    return id(renewer) if renewer is not None else 0
+
+
+class Driver:
+    """The one driver thread of the process (see the module doc). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Timed]] = []
+        self._ready: deque[Timed] = deque()
+        self._seq = itertools.count()
+        # Each item's latest schedule: an entry left in the heap by an earlier
+        # schedule (the item was poked or rescheduled since) is skipped, so a
+        # poke never doubles an item's polling.
+        self._latest: dict[Timed, int] = {}
+        # Watched items by change source; the counter each group was last seen at.
+        self._watched: dict[int, dict[Watched, None]] = {}
+        self._seen: dict[int, int] = {}
+        self._thread: threading.Thread | None = None
+        self._last_sweep = 0.0
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+    def schedule(self, item: Timed, when: float) -> None:
+        """Step ``item`` at ``when`` (``time.monotonic()``)."""
+        with self._cond:
+            seq = next(self._seq)
+            self._latest[item] = seq
+            heapq.heappush(self._heap, (when, seq, item))
+            self._ensure_thread()
+            if self._heap[0][2] is item:
+                self._cond.notify()
+
+    def poke(self, item: Timed) -> None:
+        """Step ``item`` as soon as the driver can."""
+        with self._cond:
+            self._latest.pop(item, None)
+            self._ready.append(item)
+            self._ensure_thread()
+            self._cond.notify()
+
+    def watch(self, item: Watched) -> None:
+        """Call ``item.check()`` whenever its keeper reports a change, until it returns True."""
+        source = _source(item.keeper)
+        with self._cond:
+            self._watched.setdefault(source, {})[item] = None
+            self._seen.pop(source, None)  # look at the group on the next sweep
+            self._ensure_thread()
+            self._cond.notify()  # it may be waiting with nothing to watch
+
+    def unwatch(self, item: Watched) -> None:
+        source = _source(item.keeper)
+        with self._cond:
+            group = self._watched.get(source)
+            if group is not None:
+                group.pop(item, None)
+                if not group:
+                    del self._watched[source]
+                    self._seen.pop(source, None)
+
+    def watching(self) -> int:
+        """How many items are watched (for tests)."""
+        with self._cond:
+            return sum(len(group) for group in self._watched.values())
+
+    def _ensure_thread(self) -> None:
+        # Caller holds the condition.
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._main, name="redlease-driver", daemon=True)
+            self._thread.start()
+
+    def _main(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    if self._ready or (self._heap and self._heap[0][0] <= now):
+                        break
+                    if self._watched and now - self._last_sweep >= TICK:
+                        break
+                    wait = TICK if self._watched else None
+                    if self._heap:
+                        until = self._heap[0][0] - now
+                        wait = until if wait is None else min(wait, until)
+                    self._cond.wait(wait)
+                due: list[Timed] = list(self._ready)
+                self._ready.clear()
+                while self._heap and self._heap[0][0] <= now:
+                    _, seq, item = heapq.heappop(self._heap)
+                    if self._latest.get(item) == seq:
+                        del self._latest[item]
+                        due.append(item)
+                sweep = bool(self._watched) and now - self._last_sweep >= TICK
+            for item in due:
+                self._step(item)
+            if sweep:
+                self._last_sweep = time.monotonic()
+                self._sweep()
+
+    def _step(self, item: Timed) -> None:
+        when = item.step()
+        if when is not None:
+            self.schedule(item, when)
+
+    def _sweep(self) -> None:
+        with self._cond:
+            groups = [(source, list(group)) for source, group in self._watched.items()]
+        for source, items in groups:
+            if source and items:
+                changes = items[0].keeper.changes
+                if self._seen.get(source) == changes:
+                    continue
+                # Read before looking: a change during the sweep is seen next time.
+                self._seen[source] = changes
+            for item in items:
+                if item.check():
+                    self.unwatch(item)
+
+
+_driver: Driver | None = None
+_driver_lock = threading.Lock()
+
+
+def driver() -> Driver:
+    """The process's driver (made on first use)."""
+    global _driver
+    with _driver_lock:
+        if _driver is None:
+            _driver = Driver()
+        return _driver
+
+
+def _reset_after_fork() -> None:
+    # The driver thread does not exist in a forked child, and the runs it
+    # drove are the parent's: the child starts with a fresh, empty driver.
+    global _driver, _driver_lock
+    _driver_lock = threading.Lock()
+    _driver = None
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)

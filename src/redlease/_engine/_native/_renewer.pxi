@@ -1,0 +1,1074 @@
+# The shared renewer: ONE pthread and ONE connection renew every lease of an
+# engine (elector terms and lock watchdogs alike). Leases wait in a timer heap
+# keyed by their next renewal; the ones falling due together (within
+# RENEW_WINDOW_NS) go out as one pipelined write and their replies are read in
+# order. Each lease keeps its own deadline (send time of its last good renewal
+# + ttl), its own token and state, its own errors and lateness figures: a reply
+# of 0 ends that lease alone.
+#
+# No GIL, ever, and no Python object on the thread. Python reads token and
+# state as atomics; everything else is guarded by the renewer's mutex ``mu``,
+# which the thread never holds across a wait for the server (the lock
+# discipline of _core.pyx): a Python thread may lock it with the GIL held.
+
+cimport cython
+
+cdef enum:
+    RENEW_BATCH_MAX = 512
+    RENEW_SCRIPTS_MAX = 8
+    LEASE_LATE_START = 16
+
+# Renewals due within this much of the earliest one are sent with it.
+cdef int64_t RENEW_WINDOW_NS = 1000000
+# After a failed renewal the next one waits at least this long (a refused
+# connect fails at once; without a floor the thread would spin until the
+# deadline). The lease deadline is unchanged by it.
+cdef int64_t RENEW_RETRY_NS = 1000000
+
+
+cdef struct rl_lease:
+    # Read by Python without the lock: atomics only.
+    int64_t state
+    int64_t token
+    int64_t renewed_at
+    int64_t renewals
+    int64_t err_count_atomic
+    # Guarded by the renewer's mu.
+    uint64_t gen
+    int64_t interval_ns
+    int64_t ttl_ns
+    int64_t lease_deadline
+    int64_t next_send
+    int heap_idx          # position in the heap, -1 when not in it
+    int inflight          # part of the batch on the wire
+    int detached          # the Python object is gone: whoever lets go last frees
+    int closed
+    int wake_fd           # eventfd made on first use by Python (-1 until then)
+    int wake_pending      # a wake-up happened before the eventfd existed
+    uint64_t sent_gen     # the term the renewal on the wire is for
+    int64_t sched         # when that renewal was due
+    int64_t t_send
+    rl_buf cmd            # its EVALSHA, built once
+    double* late
+    size_t late_cap
+    uint64_t late_count
+    uint64_t late_hist[17]
+    double late_sum
+    int err_head
+    int err_count
+    rl_err* errs          # ERR_RING entries, allocated on the first error
+    int64_t* changes      # the renewer's change counter
+
+
+cdef struct rl_renewer:
+    rl_conn conn
+    pthread_t thread
+    pthread_mutex_t mu
+    pthread_cond_t cv
+    int thread_started
+    int stop
+    int ctl_fd            # close() aborts a round trip in flight
+    int need_load         # SCRIPT LOAD every script before the next batch
+    int nscripts
+    rl_buf loads[8]       # SCRIPT LOAD <source>, one per distinct script
+    char shas[8][41]
+    rl_lease** heap
+    size_t heap_len
+    size_t heap_cap
+    rl_lease* batch[512]
+    size_t batch_len
+    rl_buf out
+    int64_t changes       # bumped by every wake-up of any lease (atomic)
+    int64_t sent_total    # renewals written (for tests and benchmarks)
+    int64_t batches_total
+
+
+# ---------------------------------------------------------------- lease helpers (mu held)
+
+cdef inline int64_t lease_key(rl_lease* l) noexcept nogil:
+    return l.next_send if l.next_send < l.lease_deadline else l.lease_deadline
+
+
+cdef void lease_wake(rl_lease* l) noexcept nogil:
+    # mu held: one counter tells a driver that some lease of the renewer
+    # changed, so it need not look at each of them to find out.
+    rl_store(l.changes, rl_load(l.changes) + 1)
+    if l.wake_fd >= 0:
+        fd_signal(l.wake_fd)
+    else:
+        l.wake_pending = 1
+
+
+cdef void lease_free(rl_lease* l) noexcept nogil:
+    if l.wake_fd >= 0:
+        close(l.wake_fd)
+        l.wake_fd = -1
+    buf_free(&l.cmd)
+    free(l.late)
+    free(l.errs)
+    free(l)
+
+
+cdef void lease_lose(rl_lease* l) noexcept nogil:
+    rl_store(&l.token, 0)
+    rl_store(&l.state, ST_LOST)
+    l.gen += 1
+    lease_wake(l)
+
+
+cdef void lease_record_error(rl_lease* l, int kind, const char* msg) noexcept nogil:
+    cdef int slot
+    if l.errs == NULL:
+        l.errs = <rl_err*>calloc(ERR_RING, sizeof(rl_err))
+        if l.errs == NULL:
+            return
+    slot = (l.err_head + l.err_count) % ERR_RING
+    if l.err_count == ERR_RING:
+        l.err_head = (l.err_head + 1) % ERR_RING
+        l.err_count -= 1
+    l.errs[slot].kind = kind
+    strncpy(l.errs[slot].msg, msg, ERR_MSG - 1)
+    l.errs[slot].msg[ERR_MSG - 1] = 0
+    l.err_count += 1
+    rl_store(&l.err_count_atomic, l.err_count)
+
+
+cdef void lease_record_lateness(rl_lease* l, double seconds) noexcept nogil:
+    cdef uint64_t idx = l.late_count
+    cdef size_t cap
+    cdef double* grown
+    cdef int b = 0
+    while b < LATE_BOUNDS_N and seconds > LATE_BOUNDS[b]:
+        b += 1
+    l.late_hist[b] += 1
+    l.late_sum += seconds
+    if idx < LATE_MAX:
+        if idx >= l.late_cap:
+            cap = l.late_cap * 2 if l.late_cap else LEASE_LATE_START
+            if cap > LATE_MAX:
+                cap = LATE_MAX
+            grown = <double*>realloc(l.late, cap * sizeof(double))
+            if grown == NULL:
+                return
+            l.late = grown
+            l.late_cap = cap
+        l.late[idx] = seconds
+    else:
+        l.late[idx % LATE_MAX] = seconds
+    l.late_count += 1
+
+
+# ---------------------------------------------------------------- the heap (mu held)
+
+cdef inline void heap_set(rl_renewer* r, size_t i, rl_lease* l) noexcept nogil:
+    r.heap[i] = l
+    l.heap_idx = <int>i
+
+
+cdef void heap_up(rl_renewer* r, size_t i) noexcept nogil:
+    cdef rl_lease* l = r.heap[i]
+    cdef size_t parent
+    while i > 0:
+        parent = (i - 1) // 2
+        if lease_key(r.heap[parent]) <= lease_key(l):
+            break
+        heap_set(r, i, r.heap[parent])
+        i = parent
+    heap_set(r, i, l)
+
+
+cdef void heap_down(rl_renewer* r, size_t i) noexcept nogil:
+    cdef rl_lease* l = r.heap[i]
+    cdef size_t child
+    while True:
+        child = 2 * i + 1
+        if child >= r.heap_len:
+            break
+        if child + 1 < r.heap_len and lease_key(r.heap[child + 1]) < lease_key(r.heap[child]):
+            child += 1
+        if lease_key(l) <= lease_key(r.heap[child]):
+            break
+        heap_set(r, i, r.heap[child])
+        i = child
+    heap_set(r, i, l)
+
+
+cdef int heap_push(rl_renewer* r, rl_lease* l) noexcept nogil:
+    cdef size_t cap
+    cdef rl_lease** grown
+    if r.heap_len == r.heap_cap:
+        cap = r.heap_cap * 2 if r.heap_cap else 64
+        grown = <rl_lease**>realloc(r.heap, cap * sizeof(rl_lease*))
+        if grown == NULL:
+            return -1
+        r.heap = grown
+        r.heap_cap = cap
+    heap_set(r, r.heap_len, l)
+    r.heap_len += 1
+    heap_up(r, r.heap_len - 1)
+    return 0
+
+
+cdef void heap_remove(rl_renewer* r, rl_lease* l) noexcept nogil:
+    cdef size_t i
+    cdef rl_lease* last
+    if l.heap_idx < 0:
+        return
+    i = <size_t>l.heap_idx
+    l.heap_idx = -1
+    r.heap_len -= 1
+    if i == r.heap_len:
+        return
+    last = r.heap[r.heap_len]
+    heap_set(r, i, last)
+    heap_up(r, i)
+    if last.heap_idx == <int>i:
+        heap_down(r, i)
+
+
+cdef void heap_fix(rl_renewer* r, rl_lease* l) noexcept nogil:
+    """Put ``l`` where its key says (pushing it when it is not in the heap)."""
+    if l.heap_idx < 0:
+        heap_push(r, l)
+        return
+    heap_up(r, <size_t>l.heap_idx)
+    heap_down(r, <size_t>l.heap_idx)
+
+
+cdef rl_lease* heap_pop(rl_renewer* r) noexcept nogil:
+    cdef rl_lease* top = r.heap[0]
+    heap_remove(r, top)
+    return top
+
+
+# ---------------------------------------------------------------- the thread
+
+cdef void batch_release(rl_renewer* r, rl_lease* l) noexcept nogil:
+    """``l`` is off the wire: back into the heap if its term runs on, freed if orphaned."""
+    l.inflight = 0
+    if l.detached:
+        lease_free(l)
+        return
+    if not l.closed and rl_load(&l.state) == ST_ACTIVE:
+        heap_fix(r, l)
+
+
+cdef void batch_fail(rl_renewer* r, size_t first, int kind, const char* msg) noexcept nogil:
+    """Every lease of the batch from ``first`` on: a failed renewal (mu held)."""
+    cdef size_t i
+    cdef rl_lease* l
+    cdef int64_t now = rl_now_ns()
+    for i in range(first, r.batch_len):
+        l = r.batch[i]
+        if l.gen == l.sent_gen and rl_load(&l.state) == ST_ACTIVE and not l.closed:
+            # The failure is reported even when it ends the lease, as a
+            # keeper of its own reports the round trip its deadline cut short.
+            lease_record_error(l, kind, msg)
+            if now >= l.lease_deadline:
+                lease_lose(l)
+            else:
+                lease_wake(l)
+                l.next_send = l.sched + l.interval_ns
+                if l.next_send < now + RENEW_RETRY_NS:
+                    l.next_send = now + RENEW_RETRY_NS
+        batch_release(r, l)
+    r.batch_len = 0
+
+
+cdef void lease_apply_reply(rl_renewer* r, rl_lease* l, rl_conn* c) noexcept nogil:
+    """The buffered reply to ``l``'s renewal (mu held)."""
+    cdef rl_node* top = &c.nodes.items[0]
+    cdef int64_t now
+    if l.gen != l.sent_gen or rl_load(&l.state) != ST_ACTIVE or l.closed:
+        return
+    if top.kind == c':' and top.ival == 1:
+        if l.t_send + l.ttl_ns > l.lease_deadline:
+            rl_store(&l.lease_deadline, l.t_send + l.ttl_ns)
+        rl_store(&l.renewed_at, l.t_send)
+        rl_store(&l.renewals, rl_load(&l.renewals) + 1)
+        l.next_send = l.sched + l.interval_ns
+        now = rl_now_ns()
+        if l.next_send < now:
+            l.next_send = now
+        return
+    if top.kind == c':' and top.ival == 0:
+        lease_lose(l)
+        return
+    if reply_is_noscript(c):
+        # The server lost its scripts (SCRIPT FLUSH, a restart): load them
+        # and send this renewal again at once; not a failed renewal.
+        r.need_load = 1
+        l.next_send = rl_now_ns()
+        return
+    if top.kind == c'-':
+        conn_fail_with_reply(c)
+        if reply_is_failover(c):
+            # READONLY / MASTERDOWN / NOREPLICAS: this server is no longer the
+            # master the lease was granted on; the term ends now, not at its
+            # deadline.
+            lease_record_error(l, c.err_kind, c.err_msg)
+            lease_lose(l)
+            return
+    else:
+        conn_fail(c, RL_EUNEXPECTED, "unexpected reply to a renewal (expected 1 or 0)")
+    lease_record_error(l, c.err_kind, c.err_msg)
+    lease_wake(l)
+    now = rl_now_ns()
+    l.next_send = l.sched + l.interval_ns
+    if l.next_send < now + RENEW_RETRY_NS:
+        l.next_send = now + RENEW_RETRY_NS
+
+
+cdef int renewer_send_batch(rl_renewer* r, int64_t* deadline, int* nloads) noexcept nogil:
+    """Encode the batch (mu held) and write what the socket takes without blocking.
+
+    Leases whose term ended since they were picked are dropped here, under
+    the lock, so once end() has returned nothing more is sent for that term.
+    Returns how many bytes are still to send, or -1 (failure recorded in the
+    connection, mu still held).
+    """
+    cdef rl_conn* c = &r.conn
+    cdef size_t i, kept = 0
+    cdef int j
+    cdef rl_lease* l
+    cdef int64_t now
+    cdef ssize_t sent = 0
+    r.out.len = 0
+    nloads[0] = 0
+    if r.need_load:
+        for j in range(r.nscripts):
+            if buf_put(&r.out, r.loads[j].data, r.loads[j].len) < 0:
+                return conn_fail(c, RL_ENOMEM, "out of memory encoding renewals")
+        nloads[0] = r.nscripts
+    for i in range(r.batch_len):
+        l = r.batch[i]
+        if l.gen != l.sent_gen or rl_load(&l.state) != ST_ACTIVE or l.closed:
+            batch_release(r, l)
+            continue
+        if buf_put(&r.out, l.cmd.data, l.cmd.len) < 0:
+            r.batch_len = kept
+            return conn_fail(c, RL_ENOMEM, "out of memory encoding renewals")
+        r.batch[kept] = l
+        kept += 1
+    r.batch_len = kept
+    if kept == 0:
+        return 0
+    now = rl_now_ns()
+    for i in range(kept):
+        l = r.batch[i]
+        l.t_send = now
+        # Sent up to one window early: on time, not early.
+        lease_record_lateness(l, <double>(now - l.sched) / 1e9 if now > l.sched else 0.0)
+    r.sent_total += <int64_t>kept
+    r.batches_total += 1
+    if c.ssl != NULL:
+        sent = tls_try_send(c, r.out.data, r.out.len)
+        if sent < 0:
+            return -1
+        return <int>(r.out.len - <size_t>sent)
+    while True:
+        sent = send(c.fd, r.out.data, r.out.len, MSG_NOSIGNAL | MSG_DONTWAIT)
+        if sent >= 0 or errno != EINTR:
+            break
+    if sent < 0:
+        if not rl_would_block(errno):
+            return conn_io_error(c, errno, "writing to")
+        sent = 0
+    return <int>(r.out.len - <size_t>sent)
+
+
+cdef void* renewer_main(void* arg) noexcept nogil:
+    cdef rl_renewer* r = <rl_renewer*>arg
+    cdef rl_conn* c = &r.conn
+    cdef rl_lease* l
+    cdef rl_lease* top
+    cdef int64_t now, deadline, d, wake_at
+    cdef int rc, left, nloads, j
+    cdef size_t i
+    pthread_mutex_lock(&r.mu)
+    while not r.stop:
+        if r.heap_len == 0:
+            pthread_cond_wait(&r.cv, &r.mu)
+            continue
+        now = rl_now_ns()
+        top = r.heap[0]
+        wake_at = lease_key(top)
+        if wake_at > now:
+            rl_cond_wait_until(&r.cv, &r.mu, wake_at)
+            continue
+        # Everything due now (or within the window) goes in one batch.
+        r.batch_len = 0
+        deadline = 0
+        while r.heap_len and r.batch_len < RENEW_BATCH_MAX and lease_key(r.heap[0]) <= now + RENEW_WINDOW_NS:
+            l = heap_pop(r)
+            if now >= l.lease_deadline:
+                lease_lose(l)
+                continue
+            if l.next_send > now + RENEW_WINDOW_NS:
+                heap_push(r, l)
+                break
+            l.inflight = 1
+            l.sent_gen = l.gen
+            l.sched = l.next_send
+            r.batch[r.batch_len] = l
+            r.batch_len += 1
+            # A round trip may never outlive a lease: its deadline, or one
+            # interval, whichever comes first, bounds the whole batch.
+            d = now + l.interval_ns
+            if d > l.lease_deadline:
+                d = l.lease_deadline
+            if deadline == 0 or d < deadline:
+                deadline = d
+        if r.batch_len == 0:
+            continue
+        if c.fd < 0:
+            # A new connection may reach a server that lost its scripts.
+            r.need_load = 1
+        pthread_mutex_unlock(&r.mu)
+        rc = conn_ready(c, deadline)
+        pthread_mutex_lock(&r.mu)
+        if rc < 0:
+            batch_fail(r, 0, c.err_kind, c.err_msg)
+            continue
+        if r.stop:
+            batch_fail(r, 0, RL_ECANCELLED, "cancelled")
+            break
+        left = renewer_send_batch(r, &deadline, &nloads)
+        if left < 0:
+            batch_fail(r, 0, c.err_kind, c.err_msg)
+            continue
+        if r.batch_len == 0 and nloads == 0:
+            continue
+        pthread_mutex_unlock(&r.mu)
+        rc = 0
+        if left > 0:
+            rc = conn_send(c, r.out.data + (r.out.len - <size_t>left), <size_t>left, deadline)
+        if rc == 0:
+            for j in range(nloads):
+                rc = conn_read_reply(c, deadline)
+                if rc < 0:
+                    break
+                conn_consume(c)
+        if rc == 0:
+            r.need_load = 0
+        pthread_mutex_lock(&r.mu)
+        if rc < 0:
+            batch_fail(r, 0, c.err_kind, c.err_msg)
+            continue
+        i = 0
+        while i < r.batch_len:
+            pthread_mutex_unlock(&r.mu)
+            rc = conn_read_reply(c, deadline)
+            pthread_mutex_lock(&r.mu)
+            if rc < 0:
+                break
+            l = r.batch[i]
+            lease_apply_reply(r, l, c)
+            conn_consume(c)
+            batch_release(r, l)
+            i += 1
+        if i < r.batch_len:
+            batch_fail(r, i, c.err_kind, c.err_msg)
+        r.batch_len = 0
+        c.last_used = rl_now_ns()
+    r.batch_len = 0
+    pthread_mutex_unlock(&r.mu)
+    return NULL
+
+
+# ---------------------------------------------------------------- Python faces
+
+cdef class Renewer:
+    """One native thread and one connection that renew every ``Lease`` made from it.
+
+    Renewals falling due together are pipelined in one write. The thread
+    starts with the first term begun and is joined by ``close()``. After
+    ``os.fork()`` the child's copy is inert: no thread, its socket dropped
+    without a byte sent, and every lease of it ended.
+    """
+
+    cdef rl_renewer* r
+    cdef bint _closed
+    cdef bint _forked
+    cdef object __weakref__
+
+    def __cinit__(self):
+        self.r = NULL
+        self._closed = False
+        self._forked = False
+
+    def __init__(self, Target target not None):
+        cdef rl_renewer* r = <rl_renewer*>calloc(1, sizeof(rl_renewer))
+        cdef int rc
+        if r == NULL:
+            raise MemoryError()
+        r.ctl_fd = -1
+        pthread_mutex_init(&r.mu, NULL)
+        rl_cond_init(&r.cv)
+        self.r = r
+        target.init_conn(&r.conn)
+        r.conn.slot = -1
+        r.need_load = 1
+        r.ctl_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
+        if r.ctl_fd < 0:
+            raise OSError(errno, strerror(errno).decode("utf-8", "replace"))
+        r.conn.cancel_fd = r.ctl_fd
+        if r.conn.disco != NULL:
+            raise ValueError("the shared renewer serves a fixed address only")
+        with nogil:
+            rc = conn_resolve(&r.conn)
+        if rc < 0:
+            raise conn_exception(&r.conn)
+        r.conn.keep_addrs = 1
+        _live.add(self)
+
+    def __dealloc__(self):
+        cdef rl_renewer* r = self.r
+        cdef int j
+        if r == NULL:
+            return
+        self.stop_thread()
+        self.r = NULL
+        conn_free(&r.conn)
+        for j in range(r.nscripts):
+            buf_free(&r.loads[j])
+        buf_free(&r.out)
+        free(r.heap)
+        if r.ctl_fd >= 0:
+            close(r.ctl_fd)
+        pthread_mutex_destroy(&r.mu)
+        pthread_cond_destroy(&r.cv)
+        free(r)
+
+    cdef int add_script(self, ScriptRef ref) except -1:
+        """Make sure the renewer loads ``ref`` on every new connection.
+
+        The SCRIPT LOAD command is encoded before the lock is taken: Python
+        allocations may run the garbage collector, and a lease freed there
+        takes the same (non-recursive) lock.
+        """
+        cdef rl_renewer* r = self.r
+        cdef rl_buf load
+        cdef int j
+        cdef int found = 0
+        cdef int full = 0
+        cdef const char* sha = PyBytes_AS_STRING(ref.sha)
+        memset(&load, 0, sizeof(rl_buf))
+        put_command(&load, (b"SCRIPT", b"LOAD", ref.source))
+        pthread_mutex_lock(&r.mu)
+        for j in range(r.nscripts):
+            if strncmp(r.shas[j], sha, 40) == 0:
+                found = 1
+                break
+        if not found:
+            if r.nscripts == RENEW_SCRIPTS_MAX:
+                full = 1
+            else:
+                j = r.nscripts
+                r.loads[j] = load
+                memset(&load, 0, sizeof(rl_buf))
+                strncpy(r.shas[j], sha, 40)
+                r.shas[j][40] = 0
+                r.nscripts += 1
+                r.need_load = 1
+        pthread_mutex_unlock(&r.mu)
+        buf_free(&load)
+        if full:
+            raise RuntimeError("too many distinct renewal scripts for one renewer")
+        return 0
+
+    cdef void stop_thread(self) noexcept:
+        cdef rl_renewer* r = self.r
+        cdef int started
+        if r == NULL:
+            return
+        pthread_mutex_lock(&r.mu)
+        r.stop = 1
+        started = r.thread_started
+        r.thread_started = 0
+        fd_signal(r.ctl_fd)
+        pthread_cond_signal(&r.cv)
+        pthread_mutex_unlock(&r.mu)
+        if started:
+            with nogil:
+                pthread_join(r.thread, NULL)
+
+    cdef int start_thread(self) except -1:
+        """Start the thread if it is not running (mu held by the caller)."""
+        cdef rl_renewer* r = self.r
+        cdef int rc
+        if r.thread_started:
+            return 0
+        rc = rl_spawn(&r.thread, renewer_main, r)
+        if rc != 0:
+            raise OSError(rc, "cannot start the renewer thread: " + strerror(rc).decode())
+        r.thread_started = 1
+        return 0
+
+    @property
+    def running(self):
+        """Whether the renewal thread is running."""
+        return self.r != NULL and self.r.thread_started != 0
+
+    @property
+    def leases(self):
+        """How many leases wait in the timer heap right now."""
+        if self.r == NULL:
+            return 0
+        return self.r.heap_len
+
+    @property
+    def sent(self):
+        """``(renewals, batches)`` written since the renewer was made."""
+        if self.r == NULL:
+            return 0, 0
+        return self.r.sent_total, self.r.batches_total
+
+    @property
+    def changes(self):
+        """A counter bumped by every wake-up of any of the renewer's leases."""
+        if self.r == NULL:
+            return 0
+        return rl_load(&self.r.changes)
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def close(self):
+        """Stop and join the thread and close the connection. Idempotent.
+
+        Leases made from this renewer are ended first by their owners; any
+        still running are ended here (LOST is kept).
+        """
+        cdef rl_renewer* r = self.r
+        cdef rl_lease* l
+        if r == NULL or self._closed:
+            return
+        self._closed = True
+        pthread_mutex_lock(&r.mu)
+        while r.heap_len:
+            l = heap_pop(r)
+            rl_store(&l.token, 0)
+            l.gen += 1
+            if rl_load(&l.state) == ST_ACTIVE:
+                rl_store(&l.state, ST_ENDED)
+                lease_wake(l)
+        pthread_mutex_unlock(&r.mu)
+        self.stop_thread()
+        conn_drop(&r.conn)
+
+    cdef void after_fork_in_child(self) noexcept:
+        cdef rl_renewer* r = self.r
+        if r == NULL:
+            return
+        pthread_mutex_init(&r.mu, NULL)
+        rl_cond_init(&r.cv)
+        r.thread_started = 0
+        r.stop = 1
+        r.heap_len = 0
+        r.batch_len = 0
+        self._forked = True
+        tls_forget_after_fork(&r.conn)
+        conn_drop(&r.conn)
+
+
+@cython.no_gc_clear
+cdef class Lease:
+    """One lease renewed by a shared ``Renewer``: the Keeper protocol without a thread of its own.
+
+    Same semantics as ``Keeper``: ``begin()`` sends the first renewal at once,
+    then one every ``interval`` on absolute deadlines; a reply of 1 extends
+    the lease to (send time + ``ttl``), 0 loses it at once, errors are
+    tolerated until the lease deadline. ``fileno()`` makes the lease's
+    eventfd on first use, so a lease nobody waits on costs no descriptor.
+    """
+
+    cdef rl_lease* l
+    cdef readonly Renewer renewer
+    cdef bint _closed
+    cdef bint _forked
+    cdef int _waiters
+    cdef readonly double interval
+    cdef readonly double ttl
+    cdef object __weakref__
+
+    def __cinit__(self):
+        self.l = NULL
+        self._closed = False
+        self._forked = False
+        self._waiters = 0
+
+    def __init__(self, Renewer renewer not None, ScriptRef ref not None, keys, args,
+                 double interval, double ttl):
+        cdef rl_lease* l
+        cdef rl_script_cmd cmd
+        if renewer.r == NULL or renewer._closed:
+            raise RuntimeError("the renewer is closed")
+        if not (interval > 0 and interval < 1e6) or not (ttl > 0 and ttl < 1e6):
+            raise ValueError("interval and ttl must be positive numbers of seconds")
+        self.interval = interval
+        self.ttl = ttl
+        l = <rl_lease*>calloc(1, sizeof(rl_lease))
+        if l == NULL:
+            raise MemoryError()
+        l.heap_idx = -1
+        l.wake_fd = -1
+        l.interval_ns = <int64_t>(interval * 1e9)
+        l.ttl_ns = <int64_t>(ttl * 1e9)
+        self.l = l
+        self.renewer = renewer
+        l.changes = &renewer.r.changes
+        put_evalsha(&l.cmd, ref.sha, ref.source, keys, args, &cmd)
+        renewer.add_script(ref)
+        _live.add(self)
+
+    def __dealloc__(self):
+        cdef rl_lease* l = self.l
+        cdef rl_renewer* r
+        if l == NULL:
+            return
+        self.l = NULL
+        if self.renewer is None or self.renewer.r == NULL:
+            lease_free(l)
+            return
+        r = self.renewer.r
+        pthread_mutex_lock(&r.mu)
+        rl_store(&l.token, 0)
+        l.gen += 1
+        l.closed = 1
+        heap_remove(r, l)
+        if l.inflight:
+            l.detached = 1  # the thread frees it when the batch is done
+            l = NULL
+        pthread_mutex_unlock(&r.mu)
+        if l != NULL:
+            lease_free(l)
+
+    cdef inline rl_renewer* _r(self):
+        return self.renewer.r
+
+    cdef inline bint _expired(self) noexcept:
+        # The renewer may be waiting on a slow server's replies to other
+        # leases when this one's deadline passes: readers see the loss at
+        # the deadline all the same, the thread records it when it is back.
+        return (rl_load(&self.l.state) == ST_ACTIVE
+                and rl_now_ns() >= rl_load(&self.l.lease_deadline))
+
+    @property
+    def token(self):
+        """The running term's token, or 0 when no term is ACTIVE (or its deadline passed)."""
+        if self.l == NULL or self._expired():
+            return 0
+        return rl_load(&self.l.token)
+
+    @property
+    def state(self):
+        """IDLE, ACTIVE, LOST or ENDED (LOST from the deadline on)."""
+        if self.l == NULL:
+            return ST_ENDED
+        if self._expired():
+            return ST_LOST
+        return rl_load(&self.l.state)
+
+    @property
+    def renewed_at(self):
+        """``time.monotonic()`` send time of the last good renewal (0.0 before the first)."""
+        if self.l == NULL:
+            return 0.0
+        return <double>rl_load(&self.l.renewed_at) / 1e9
+
+    @property
+    def renewals(self):
+        """How many renewals succeeded since the lease was made."""
+        if self.l == NULL:
+            return 0
+        return rl_load(&self.l.renewals)
+
+    @property
+    def changes(self):
+        """The renewer's change counter: it moves whenever any of its leases is woken."""
+        if self.renewer is None or self.renewer.r == NULL:
+            return 0
+        return rl_load(&self.renewer.r.changes)
+
+    @property
+    def has_errors(self):
+        """Whether failed renewals wait to be popped (a lock-free peek)."""
+        return self.l != NULL and rl_load(&self.l.err_count_atomic) != 0
+
+    @property
+    def closed(self):
+        """True once ``close()`` ran, or the renewer was closed (the engine's close)."""
+        return self._closed or self.renewer._closed
+
+    def begin(self, token, double acquired_at):
+        """Start a term; ``acquired_at`` is the ``time.monotonic()`` send time of the acquire."""
+        cdef rl_lease* l = self.l
+        cdef rl_renewer* r
+        cdef long long tok = token
+        if l == NULL:
+            raise RuntimeError("Lease is not initialised")
+        if self._forked or self.renewer._forked:
+            raise RuntimeError("this lease was inherited across fork(); make a new one in the child")
+        if self._closed or self.renewer._closed:
+            raise RuntimeError("Lease is closed")
+        if tok < 1:
+            raise ValueError("token must be >= 1")
+        r = self._r()
+        pthread_mutex_lock(&r.mu)
+        try:
+            self.renewer.start_thread()
+        except BaseException:
+            pthread_mutex_unlock(&r.mu)
+            raise
+        l.gen += 1
+        rl_store(&l.lease_deadline, <int64_t>(acquired_at * 1e9) + l.ttl_ns)
+        l.next_send = rl_now_ns()
+        rl_store(&l.token, tok)
+        rl_store(&l.state, ST_ACTIVE)
+        if not l.inflight:
+            heap_fix(r, l)
+        pthread_cond_signal(&r.cv)
+        lease_wake(l)
+        pthread_mutex_unlock(&r.mu)
+
+    def end(self):
+        """End the term (token cleared first); idempotent; a LOST term stays LOST."""
+        cdef rl_lease* l = self.l
+        cdef rl_renewer* r
+        if l == NULL:
+            return
+        r = self._r()
+        pthread_mutex_lock(&r.mu)
+        rl_store(&l.token, 0)
+        l.gen += 1
+        heap_remove(r, l)
+        if rl_load(&l.state) == ST_ACTIVE:
+            rl_store(&l.state, ST_ENDED)
+            lease_wake(l)
+        pthread_mutex_unlock(&r.mu)
+
+    def lose(self, error):
+        """End an ACTIVE term as LOST now; ``error``'s text is reported as a ConnectionError."""
+        cdef rl_lease* l = self.l
+        cdef rl_renewer* r
+        cdef bytes msg = str(error).encode("utf-8", "replace")[:ERR_MSG - 1]
+        if l == NULL:
+            return
+        r = self._r()
+        pthread_mutex_lock(&r.mu)
+        if rl_load(&l.state) == ST_ACTIVE:
+            heap_remove(r, l)
+            lease_record_error(l, RL_ECONN, msg)
+            lease_lose(l)
+        pthread_mutex_unlock(&r.mu)
+
+    cdef int _wake_fd(self) except -2:
+        """The lease's eventfd, made now if it does not exist yet (-1 once closed)."""
+        cdef rl_lease* l = self.l
+        cdef rl_renewer* r
+        cdef int fd
+        if l == NULL or self._closed:
+            return -1
+        if l.wake_fd >= 0:
+            return l.wake_fd
+        fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
+        if fd < 0:
+            raise OSError(errno, strerror(errno).decode("utf-8", "replace"))
+        r = self._r()
+        pthread_mutex_lock(&r.mu)
+        l.wake_fd = fd
+        if l.wake_pending:
+            l.wake_pending = 0
+            fd_signal(fd)
+        pthread_mutex_unlock(&r.mu)
+        return fd
+
+    def wait(self, timeout=None):
+        """Block until woken (loss, error, ``notify()``); False on timeout. Consumes the wake-up."""
+        cdef int64_t deadline = -1
+        cdef int64_t now, left
+        cdef pollfd pfd
+        cdef int rc, err
+        cdef uint64_t value
+        cdef ssize_t got
+        cdef int fd = self._wake_fd()
+        if fd < 0:
+            return True
+        if timeout is not None:
+            deadline = deadline_after(timeout)
+        pfd.fd = fd
+        pfd.events = POLLIN
+        self._waiters += 1
+        try:
+            while True:
+                pfd.revents = 0
+                with nogil:
+                    if deadline < 0:
+                        left = -1
+                    else:
+                        now = rl_now_ns()
+                        left = deadline - now if deadline > now else 0
+                    rc = rl_ppoll(&pfd, 1, left)
+                    err = errno
+                if self._closed:
+                    # close() leaves the eventfd readable for every waiter.
+                    return True
+                if rc > 0:
+                    got = read(fd, &value, 8)
+                    if got == 8:
+                        return True
+                    continue  # another waiter took it
+                if rc == 0:
+                    if deadline >= 0 and rl_now_ns() >= deadline:
+                        return False
+                    continue
+                if err == EINTR:
+                    PyErr_CheckSignals()
+                    continue
+                raise OSError(err, strerror(err).decode("utf-8", "replace"))
+        finally:
+            self._waiters -= 1
+            if self._closed and self._waiters == 0:
+                self.close_fd()
+
+    def notify(self):
+        """Wake the waiter."""
+        cdef rl_lease* l = self.l
+        cdef rl_renewer* r
+        if l == NULL or self._closed:
+            return
+        r = self._r()
+        pthread_mutex_lock(&r.mu)
+        lease_wake(l)
+        pthread_mutex_unlock(&r.mu)
+
+    def fileno(self):
+        """An eventfd that is readable while a wake-up is pending (-1 once closed)."""
+        return self._wake_fd()
+
+    def pop_errors(self):
+        """redis-py exceptions of the failed renewals since the last call, oldest first."""
+        cdef rl_lease* l = self.l
+        cdef rl_renewer* r
+        cdef rl_err copy[32]
+        cdef int n = 0
+        cdef int i
+        if l == NULL or rl_load(&l.err_count_atomic) == 0:
+            return []
+        r = self._r()
+        pthread_mutex_lock(&r.mu)
+        n = l.err_count
+        for i in range(n):
+            copy[i] = l.errs[(l.err_head + i) % ERR_RING]
+        l.err_head = 0
+        l.err_count = 0
+        rl_store(&l.err_count_atomic, 0)
+        pthread_mutex_unlock(&r.mu)
+        return [make_exception(copy[i].kind, PyBytes_FromString(copy[i].msg)) for i in range(n)]
+
+    def lateness(self):
+        """Seconds each renewal was sent after its scheduled time (up to the last 65536)."""
+        cdef rl_lease* l = self.l
+        cdef rl_renewer* r
+        cdef double* copy
+        cdef size_t n
+        cdef size_t start = 0
+        cdef size_t i
+        if l == NULL:
+            return []
+        copy = <double*>realloc(NULL, LATE_MAX * sizeof(double))
+        if copy == NULL:
+            raise MemoryError()
+        r = self._r()
+        try:
+            pthread_mutex_lock(&r.mu)
+            if l.late_count <= LATE_MAX:
+                n = <size_t>l.late_count
+            else:
+                n = LATE_MAX
+                start = <size_t>(l.late_count % LATE_MAX)
+            for i in range(n):
+                copy[i] = l.late[(start + i) % LATE_MAX] if start else l.late[i]
+            pthread_mutex_unlock(&r.mu)
+            return [copy[i] for i in range(n)]
+        finally:
+            free(copy)
+
+    def lateness_totals(self):
+        """``(counts, sum)``: renew lateness since the lease was made, as a histogram."""
+        cdef rl_lease* l = self.l
+        cdef rl_renewer* r
+        cdef uint64_t copy[17]
+        cdef double total
+        cdef int i
+        if l == NULL:
+            return [0] * (LATE_BOUNDS_N + 1), 0.0
+        r = self._r()
+        pthread_mutex_lock(&r.mu)
+        for i in range(LATE_BOUNDS_N + 1):
+            copy[i] = l.late_hist[i]
+        total = l.late_sum
+        pthread_mutex_unlock(&r.mu)
+        return [copy[i] for i in range(LATE_BOUNDS_N + 1)], total
+
+    def close(self):
+        """End any term and take the lease off the renewer. Idempotent."""
+        cdef rl_lease* l = self.l
+        cdef rl_renewer* r
+        if l == NULL or self._closed:
+            return
+        self._closed = True
+        r = self._r()
+        pthread_mutex_lock(&r.mu)
+        rl_store(&l.token, 0)
+        l.gen += 1
+        l.closed = 1
+        heap_remove(r, l)
+        if rl_load(&l.state) == ST_ACTIVE:
+            rl_store(&l.state, ST_ENDED)
+        if l.wake_fd >= 0:
+            fd_signal(l.wake_fd)
+        pthread_mutex_unlock(&r.mu)
+        if self._waiters == 0:
+            self.close_fd()
+
+    cdef void close_fd(self) noexcept:
+        cdef rl_lease* l = self.l
+        cdef rl_renewer* r
+        cdef int fd
+        if l == NULL:
+            return
+        r = self._r()
+        pthread_mutex_lock(&r.mu)
+        fd = l.wake_fd
+        l.wake_fd = -1
+        pthread_mutex_unlock(&r.mu)
+        if fd >= 0:
+            close(fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    cdef void after_fork_in_child(self) noexcept:
+        cdef rl_lease* l = self.l
+        if l == NULL:
+            return
+        # The renewer's mutex is re-made by the renewer's own handler; the
+        # lease is the parent's business: never renewed or released here.
+        rl_store(&l.token, 0)
+        if rl_load(&l.state) == ST_ACTIVE:
+            rl_store(&l.state, ST_ENDED)
+        l.gen += 1
+        l.heap_idx = -1
+        l.inflight = 0
+        self._forked = True
+        self._waiters = 0
+        if l.wake_fd >= 0:
+            # Shared with the parent: waking it would wake the parent.
+            close(l.wake_fd)
+            l.wake_fd = -1
