@@ -28,6 +28,7 @@ from typing import Any
 from . import _notices, _scripts
 from ._config import Config, Duration
 from ._engine import ACTIVE, EncodableT, Engine, Keeper, is_cluster, make_engine
+from ._engine.base import NoticeSubscription
 from ._errors import ConfigError
 from ._fence import Fence, Fencer
 from ._keys import ElectionKeys, has_hash_tag
@@ -55,6 +56,23 @@ def check_leader_fn(fn: object) -> None:
         )
 
 
+class _NoNotices:
+    """No subscription (yet): nothing is ever delivered."""
+
+    def wait(self, timeout: float) -> bool:
+        time.sleep(timeout)
+        return False
+
+    def deliver(self) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
+
+
+_NO_NOTICES = _NoNotices()
+
+
 class Run:
     """What one run shares between its thread and the rest of the program."""
 
@@ -79,6 +97,8 @@ class Run:
         # (observer callbacks) and the leader function's thread. Waiting there
         # would wait for themselves.
         self.own_threads: set[threading.Thread] = set()
+        # The run's release notices (set as the run starts; see Election.execute).
+        self.notices: NoticeSubscription = _NO_NOTICES
 
     def should_stop(self) -> bool:
         return self.stopping.is_set() or self.user_stop.is_set()
@@ -218,7 +238,13 @@ class Election:
     def execute(self, run: Run, fn: LeaderFn | None) -> None:
         """Run the loop on this thread until ``run`` ends; its error lands in ``run.error``."""
         run.own_threads.add(threading.current_thread())
-        notices = _notices.listen(self._client, self.keys.leader, run.notice)
+        # The engine's listener: on the native engine a native thread wakes
+        # the keeper's eventfd, which the follower sleeps on without the GIL,
+        # and the notice itself is delivered here, on the run thread.
+        notices = self.engine.notices(self._client).listen(
+            self.keys.leader, run.notice, signal=run.keeper
+        )
+        run.notices = notices
         try:
             self._contend(run, fn)
         except BaseException as exc:
@@ -246,6 +272,7 @@ class Election:
                 self._emit(self._observer.on_new_leader, holder)
 
         while not run.should_stop():
+            run.notices.deliver()
             run.noticed = False
             released_by, run.released_by = run.released_by, None
             if released_by is not None:
@@ -333,6 +360,7 @@ class Election:
         reason = self._hold(run, term, worker)
         # Rest from here, before the release: a successor that takes the
         # lease and gives it back at once must still find this run listening.
+        run.notices.deliver()
         run.noticed, run.released_by, run.resting = False, None, True
         keeper.end()
         end_term(term, reason)
@@ -380,7 +408,10 @@ class Election:
         notice costs one poll interval (``seconds``), nothing else.
         """
         deadline = time.monotonic() + seconds
-        while not run.should_stop() and not run.noticed:
+        while True:
+            run.notices.deliver()
+            if run.should_stop() or run.noticed:
+                return
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return

@@ -48,9 +48,13 @@ any thread may block on it, the keeper thread included.
 #                      Target, Pool, and failures as redis-py exceptions
 #   _keeper_thread.pxi the renewal thread (no GIL, ever)
 #   _keeper.pxi        Keeper, the Python face of that thread
+#   _notices.pxi       release notices: a subscription connection per server
+#                      read by a thread of its own (no GIL, ever), waiters
+#                      woken through eventfds
 #
-# Fork safety lives here, at the end: it reaches into Pool and Keeper.
+# Fork safety lives here, at the end: it reaches into Pool, Keeper and NoticeHub.
 
+cimport cython
 from cpython.bytes cimport (
     PyBytes_AS_STRING,
     PyBytes_FromString,
@@ -79,6 +83,7 @@ include "_route.pxi"
 include "_pool.pxi"
 include "_keeper_thread.pxi"
 include "_keeper.pxi"
+include "_notices.pxi"
 
 
 # ---------------------------------------------------------------- fork safety
@@ -89,6 +94,8 @@ def _after_fork_in_child():
             (<Keeper>obj).after_fork_in_child()
         elif isinstance(obj, Pool):
             (<Pool>obj).after_fork_in_child()
+        elif isinstance(obj, NoticeHub):
+            (<NoticeHub>obj).after_fork_in_child()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
