@@ -35,6 +35,21 @@ cdef int64_t NOTICE_CONNECT_NS = 5000000000
 
 cdef const char* PING_CMD = b"*1\r\n$4\r\nPING\r\n"
 
+cdef extern from *:
+    """
+    #ifndef _GNU_SOURCE
+    #define _GNU_SOURCE
+    #endif
+    #include <pthread.h>
+    /* The reader thread's name, as ps and /proc show it (at most 15 bytes). */
+    static void rl_name_notice_thread(void) {
+    #if defined(__GLIBC__)
+        pthread_setname_np(pthread_self(), "redlease-notice");
+    #endif
+    }
+    """
+    void rl_name_notice_thread() noexcept nogil
+
 
 cdef struct rl_payload:
     int lost                 # 1: "look again" (a reconnect, an overflow, a long payload)
@@ -319,6 +334,7 @@ cdef void* hub_main(void* arg) noexcept nogil:
     cdef rl_hub* h = <rl_hub*>arg
     cdef int64_t backoff = NOTICE_BACKOFF_MIN_NS
     cdef int rc, detached
+    rl_name_notice_thread()
     while True:
         pthread_mutex_lock(&h.mu)
         while not h.stop and h.nsubs == 0:
