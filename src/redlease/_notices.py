@@ -378,8 +378,10 @@ _hubs: dict[tuple[Any, ...], _Hub] = {}
 def _forget_after_fork() -> None:
     # A forked child has none of the parent's listener threads; its own
     # waiters open their own connection.
-    # The native hubs made themselves inert (the core's own fork handler).
+    # The native hubs are inert in a child (the core sees to it); they are
+    # kept referenced so that none is torn down here.
     global _registry_lock
+    _inherited_hubs.extend(_native_hubs.values())
     _registry_lock = threading.Lock()
     _hubs.clear()
     _native_hubs.clear()
@@ -460,13 +462,34 @@ class NativeNotices:
 
         channel = channel_of(lease_key)
         fd = signal.fileno() if signal is not None else -1
-        with _registry_lock:
-            hub = native_hub(self._endpoint)
-            sub = _core.NoticeSub(hub, channel.encode("utf-8"), fd)
+        try:
+            with _registry_lock:
+                hub = native_hub(self._endpoint)
+                sub = _core.NoticeSub(hub, channel.encode("utf-8"), fd)
+        except Exception as exc:  # no thread, no descriptor left: no notices, polling only
+            logger.debug("release notices on %s unavailable: %r", channel, exc)
+            return NativeSubscription(_Unheard(), channel, wake)
         return NativeSubscription(sub, channel, wake)
 
 
+class _Unheard:
+    """A native subscription that could not be made: every wait runs to its timeout."""
+
+    notices = 0
+
+    def wait(self, timeout: float) -> bool:
+        time.sleep(max(timeout, 0.0))
+        return False
+
+    def take(self) -> list[bytes | None]:
+        return []
+
+    def cancel(self) -> None:
+        pass
+
+
 _native_hubs: dict[Any, Any] = {}
+_inherited_hubs: list[Any] = []
 
 
 def native_hub(endpoint: Endpoint) -> Any:

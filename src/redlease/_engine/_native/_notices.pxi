@@ -370,6 +370,9 @@ cdef void* hub_main(void* arg) noexcept nogil:
 
 # ---------------------------------------------------------------- Python faces (GIL held)
 
+from posix.unistd cimport getpid
+
+
 cdef class NoticeHub:
     """One subscription connection to one server and its native reader thread.
 
@@ -383,6 +386,7 @@ cdef class NoticeHub:
     cdef rl_hub* h
     cdef bint _closed
     cdef bint _forked
+    cdef int _pid            # the process that made it: in any other, it is inert
     cdef readonly Target target
     cdef object __weakref__
 
@@ -390,6 +394,13 @@ cdef class NoticeHub:
         self.h = NULL
         self._closed = False
         self._forked = False
+        self._pid = getpid()
+
+    cdef bint inherited(self) noexcept:
+        """True in a forked child, made inert on first sight whichever fork handler ran first."""
+        if not self._forked and getpid() != self._pid:
+            self.after_fork_in_child()
+        return self._forked
 
     def __init__(self, Target target not None):
         cdef rl_hub* h
@@ -418,6 +429,7 @@ cdef class NoticeHub:
         cdef int exited
         if h == NULL:
             return
+        self.inherited()
         self.h = NULL
         if self._forked or not h.thread_started:
             if not self._forked:
@@ -440,13 +452,13 @@ cdef class NoticeHub:
 
     @property
     def closed(self):
-        return self._closed or self._forked
+        return self._closed or self.inherited()
 
     @property
     def connects(self):
         """How many times a subscription connection was established."""
         cdef int64_t n
-        if self.h == NULL or self._forked:
+        if self.h == NULL or self.inherited():
             return 0
         pthread_mutex_lock(&self.h.mu)
         n = self.h.connects
@@ -456,14 +468,14 @@ cdef class NoticeHub:
     @property
     def running(self):
         """True while the native reader thread exists."""
-        return self.h != NULL and not self._forked and bool(self.h.thread_started)
+        return self.h != NULL and not self.inherited() and bool(self.h.thread_started)
 
     cdef int add(self, rl_nsub* s) except -1:
         cdef rl_hub* h = self.h
         cdef rl_nsub** grown
         cdef rl_buf cmd
         cdef int rc = 0
-        if h == NULL or self._closed or self._forked:
+        if h == NULL or self._closed or self.inherited():
             raise RuntimeError("NoticeHub is closed")
         memset(&cmd, 0, sizeof(cmd))
         try:
@@ -502,7 +514,7 @@ cdef class NoticeHub:
         if h == NULL:
             return
         memset(&cmd, 0, sizeof(cmd))
-        if not self._forked:
+        if not self.inherited():
             buf_put_prefix(&cmd, c'*', 2)
             buf_put_bulk(&cmd, b"UNSUBSCRIBE", 11)
             buf_put_bulk(&cmd, s.channel, s.channel_len)
@@ -528,7 +540,7 @@ cdef class NoticeHub:
         """Stop and join the thread, close the connection. Idempotent. Waiters then only poll."""
         cdef rl_hub* h = self.h
         cdef int started
-        if h == NULL or self._closed or self._forked:
+        if h == NULL or self._closed or self.inherited():
             self._closed = True
             return
         self._closed = True
@@ -663,6 +675,7 @@ cdef class NoticeSub:
         cdef int n
         if not self._registered:
             return 0
+        self.hub.inherited()
         pthread_mutex_lock(&self.hub.h.mu)
         n = self.s.npending
         pthread_mutex_unlock(&self.hub.h.mu)
@@ -674,6 +687,7 @@ cdef class NoticeSub:
         cdef int n, i
         if self.s == NULL or not self._registered:
             return []
+        self.hub.inherited()
         pthread_mutex_lock(&self.hub.h.mu)
         n = self.s.npending
         for i in range(n):
