@@ -235,3 +235,23 @@ def test_a_process_with_a_native_listener_exits_promptly(redis_server: RedisServ
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "listening"
     assert time.monotonic() - started < 10
+
+
+def test_the_native_listener_ends_when_no_waiter_is_left_and_a_new_waiter_restarts_it(
+    native_engine: Any, client: redis.Redis
+) -> None:
+    listener = native_engine.notices(client)
+    first = listener.listen("idle", lambda _p: None)
+    wait_until(lambda: subscribed(client, "idle:released"), timeout=5, what="the subscription")
+    reader = notice_tasks()
+    first.cancel()
+    # The connection is closed and the thread ends a couple of seconds later.
+    wait_until(lambda: not (notice_tasks() & reader), timeout=10, what="the reader's end")
+    assert not [c for c in client.client_list() if "P" in c["flags"]]
+    got: list[bytes | None] = []
+    second = listener.listen("idle", got.append)
+    wait_until(lambda: subscribed(client, "idle:released"), timeout=5, what="the new subscription")
+    client.publish("idle:released", b"again")
+    assert second.wait(5)
+    assert got == [b"again"]
+    second.cancel()

@@ -500,6 +500,12 @@ def native_hub(endpoint: Endpoint) -> Any:
 
     # Pub/sub ignores the database, and the connection needs no name of its own.
     key = replace(endpoint, db=0, client_name=None)
+    for other, idle in list(_native_hubs.items()):
+        if other != key and idle.idle:
+            # Nobody listened there for a while and its thread has ended:
+            # let its descriptors go too.
+            idle.close()
+            del _native_hubs[other]
     hub = _native_hubs.get(key)
     if hub is None or hub.closed:
         hub = _native_hubs[key] = _core.NoticeHub(_core.Target(key))

@@ -16,8 +16,8 @@
 # says), SUBSCRIBE every channel wanted, read; ping a silent connection and
 # drop one silent for too long; reconnect with backoff after any failure and
 # then wake every waiter once (notices may have been lost meanwhile); close
-# the connection when no waiter is left for a while, and park until one
-# comes. Sending SUBSCRIBE / UNSUBSCRIBE for waiters that come and go is the
+# the connection and end when no waiter is left for a while (the next
+# waiter starts a new thread). Sending SUBSCRIBE / UNSUBSCRIBE for waiters that come and go is the
 # thread's job too: Python appends the encoded command to ``out`` and kicks
 # ``cmd_fd``; only this thread ever reads, writes or closes the socket.
 
@@ -71,7 +71,6 @@ cdef struct rl_hub:
     rl_conn conn             # its ``w`` holds the SUBSCRIBE of a new session, ``e`` what ``out`` had
     pthread_t thread
     pthread_mutex_t mu
-    pthread_cond_t cv
     int cmd_fd               # eventfd: ``out`` has commands to send
     int stop_fd              # eventfd: stop (the connection's cancel fd; never drained)
     # Guarded by mu.
@@ -96,7 +95,6 @@ cdef void hub_free(rl_hub* h) noexcept nogil:
         close(h.stop_fd)
     free(h.subs)
     pthread_mutex_destroy(&h.mu)
-    pthread_cond_destroy(&h.cv)
     free(h)
 
 
@@ -215,13 +213,15 @@ cdef void drain_fd(int fd) noexcept nogil:
     read(fd, &value, 8)
 
 
-cdef int hub_session(rl_hub* h) noexcept nogil:
-    """One connection's life: 0 when it ended by itself (stop, idle), -1 on a failure."""
+cdef int hub_session(rl_hub* h, bint reconnect) noexcept nogil:
+    """One connection's life: 0 when it ended by itself (stop, idle), -1 on a failure.
+
+    ``reconnect``: an earlier session of this thread was lost, and notices with it.
+    """
     cdef rl_conn* c = &h.conn
     cdef pollfd fds[3]
     cdef int64_t now, heard, pinged, idle_since = 0
     cdef int rc, nsubs
-    cdef bint reconnect
     cdef Py_ssize_t parsed
     now = rl_now_ns()
     if c.disco != NULL and (<rl_disco*>c.disco).kind != DISCO_SENTINEL:
@@ -235,7 +235,6 @@ cdef int hub_session(rl_hub* h) noexcept nogil:
     pthread_mutex_lock(&h.mu)
     drain_fd(h.cmd_fd)
     rc = hub_build_subscribe(h)
-    reconnect = h.connects > 0
     h.connects += 1
     h.subscribed_at = rl_now_ns()
     pthread_mutex_unlock(&h.mu)
@@ -334,35 +333,32 @@ cdef void* hub_main(void* arg) noexcept nogil:
     cdef rl_hub* h = <rl_hub*>arg
     cdef int64_t backoff = NOTICE_BACKOFF_MIN_NS
     cdef int rc, detached
+    cdef bint lost = False
     rl_name_notice_thread()
     while True:
         pthread_mutex_lock(&h.mu)
-        while not h.stop and h.nsubs == 0:
-            # Nobody listens: no connection, no work, until a waiter comes.
-            pthread_cond_wait(&h.cv, &h.mu)
-        if h.stop:
+        if h.stop or h.nsubs == 0:
+            # Nobody listens (any more): the thread ends. Decided and marked
+            # under one hold of the lock, so a waiter that comes now sees it
+            # ended and starts another (NoticeHub.add).
+            detached = h.detached
+            h.exited = 1
             pthread_mutex_unlock(&h.mu)
             break
         pthread_mutex_unlock(&h.mu)
-        rc = hub_session(h)
+        rc = hub_session(h, lost)
+        lost = True       # whatever ended it, the next session follows a gap
         conn_drop(&h.conn)
         pthread_mutex_lock(&h.mu)
         h.subscribed_at = 0
-        rc = -2 if h.stop else rc
         pthread_mutex_unlock(&h.mu)
-        if rc == -2:
-            break
         if rc < 0:
             # Waiters poll meanwhile; the connection is tried again after a backoff.
             if hub_pause(h, backoff):
-                break
+                continue      # stopped: the top of the loop ends the thread
             backoff = backoff * 2 if backoff * 2 < NOTICE_BACKOFF_MAX_NS else NOTICE_BACKOFF_MAX_NS
         else:
             backoff = NOTICE_BACKOFF_MIN_NS
-    pthread_mutex_lock(&h.mu)
-    detached = h.detached
-    h.exited = 1
-    pthread_mutex_unlock(&h.mu)
     if detached:
         hub_free(h)
     return NULL
@@ -378,8 +374,8 @@ cdef class NoticeHub:
 
     Made from a Target (a fixed address, or a Sentinel-managed master; TLS
     as the Target says). ``NoticeSub`` objects register with it; the thread
-    starts with the first and keeps running, without a connection while no
-    waiter is left, until ``close()``. After ``os.fork()`` the child's copy
+    starts with the first, and ends (closing its connection) once no waiter
+    has been left for a while, or at ``close()``. After ``os.fork()`` the child's copy
     is inert: no thread, its socket dropped unsent; a new hub is made there.
     """
 
@@ -413,7 +409,6 @@ cdef class NoticeHub:
         h.cmd_fd = -1
         h.stop_fd = -1
         pthread_mutex_init(&h.mu, NULL)
-        rl_cond_init(&h.cv)
         self.h = h
         target.init_conn(&h.conn)
         h.cmd_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
@@ -441,7 +436,6 @@ cdef class NoticeHub:
         h.detached = 1
         exited = h.exited
         fd_signal(h.stop_fd)
-        pthread_cond_signal(&h.cv)
         pthread_mutex_unlock(&h.mu)
         if exited:
             with nogil:
@@ -467,14 +461,33 @@ cdef class NoticeHub:
 
     @property
     def running(self):
-        """True while the native reader thread exists."""
-        return self.h != NULL and not self.inherited() and bool(self.h.thread_started)
+        """True while the native reader thread runs (it ends when no waiter is left)."""
+        cdef bint alive
+        if self.h == NULL or self.inherited():
+            return False
+        pthread_mutex_lock(&self.h.mu)
+        alive = self.h.thread_started and not self.h.exited
+        pthread_mutex_unlock(&self.h.mu)
+        return alive
+
+    @property
+    def idle(self):
+        """True when no waiter is registered and the reader thread has ended."""
+        cdef bint idle
+        if self.h == NULL or self.inherited():
+            return True
+        pthread_mutex_lock(&self.h.mu)
+        idle = self.h.nsubs == 0 and (not self.h.thread_started or self.h.exited)
+        pthread_mutex_unlock(&self.h.mu)
+        return idle
 
     cdef int add(self, rl_nsub* s) except -1:
         cdef rl_hub* h = self.h
         cdef rl_nsub** grown
         cdef rl_buf cmd
         cdef int rc = 0
+        cdef pthread_t old
+        cdef bint joining = False
         if h == NULL or self._closed or self.inherited():
             raise RuntimeError("NoticeHub is closed")
         memset(&cmd, 0, sizeof(cmd))
@@ -492,16 +505,28 @@ cdef class NoticeHub:
             h.nsubs += 1
             if h.subscribed_at != 0:
                 rc = buf_put(&h.out, cmd.data, cmd.len)
+            if h.thread_started and h.exited:
+                # The last one ended for want of waiters: start another, and
+                # join the old one once the lock is let go.
+                old = h.thread
+                h.thread_started = 0
+                h.exited = 0
+                joining = True
             if not h.thread_started:
                 rc = rl_spawn(&h.thread, hub_main, h)
                 if rc != 0:
                     h.nsubs -= 1
                     pthread_mutex_unlock(&h.mu)
+                    if joining:
+                        with nogil:
+                            pthread_join(old, NULL)
                     raise OSError(rc, "cannot start the notice thread: " + strerror(rc).decode())
                 h.thread_started = 1
-            pthread_cond_signal(&h.cv)
             pthread_mutex_unlock(&h.mu)
             fd_signal(h.cmd_fd)
+            if joining:
+                with nogil:
+                    pthread_join(old, NULL)
         finally:
             buf_free(&cmd)
         return 0
@@ -548,7 +573,6 @@ cdef class NoticeHub:
         h.stop = 1
         started = h.thread_started
         fd_signal(h.stop_fd)
-        pthread_cond_signal(&h.cv)
         pthread_mutex_unlock(&h.mu)
         if started:
             with nogil:
@@ -564,7 +588,6 @@ cdef class NoticeHub:
         # The struct stays allocated: freeing what a vanished thread may
         # have been using is not safe.
         pthread_mutex_init(&h.mu, NULL)
-        rl_cond_init(&h.cv)
         h.thread_started = 0
         h.stop = 1
         self._forked = True
