@@ -19,10 +19,11 @@ from ._errors import (
     ConfigError,
     NotAcquired,
     NotHeld,
+    NotReplicated,
     RedleaseError,
     TooManyEvalBodies,
 )
-from ._fence import Fencer
+from ._fence import FencedPipeline, Fencer
 from ._term import Leader, Observer, Term
 from ._version import __version__
 from .lock import (
@@ -44,6 +45,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "Elector",
+    "FencedPipeline",
     "Fencer",
     "Leader",
     "Lock",
@@ -51,6 +53,7 @@ __all__ = [
     "MemoryLocker",
     "NotAcquired",
     "NotHeld",
+    "NotReplicated",
     "Observer",
     "RedisLocker",
     "RedleaseError",

@@ -18,6 +18,9 @@ DEFAULT_TTL = 5.0
 MIN_TTL = 0.1
 MIN_INTERVAL = 0.001
 
+DEFAULT_REPLICA_TIMEOUT = 0.1
+"""How long ``WAIT`` waits for replicas to confirm, by default (seconds)."""
+
 
 def to_seconds(value: object, what: str) -> float:
     """A duration (seconds or ``timedelta``) as float seconds, or ConfigError.
@@ -61,6 +64,47 @@ def default_instance_id() -> str:
 
 
 @dataclass(frozen=True)
+class ReplicationGuard:
+    """How many replicas must confirm an acquire or fenced write, and for how long to wait.
+
+    ``min_replicas`` 0 turns the guard off: nothing waits for replicas.
+    """
+
+    min_replicas: int = 0
+    replica_timeout: float = DEFAULT_REPLICA_TIMEOUT
+
+    @property
+    def enabled(self) -> bool:
+        return self.min_replicas > 0
+
+    @property
+    def timeout_ms(self) -> int:
+        """``replica_timeout`` as the whole milliseconds ``WAIT`` takes, rounded up.
+
+        Never 0: ``WAIT n 0`` would block until the replicas answer, forever
+        if they never do.
+        """
+        return max(1, math.ceil(self.replica_timeout * 1000 - 1e-9))
+
+    @classmethod
+    def resolve(cls, min_replicas: object = 0, replica_timeout: object = None) -> ReplicationGuard:
+        """Validate the guard's settings: ConfigError naming the rule and the value."""
+        if isinstance(min_replicas, bool) or not isinstance(min_replicas, int):
+            raise ConfigError(
+                f"min_replicas must be an int (replicas that must confirm each acquire and "
+                f"fenced write), got {type(min_replicas).__name__} {min_replicas!r}"
+            )
+        if min_replicas < 0:
+            raise ConfigError(f"min_replicas must be 0 or more, got {min_replicas!r}")
+        timeout = (
+            DEFAULT_REPLICA_TIMEOUT
+            if replica_timeout is None
+            else to_seconds(replica_timeout, "replica_timeout")
+        )
+        return cls(min_replicas, timeout)
+
+
+@dataclass(frozen=True)
 class Config:
     """The validated, resolved settings of an Elector (durations in float seconds).
 
@@ -73,6 +117,13 @@ class Config:
     renew_interval: float
     acquire_interval: float
     instance_id: str
+    min_replicas: int = 0
+    replica_timeout: float = DEFAULT_REPLICA_TIMEOUT
+
+    @property
+    def guard(self) -> ReplicationGuard:
+        """The replication guard these settings ask for."""
+        return ReplicationGuard(self.min_replicas, self.replica_timeout)
 
     @property
     def ttl_ms(self) -> int:
@@ -88,6 +139,8 @@ class Config:
         renew_interval: Duration | None = None,
         acquire_interval: Duration | None = None,
         instance_id: object = None,
+        min_replicas: object = 0,
+        replica_timeout: object = None,
     ) -> Config:
         """Validate the user's settings and fill in the defaults."""
         if not isinstance(name, str):
@@ -139,4 +192,12 @@ class Config:
         else:
             ident = instance_id
 
-        return cls(name, ttl_s, renew, acquire, ident)
+        guard = ReplicationGuard.resolve(min_replicas, replica_timeout)
+        if guard.enabled and guard.replica_timeout >= ttl_s:
+            raise ConfigError(
+                f"replica_timeout must be less than ttl ({ttl_s!r} s) so a confirmed acquire "
+                f"still has a lease to lead on, got {guard.replica_timeout!r} s"
+            )
+        return cls(
+            name, ttl_s, renew, acquire, ident, guard.min_replicas, guard.replica_timeout
+        )

@@ -29,8 +29,8 @@ from . import _notices, _scripts
 from ._config import Config, Duration
 from ._engine import ACTIVE, EncodableT, Engine, Keeper, is_cluster, make_engine
 from ._engine.base import NoticeSubscription
-from ._errors import ConfigError
-from ._fence import Fence, Fencer
+from ._errors import ConfigError, NotReplicated
+from ._fence import Fence, FencedPipeline, Fencer
 from ._keys import ElectionKeys, has_hash_tag
 from ._log import Events
 from ._term import Leader, Observer, Reason, Term, end_term
@@ -139,6 +139,8 @@ class Election:
         observer: Observer | None = None,
         engine: str | None = "auto",
         fencer: Callable[[int], Any] | None = None,
+        min_replicas: int = 0,
+        replica_timeout: Duration | None = None,
     ) -> None:
         if client is None:
             raise ConfigError(
@@ -150,7 +152,10 @@ class Election:
             renew_interval=renew_interval,
             acquire_interval=acquire_interval,
             instance_id=instance_id,
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
         )
+        self.guard = self.config.guard
         if is_cluster(client) and not has_hash_tag(self.config.name):
             raise ConfigError(
                 f"with a RedisCluster client the name needs a hash tag so its keys share one "
@@ -173,6 +178,8 @@ class Election:
             self.config.name,
             self.events,
             cluster=is_cluster(client),
+            guard=self.guard,
+            on_failover=self._failover_seen,
         )
         # What the leader function gets as its second argument, for a token.
         self._fencer: Callable[[int], Any] = fencer or (lambda _token: None)
@@ -314,15 +321,47 @@ class Election:
 
     def _acquire(self) -> tuple[int, int, str]:
         """``(token, pttl_ms, holder)``; token 0 when another instance (``holder``) leads."""
-        reply = self.engine.call(
-            _ACQUIRE,
-            self.keys.all(),
-            (self.instance_id, self.config.ttl_ms),
-            self.config.renew_interval,
-        )
+        guard = self.guard
+        args = (self.instance_id, self.config.ttl_ms)
+        # Answered READONLY / MASTERDOWN / NOREPLICAS, an acquire raises like
+        # any error: no term starts (none runs while the loop contends).
+        acked = 0
+        if not guard.enabled:
+            reply = self.engine.call(_ACQUIRE, self.keys.all(), args, self.config.renew_interval)
+        else:
+            reply, acked = self.engine.call_replicated(
+                _ACQUIRE,
+                self.keys.all(),
+                args,
+                self.config.renew_interval,
+                guard.min_replicas,
+                guard.timeout_ms,
+            )
         token = int(reply[0])
+        if token > 0 and guard.enabled and acked < guard.min_replicas:
+            # Won on the master only: a failover now could hand the name to
+            # another instance with an older fence. No term starts; the lease
+            # goes back at once so nobody waits a TTL for it.
+            self._release()
+            raise NotReplicated(
+                f"acquire of {self.config.name!r} was confirmed by {acked} of the "
+                f"{guard.min_replicas} replicas required within {guard.timeout_ms} ms; "
+                "released, trying again",
+                applied=True,
+                replicas=acked,
+            )
         holder = self.instance_id if token else _instance_text(reply[2])
         return token, int(reply[1]), holder
+
+    def _failover_seen(self, token: int, exc: Exception) -> None:
+        """A fenced write with ``token`` was answered READONLY / MASTERDOWN / NOREPLICAS.
+
+        The server is no longer the master the running term was granted on:
+        that term ends now (reason "lost"), not at its renewal deadline.
+        """
+        run = self.run
+        if run is not None and token and run.keeper.token == token:
+            run.keeper.lose(exc)
 
     def _poll_delay(self, pttl_ms: int) -> float:
         delay = self._jittered(self.config.acquire_interval)
@@ -465,6 +504,16 @@ class Elector:
     The lease is renewed by the engine's keeper: on the native engine a
     native thread that never waits for the GIL. ``is_leader()`` is advisory;
     carry the token through a fenced write for anything that must be safe.
+
+    Replication guard: with ``min_replicas=N`` (default 0, off) every acquire
+    and fenced write is followed, on the same connection, by ``WAIT N
+    replica_timeout`` (default 0.1 s). An acquire fewer than N replicas
+    confirmed starts no term: the lease is released, ``NotReplicated`` goes
+    to ``Observer.on_error`` and the run tries again. A fenced write applied
+    but confirmed by fewer raises ``NotReplicated`` (``applied=True``). WAIT
+    is not consensus: see the README's correctness boundary. A renewal,
+    acquire or fenced write answered READONLY, MASTERDOWN or NOREPLICAS ends
+    the term at once (reason ``"lost"``).
     """
 
     def __init__(
@@ -478,6 +527,8 @@ class Elector:
         instance_id: str | None = None,
         observer: Observer | None = None,
         engine: str | None = "auto",
+        min_replicas: int = 0,
+        replica_timeout: Duration | None = None,
     ) -> None:
         self._election = Election(
             client,
@@ -489,6 +540,8 @@ class Elector:
             observer=observer,
             engine=engine,
             fencer=lambda token: Fencer(self, token),
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
         )
         self.config: Config = self._election.config
         self._fence = self._election.fence
@@ -688,6 +741,17 @@ class Elector:
         raises ResponseError and does not move the mark.
         """
         return self._fence.write(self._fence.eval_request(token, body, keys, args))
+
+
+    def fence_pipeline(self, token: int) -> FencedPipeline:
+        """A pipeline of fenced writes with ``token``, sent in one round trip.
+
+        ``pipe.set(...).hset(...).eval(...)`` queue writes (validated at
+        once); ``pipe.execute()`` returns one ``applied`` per write, in
+        order. Each write is fenced on its own, so a write after a rejected
+        one is rejected too. See ``redlease.FencedPipeline``.
+        """
+        return FencedPipeline(self._fence, token)
 
 
 _live_elections: weakref.WeakSet[Election] = weakref.WeakSet()

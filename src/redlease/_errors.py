@@ -33,3 +33,27 @@ class NotHeld(RedleaseError):
 
 class AutoRenewTTLTooShort(RedleaseError, ValueError):
     """Auto-renewal was requested with a TTL below ``MIN_AUTO_RENEW_TTL``."""
+
+
+class NotReplicated(RedleaseError):
+    """Fewer replicas than ``min_replicas`` confirmed an acquire or a fenced write in time.
+
+    ``WAIT`` answered with ``replicas`` acknowledgements after
+    ``replica_timeout``. ``applied`` says whether the server took the command
+    itself: a fenced write with ``applied=True`` *is* on the master (and on
+    ``replicas`` replicas); it is not undone, and a failover now could lose
+    it. An acquire that was not confirmed is released again before this is
+    reported, so no term starts and no lock is returned.
+    """
+
+    def __init__(self, message: str, *, applied: bool, replicas: int) -> None:
+        super().__init__(message)
+        self.applied = applied
+        self.replicas = replicas
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _not_replicated, (str(self), self.applied, self.replicas)
+
+
+def _not_replicated(message: str, applied: bool, replicas: int) -> NotReplicated:
+    return NotReplicated(message, applied=applied, replicas=replicas)

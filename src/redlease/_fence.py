@@ -3,32 +3,35 @@
 ``Fence`` is the fenced-write machinery of one elector name, shared by the
 threaded and the asyncio front ends: it validates a write into a request
 (script, keys, args) before anything is sent, caches ``fence_eval`` bodies,
-and sends every request through the engine's one write path, so the two
-front ends differ only in how they wait for the reply.
+and sends every request through the engine's one write path (a pipeline's
+batch through its one batch path, ``write_many``), so the two front ends
+differ only in how they wait for the reply.
 
 A fenced write is sent at most once. When its outcome is unknown (the
 connection broke or the deadline passed after the script may have reached
 the server) it raises redis-py's ``ConnectionError`` / ``TimeoutError``: the
 write may or may not have landed, and it is never sent again behind the
 caller's back — a resent script could apply twice, or be "rejected" by the
-mark its own first copy raised.
+mark its own first copy raised. The same holds for every write of a batch.
 
-``Fencer`` is the public handle of a term's token.
+``Fencer`` is the public handle of a term's token; ``FencedPipeline`` (and
+its asyncio twin) queues fenced writes with one token for one round trip.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from redis.crc import key_slot
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from . import _scripts
-from ._engine import EncodableT, Engine
-from ._errors import TooManyEvalBodies
+from ._config import ReplicationGuard
+from ._engine import EncodableT, Engine, is_failover_reply
+from ._errors import NotReplicated, TooManyEvalBodies
 from ._log import Events
 
 if TYPE_CHECKING:
@@ -89,9 +92,21 @@ class Fence:
     """
 
     def __init__(
-        self, engine: Engine, applied_key: str, name: str, events: Events, *, cluster: bool = False
+        self,
+        engine: Engine,
+        applied_key: str,
+        name: str,
+        events: Events,
+        *,
+        cluster: bool = False,
+        guard: ReplicationGuard | None = None,
+        on_failover: Callable[[int, Exception], object] | None = None,
     ) -> None:
         self._engine = engine
+        self._guard = guard or ReplicationGuard()
+        # Told when a write with a token is answered READONLY / MASTERDOWN /
+        # NOREPLICAS, so the term holding that token can end at once.
+        self._on_failover = on_failover
         self._applied_key = applied_key
         self._name = name
         # On a cluster every key of a write must live in the name's slot.
@@ -101,14 +116,14 @@ class Fence:
         self._events = events  # its Election's: fenced-write results are reported there
 
     def set_request(self, token: object, key: object, value: object) -> FenceRequest | None:
-        return self._request(_FENCE_SET, token, (_check_key(key),), (_check_value(value),))
+        return self._request(token, _FENCE_SET, (_check_key(key),), (_check_value(value),))
 
     def hset_request(
         self, token: object, key: object, field: object, value: object
     ) -> FenceRequest | None:
         return self._request(
-            _FENCE_HSET,
             token,
+            _FENCE_HSET,
             (_check_key(key),),
             (_check_value(field, "field"), _check_value(value)),
         )
@@ -117,6 +132,12 @@ class Fence:
         self, token: object, body: object, keys: object, args: object
     ) -> FenceRequest | None:
         check_token(token)
+        return self._request(token, *self.eval_parts(body, keys, args))
+
+    def eval_parts(
+        self, body: object, keys: object, args: object
+    ) -> tuple[Script, tuple[str | bytes, ...], tuple[EncodableT, ...]]:
+        """A ``fence_eval``'s script, keys and args, validated (the token aside)."""
         if not isinstance(body, str):
             raise TypeError(f"body must be a str of Lua, got {type(body).__name__}")
         checked_keys = tuple(
@@ -125,25 +146,128 @@ class Fence:
         checked_args = tuple(
             _check_value(a, "each arg") for a in _check_sequence(args, "args", "values")
         )
-        return self._request(self._eval_script(body), token, checked_keys, checked_args)
+        return self._eval_script(body), checked_keys, checked_args
 
     def write(self, request: FenceRequest | None) -> bool:
-        """Send ``request`` once and return whether it was applied."""
+        """Send ``request`` once and return whether it was applied.
+
+        With the replication guard on, the write is followed by ``WAIT`` on
+        its connection, and an applied write that fewer than
+        ``min_replicas`` replicas confirmed raises ``NotReplicated``.
+        """
         if request is None:
             return False
-        applied = bool(self._engine.write(*request) == 1)
-        self._events.fenced(applied)
-        return applied
+        guard = self._guard
+        try:
+            if guard.enabled:
+                reply, acked = self._engine.write_replicated(
+                    *request, guard.min_replicas, guard.timeout_ms
+                )
+            else:
+                reply, acked = self._engine.write(*request), 0
+        except RedisError as exc:
+            self._failover_seen(request, exc)
+            raise
+        return self._outcome(reply, acked)
 
     async def write_async(self, request: FenceRequest | None) -> bool:
-        """``write`` for a coroutine: the round trip runs off the event loop."""
+        """``write`` for a coroutine: pipelined on the engine's connection for this loop.
+
+        Where the engine has no loop writer (see ``Engine.loop_writer``) the
+        blocking write runs on the loop's default executor instead.
+        """
         if request is None:
             return False
-        reply = await asyncio.get_running_loop().run_in_executor(
-            None, self._engine.write, *request
+        if self._guard.enabled:
+            # WAIT must follow on the write's own connection: the blocking path.
+            return await asyncio.get_running_loop().run_in_executor(None, self.write, request)
+        loop = asyncio.get_running_loop()
+        writer = self._engine.loop_writer(loop)
+        try:
+            if writer is None:
+                reply = await loop.run_in_executor(None, self._engine.write, *request)
+            else:
+                reply = await writer.write(*request)
+        except RedisError as exc:
+            self._failover_seen(request, exc)
+            raise
+        return self._outcome(reply, 0)
+
+    def _outcome(self, reply: object, acked: int) -> bool:
+        applied = reply == 1
+        self._events.fenced(applied)
+        guard = self._guard
+        if applied and guard.enabled and acked < guard.min_replicas:
+            raise NotReplicated(
+                f"fenced write on {self._name!r} was applied on the master but confirmed by "
+                f"{acked} of the {guard.min_replicas} replicas required within "
+                f"{guard.timeout_ms} ms; a failover now could lose it",
+                applied=True,
+                replicas=acked,
+            )
+        return applied
+
+    def _failover_seen(self, request: FenceRequest, exc: RedisError) -> None:
+        if self._on_failover is not None and is_failover_reply(exc):
+            self._on_failover(int(request[2][0]), exc)
+
+    def write_many(self, requests: Sequence[FenceRequest | None]) -> list[bool]:
+        """Send ``requests`` in one round trip, in order; one ``applied`` per request.
+
+        An empty batch sends nothing, nor does one of the inert token (its
+        requests are None). The first error reply is raised once every
+        reply was read.
+        """
+        if not requests:
+            return []
+        if requests[0] is None:
+            return self._rejected(len(requests))
+        batch = cast(list[FenceRequest], requests)
+        guard = self._guard
+        if not guard.enabled:
+            return self._results(self._engine.write_many(batch))
+        # With the guard, one WAIT follows the batch on its connection.
+        replies, acked = self._engine.write_many_replicated(
+            batch, guard.min_replicas, guard.timeout_ms
         )
-        self._events.fenced(reply == 1)
-        return bool(reply == 1)
+        applied = self._results(replies)
+        if any(applied) and acked < guard.min_replicas:
+            raise NotReplicated(
+                f"fenced pipeline on {self._name!r}: {sum(applied)} of {len(applied)} writes "
+                f"applied on the master but confirmed by {acked} of the {guard.min_replicas} "
+                f"replicas required within {guard.timeout_ms} ms; a failover now could lose them",
+                applied=True,
+                replicas=acked,
+            )
+        return applied
+
+    async def write_many_async(self, requests: Sequence[FenceRequest | None]) -> list[bool]:
+        """``write_many`` for a coroutine: one trip off the event loop for the whole batch."""
+        if not requests:
+            return []
+        return await asyncio.get_running_loop().run_in_executor(None, self.write_many, requests)
+
+    def _rejected(self, n: int) -> list[bool]:
+        applied = [False] * n
+        self._report(applied)
+        return applied
+
+    def _results(self, replies: list[Any]) -> list[bool]:
+        """One ``applied`` per reply; the first error reply raised once all are reported."""
+        applied = [reply == 1 for reply in replies]
+        failures = [reply for reply in replies if isinstance(reply, Exception)]
+        if not failures:
+            self._report(applied)
+            return applied
+        # Writes that met an error reply raised: they were neither applied nor rejected.
+        ran = zip(applied, replies, strict=True)
+        self._report([done for done, reply in ran if not isinstance(reply, Exception)])
+        raise failures[0]
+
+    def _report(self, applied: list[bool]) -> None:
+        if self._events.sinks:
+            for done in applied:
+                self._events.fenced(done)
 
     def _eval_script(self, body: str) -> Script:
         with self._mutex:
@@ -161,17 +285,30 @@ class Fence:
 
     def _request(
         self,
-        script: Script,
         token: object,
+        script: Script,
         keys: tuple[str | bytes, ...],
         args: tuple[EncodableT, ...],
     ) -> FenceRequest | None:
         checked = check_token(token)
         if checked < 1:
             return None  # the inert and non-positive tokens never write
+        return self.bind(str(checked), script, keys, args)
+
+    def bind(
+        self,
+        token_arg: str,
+        script: Script,
+        keys: tuple[str | bytes, ...],
+        args: tuple[EncodableT, ...],
+    ) -> FenceRequest:
+        """The request of a validated write with a positive token (``token_arg``, its decimal).
+
+        On a cluster, a key outside the name's slot raises here.
+        """
         if self._slot is not None:
             self._check_slots(keys)
-        return script, (self._applied_key, *keys), (str(checked), *args)
+        return script, (self._applied_key, *keys), (token_arg, *args)
 
     def _check_slots(self, keys: tuple[str | bytes, ...]) -> None:
         """Refuse, before anything is sent, a cluster write with a key outside the name's slot.
@@ -188,6 +325,108 @@ class Fence:
                 f"{foreign!r} are not in slot {self._slot} of {self._name!r}; on a cluster "
                 f"give every key the name's hash tag"
             )
+
+
+_P = TypeVar("_P", bound="_PipelineWrites")
+
+
+class _PipelineWrites:
+    """The chainable writes of a fenced pipeline, validated as they are added.
+
+    The token is checked once, when the pipeline is made; each write then
+    costs only its own arguments' checks (a pipeline is for many writes).
+    """
+
+    __slots__ = ("_fence", "_requests", "_token_arg", "token")
+
+    def __init__(self, fence: Fence, token: object) -> None:
+        self._fence = fence
+        self.token = check_token(token)
+        # None: the inert and non-positive tokens never write, nor send.
+        self._token_arg = str(self.token) if self.token >= 1 else None
+        self._requests: list[FenceRequest | None] = []
+
+    def set(self: _P, key: str | bytes, value: EncodableT) -> _P:
+        """Queue a fenced ``SET key value``; bad arguments raise here, before anything is sent."""
+        self._add(_FENCE_SET, (_check_key(key),), (_check_value(value),))
+        return self
+
+    def hset(self: _P, key: str | bytes, field: str | bytes, value: EncodableT) -> _P:
+        """Queue a fenced ``HSET key field value``."""
+        self._add(
+            _FENCE_HSET, (_check_key(key),), (_check_value(field, "field"), _check_value(value))
+        )
+        return self
+
+    def eval(
+        self: _P,
+        body: str,
+        keys: Sequence[str | bytes] = (),
+        args: Sequence[EncodableT] = (),
+    ) -> _P:
+        """Queue a fenced Lua write (body rules as ``Elector.fence_eval``)."""
+        self._add(*self._fence.eval_parts(body, keys, args))
+        return self
+
+    def _add(
+        self, script: Script, keys: tuple[str | bytes, ...], args: tuple[EncodableT, ...]
+    ) -> None:
+        token_arg = self._token_arg
+        self._requests.append(
+            None if token_arg is None else self._fence.bind(token_arg, script, keys, args)
+        )
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def _take(self) -> list[FenceRequest | None]:
+        requests, self._requests = self._requests, []
+        return requests
+
+
+class FencedPipeline(_PipelineWrites):
+    """Fenced writes queued with one token and sent together by ``execute()``.
+
+    Made by ``Fencer.pipeline()`` or ``Elector.fence_pipeline(token)``.
+    ``set``, ``hset`` and ``eval`` validate their arguments at once (raising
+    before anything is sent) and return the pipeline, so calls chain.
+    ``execute()`` sends every queued write in one round trip and returns one
+    ``applied`` per write, in order. Each write is fenced on its own (token
+    check, write, mark advanced), in order: once one is rejected every later
+    one is rejected too, because the mark only rises. An error reply raises
+    its ``ResponseError`` after every reply was read (the other writes are
+    as Redis did them). A write whose script the server had lost (NOSCRIPT)
+    did not run, and only it is sent again, as EVAL, after the rest. The
+    pipeline is empty again after ``execute()``, whatever it raised. Like
+    redis-py's pipelines, one pipeline belongs to one thread at a time;
+    any number of pipelines may execute at once.
+    """
+
+    __slots__ = ()
+
+    def execute(self) -> list[bool]:
+        """Send the queued writes in one round trip; ``[]`` without one when none are queued."""
+        return self._fence.write_many(self._take())
+
+    def __repr__(self) -> str:
+        return f"<redlease.FencedPipeline token={self.token} writes={len(self)}>"
+
+
+class AsyncFencedPipeline(_PipelineWrites):
+    """``FencedPipeline`` for asyncio, as ``redlease.aio.FencedPipeline``.
+
+    ``await pipe.execute()`` sends the batch: one hop off the event loop for
+    the whole round trip.
+    """
+
+    __slots__ = ()
+
+    async def execute(self) -> list[bool]:
+        """Send the queued writes in one round trip; ``[]`` without one when none are queued."""
+        return await self._fence.write_many_async(self._take())
+
+    def __repr__(self) -> str:
+        return f"<redlease.aio.FencedPipeline token={self.token} writes={len(self)}>"
 
 
 class Fencer:
@@ -226,6 +465,10 @@ class Fencer:
     ) -> bool:
         """Fenced Lua write; see ``Elector.fence_eval``."""
         return self._elector.fence_eval(self.token, body, keys, args)
+
+    def pipeline(self) -> FencedPipeline:
+        """A pipeline of fenced writes with this token; see ``Elector.fence_pipeline``."""
+        return self._elector.fence_pipeline(self.token)
 
     def __bool__(self) -> bool:
         return self.token > 0

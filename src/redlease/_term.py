@@ -21,7 +21,8 @@ class Observer:
     - ``on_follower()``: an acquire found the lock held by another instance;
       once per transition into the follower role, not on every retry.
     - ``on_error(exc)``: a Redis error during acquire, renewal or release, as
-      the redis-py exception it was. Already handled (retried, backed off or
+      the redis-py exception it was, or ``redlease.NotReplicated`` for an
+      acquire too few replicas confirmed (``min_replicas``). Already handled (retried, backed off or
       stepped down from): for logs and metrics, never requires action.
     - ``on_new_leader(instance_id)``: the run observed a different holder of
       the lease than it last observed (this instance included), in the order

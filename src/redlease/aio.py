@@ -28,12 +28,14 @@ from ._elector import Election, Run, check_leader_fn
 from ._engine import EncodableT
 from ._engine.aioclient import sync_twin
 from ._errors import NotHeld
+from ._fence import AsyncFencedPipeline as FencedPipeline
 from ._fence import check_token
 from ._lock import release_after_failure
 from ._term import Leader, Observer, Term, when_ended
 
 __all__ = [
     "Elector",
+    "FencedPipeline",
     "Fencer",
     "Lock",
     "MemoryLocker",
@@ -80,6 +82,10 @@ class Fencer:
         """Fenced Lua write; see ``Elector.fence_eval``."""
         return await self._elector.fence_eval(self.token, body, keys, args)
 
+    def pipeline(self) -> FencedPipeline:
+        """A pipeline of fenced writes with this token; ``await pipe.execute()`` sends it."""
+        return self._elector.fence_pipeline(self.token)
+
     def __bool__(self) -> bool:
         return self.token > 0
 
@@ -107,6 +113,8 @@ class Elector:
         instance_id: str | None = None,
         observer: Observer | None = None,
         engine: str | None = "auto",
+        min_replicas: int = 0,
+        replica_timeout: Duration | None = None,
     ) -> None:
         self._client = client
         self._core = Election(
@@ -118,6 +126,8 @@ class Elector:
             instance_id=instance_id,
             observer=observer,
             engine=engine,
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
         )
         self._fence = self._core.fence
         self._stop_event: asyncio.Event | None = None
@@ -295,6 +305,15 @@ class Elector:
         return await self._fence.write_async(
             self._fence.eval_request(token, body, keys, args)
         )
+
+
+    def fence_pipeline(self, token: int) -> FencedPipeline:
+        """A pipeline of fenced writes with ``token``; ``await pipe.execute()`` -> ``list[bool]``.
+
+        Semantics as ``redlease.Elector.fence_pipeline``; the whole batch is
+        one round trip.
+        """
+        return FencedPipeline(self._fence, token)
 
 
 class _LeaderBridge:
@@ -497,9 +516,23 @@ class RedisLocker(_AsyncLocker):
     """
 
     def __init__(
-        self, client: Any, prefix: str = lock.DEFAULT_PREFIX, engine: str | None = "auto"
+        self,
+        client: Any,
+        prefix: str = lock.DEFAULT_PREFIX,
+        engine: str | None = "auto",
+        *,
+        min_replicas: int = 0,
+        replica_timeout: Duration | None = None,
     ) -> None:
-        super().__init__(lock.RedisLocker(sync_twin(client), prefix=prefix, engine=engine))
+        super().__init__(
+            lock.RedisLocker(
+                sync_twin(client),
+                prefix=prefix,
+                engine=engine,
+                min_replicas=min_replicas,
+                replica_timeout=replica_timeout,
+            )
+        )
 
 
 class MemoryLocker(_AsyncLocker):

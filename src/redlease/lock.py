@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from . import _notices
-from ._config import Duration
+from ._config import Duration, ReplicationGuard
 from ._engine import Engine, call_timeout, is_cluster, make_engine
 from ._engine.keeper import PythonKeeper
-from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
+from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld, NotReplicated
 from ._keys import LockKeys, has_hash_tag
 from ._lock import (
     DEFAULT_RETRY_INTERVAL,
@@ -92,6 +92,12 @@ class RedisLocker(Locker):
     ``"python"``). Every round trip runs on the
     engine's own connection, bounded by the client's ``socket_timeout`` (5 s
     when it has none). Targets one Redis server; not Redlock.
+
+    ``min_replicas=N`` (default 0, off) follows each acquisition with ``WAIT
+    N replica_timeout`` (default 0.1 s) on the same connection: one that
+    fewer than N replicas confirmed is released again and ``acquire`` /
+    ``try_acquire`` raise ``NotReplicated``. A refresh answered READONLY,
+    MASTERDOWN or NOREPLICAS loses the lease at once.
     """
 
     def __init__(
@@ -99,6 +105,9 @@ class RedisLocker(Locker):
         client: Any,
         prefix: str = DEFAULT_PREFIX,
         engine: str | None = "auto",
+        *,
+        min_replicas: int = 0,
+        replica_timeout: Duration | None = None,
     ) -> None:
         if client is None:
             raise ConfigError("RedisLocker needs a redis client, got None")
@@ -110,6 +119,7 @@ class RedisLocker(Locker):
                 f"(e.g. '{{locks}}:') so each lock and the fencing counter share a slot; "
                 f"got {prefix!r}"
             )
+        self._guard = ReplicationGuard.resolve(min_replicas, replica_timeout)
         self._prefix = prefix
         self._keys = LockKeys(prefix)
         self._timeout = call_timeout(client)
@@ -145,15 +155,49 @@ class RedisLocker(Locker):
         """Close the engine's own connections (never the user's client)."""
         self._engine.close()
 
+    @property
+    def min_replicas(self) -> int:
+        """Replicas that must confirm each acquisition (0: no replication guard)."""
+        return self._guard.min_replicas
+
+    @property
+    def replica_timeout(self) -> float:
+        """How long each acquisition waits for its replicas, in seconds."""
+        return self._guard.replica_timeout
+
     def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
-        reply = self._engine.call(
-            self._acquire_script,
-            (self.key(name), self._keys.fencing),
-            (owner, ttl_ms),
-            self._timeout,
-        )
+        keys = (self.key(name), self._keys.fencing)
+        guard = self._guard
+        if guard.enabled:
+            reply, acked = self._engine.call_replicated(
+                self._acquire_script,
+                keys,
+                (owner, ttl_ms),
+                self._timeout,
+                guard.min_replicas,
+                guard.timeout_ms,
+            )
+        else:
+            reply, acked = self._engine.call(
+                self._acquire_script, keys, (owner, ttl_ms), self._timeout
+            ), 0
         token, pttl = int(reply[0]), int(reply[1])
+        if token > 0 and guard.enabled and acked < guard.min_replicas:
+            self._give_back(name, owner)
+            raise NotReplicated(
+                f"lock {name!r} was acquired on the master but confirmed by {acked} of the "
+                f"{guard.min_replicas} replicas required within {guard.timeout_ms} ms; "
+                "released again",
+                applied=True,
+                replicas=acked,
+            )
         return (token, 0.0) if token > 0 else (0, max(pttl, 0) / 1000)
+
+    def _give_back(self, name: str, owner: str) -> None:
+        # An unconfirmed acquisition is not returned, so nobody would release
+        # it: release it here. If that fails too, the lease expires in one TTL.
+        with contextlib.suppress(Exception):
+            self._release(name, owner)
 
     def _refresh(self, name: str, owner: str, ttl_ms: int) -> bool:
         reply = self._engine.call(

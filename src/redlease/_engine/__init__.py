@@ -6,13 +6,25 @@
 ``native`` are the engines; ``_native`` is the Cython core.
 """
 
-from .base import ACTIVE, ENDED, IDLE, LATENESS_BUCKETS, LOST, EncodableT, Engine, Keeper
+from .base import (
+    ACTIVE,
+    ENDED,
+    FAILOVER_REPLIES,
+    IDLE,
+    LATENESS_BUCKETS,
+    LOST,
+    EncodableT,
+    Engine,
+    Keeper,
+    is_failover_reply,
+)
 from .client import call_timeout, is_cluster, socket_timeout, write_timeout
 from .select import make_engine, native_available, resolve_engine_name
 
 __all__ = [
     "ACTIVE",
     "ENDED",
+    "FAILOVER_REPLIES",
     "IDLE",
     "LATENESS_BUCKETS",
     "LOST",
@@ -21,6 +33,7 @@ __all__ = [
     "Keeper",
     "call_timeout",
     "is_cluster",
+    "is_failover_reply",
     "make_engine",
     "native_available",
     "resolve_engine_name",

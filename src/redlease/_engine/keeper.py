@@ -20,7 +20,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .base import ACTIVE, ENDED, IDLE, LATENESS_BUCKETS, LOST, MIN_STEP
+from .base import ACTIVE, ENDED, IDLE, LATENESS_BUCKETS, LOST, MIN_STEP, is_failover_reply
 
 _LATENESS_SAMPLES = 65536
 _MAX_PENDING_ERRORS = 256
@@ -252,6 +252,12 @@ class PythonKeeper:
                 with self._cond:
                     if generation == self._generation:
                         self._errors.append(exc)
+                        if is_failover_reply(exc):
+                            # The server is no longer the master the lease was
+                            # granted on: waiting for the deadline would lead on
+                            # a lease a failover may already have lost.
+                            self._lose()
+                            continue
                         self._next = self._next_slot(scheduled)
                         self.notify()
                 continue

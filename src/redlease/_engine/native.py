@@ -9,13 +9,22 @@ take the GIL.
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from .._scripts import Script
 from ._native import _core as _native
-from .base import CALL_CONNECTIONS, DEFAULT_WRITE_TIMEOUT, WRITE_CONNECTIONS, EncodableT, Notices
+from .aiowriter import LoopWriter
+from .base import (
+    CALL_CONNECTIONS,
+    DEFAULT_WRITE_TIMEOUT,
+    WRITE_CONNECTIONS,
+    EncodableT,
+    Notices,
+    ScriptRequest,
+)
 from .client import Endpoint
 from .failover import MasterSwitches
 
@@ -44,6 +53,10 @@ class NativeEngine:
         self._refs: dict[str, _native.ScriptRef] = {}
         self._keepers: weakref.WeakSet[_native.Keeper] = weakref.WeakSet()
         self._switches = MasterSwitches(endpoint.sentinels, self._forget_master)
+        # asyncio writes: one pipelined connection per event loop.
+        self._loop_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWriter] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def __repr__(self) -> str:
         return f"<NativeEngine {self.endpoint.address} db={self.endpoint.db}>"
@@ -73,6 +86,75 @@ class NativeEngine:
         """Run a fenced-write script on a write connection, bounded by ``write_timeout``."""
         ref = self._refs.get(script.sha) or self._ref(script)
         return self._writes.execute(ref, keys, args, self.write_timeout)
+
+    def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
+        """The pipelined writer on ``loop`` (made on first use), or None where unserved."""
+        writer = self._loop_writers.get(loop)
+        if writer is None:
+            conn = _native.LoopConn(self._target)
+            refs = self._refs
+            conn_put = conn.put
+
+            def put(
+                script: Script,
+                keys: Sequence[str | bytes],
+                args: Sequence[EncodableT],
+                load: bool,
+            ) -> None:
+                conn_put(refs.get(script.sha) or self._ref(script), keys, args, load)
+
+            writer = LoopWriter(loop, conn, put, self.write_timeout, self.write)
+            self._loop_writers[loop] = writer
+        return writer
+
+    def call_replicated(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        timeout: float,
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]:
+        """``call`` and a WAIT on the same control connection, both without the GIL."""
+        return self._calls.execute_wait(self._ref(script), keys, args, timeout, replicas, wait_ms)
+
+    def write_replicated(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]:
+        """``write`` and a WAIT on the same write connection, both without the GIL."""
+        ref = self._refs.get(script.sha) or self._ref(script)
+        return self._writes.execute_wait(
+            ref, keys, args, self.write_timeout, replicas, wait_ms
+        )
+
+    def write_many(self, requests: Sequence[ScriptRequest]) -> list[Any]:
+        """Run fenced-write scripts in one round trip on a write connection (GIL released)."""
+        refs = self._refs
+        batch = [
+            (refs.get(script.sha) or self._ref(script), keys, args)
+            for script, keys, args in requests
+        ]
+        return _native.execute_many(self._writes, batch, self.write_timeout)
+
+    def write_many_replicated(
+        self, requests: Sequence[ScriptRequest], replicas: int, wait_ms: int
+    ) -> tuple[list[Any], int]:
+        """``write_many`` and one WAIT on the same write connection, both without the GIL."""
+        refs = self._refs
+        batch = [
+            (refs.get(script.sha) or self._ref(script), keys, args)
+            for script, keys, args in requests
+        ]
+        replies, acked = _native.execute_many(
+            self._writes, batch, self.write_timeout, replicas, wait_ms
+        )
+        return replies, acked
 
     def keeper(
         self,
@@ -108,6 +190,8 @@ class NativeEngine:
     def close(self) -> None:
         """Close every connection of this engine, its keepers' included. Idempotent."""
         self._switches.close()
+        for writer in list(self._loop_writers.values()):
+            writer.close()
         for keeper in list(self._keepers):
             keeper.close()
         self._calls.close()

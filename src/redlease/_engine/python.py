@@ -8,6 +8,7 @@ holds the GIL for long: that is the limitation the native engine removes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -18,21 +19,26 @@ from typing import Any
 from redis.backoff import NoBackoff
 from redis.exceptions import (
     AskError,
+    BusyLoadingError,
     ConnectionError,
     MovedError,
     NoScriptError,
+    ReadOnlyError,
     RedisError,
+    ResponseError,
     TimeoutError,
 )
 from redis.retry import Retry
 
 from .._scripts import Script
+from .aiowriter import LoopWriter, PyLoopConn
 from .base import (
     CALL_CONNECTIONS,
     DEFAULT_WRITE_TIMEOUT,
     WRITE_CONNECTIONS,
     EncodableT,
     Notices,
+    ScriptRequest,
     remaining,
 )
 from .client import is_cluster, sentinels_of
@@ -110,6 +116,43 @@ class BoundedConnection:
 
     def execute(self, args: Sequence[Any], timeout: float) -> Any:
         deadline = time.monotonic() + timeout
+
+        def one(conn: Any) -> Any:
+            conn.send_command(*args)
+            return conn.read_response(timeout=remaining(deadline))
+
+        return self._round_trip(one, deadline)
+
+    def execute_many(self, commands: Sequence[Sequence[Any]], timeout: float) -> list[Any]:
+        """Send every command at once, then read every reply, in order.
+
+        An error reply is kept in the list as the ResponseError it is (not
+        raised), so the connection stays in step and the caller sees every
+        reply; a failure that leaves replies unread raises and drops the
+        connection.
+        """
+        deadline = time.monotonic() + timeout
+
+        def many(conn: Any) -> list[Any]:
+            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            replies: list[Any] = []
+            try:
+                for _ in commands:
+                    try:
+                        replies.append(conn.read_response(timeout=remaining(deadline)))
+                    except ResponseError as exc:
+                        replies.append(exc)
+            except BaseException:
+                # Replies are still owed (an interrupt between two reads, too):
+                # the connection is out of step and must not be used again.
+                conn.disconnect()
+                raise
+            return replies
+
+        replies: list[Any] = self._round_trip(many, deadline)
+        return replies
+
+    def _round_trip(self, exchange: Callable[[Any], Any], deadline: float) -> Any:
         if self._stale:
             self._stale = False
             self.drop()
@@ -124,8 +167,7 @@ class BoundedConnection:
             sock = getattr(conn, "_sock", None)
             if sock is not None:
                 sock.settimeout(remaining(deadline))
-            conn.send_command(*args)
-            return conn.read_response(timeout=remaining(deadline))
+            return exchange(conn)
         except MovedError:
             if self._cluster:
                 self._reroute()
@@ -152,8 +194,13 @@ class BoundedConnection:
         args: Sequence[EncodableT],
         timeout: float,
         asking: bool = False,
+        wait: tuple[int, int] | None = None,
     ) -> Any:
         """EVALSHA, and EVAL once on NOSCRIPT, within one overall deadline.
+
+        With ``wait`` = ``(replicas, ms)`` the script is followed by ``WAIT
+        replicas ms`` on this same connection (the one that ran it), and the
+        result is ``(reply, acknowledged)``; an error reply raises unwaited.
 
         On a cluster, an ASK redirection (the slot is being migrated and the
         keys have moved) is followed once: ASKING + the script on the target
@@ -162,9 +209,10 @@ class BoundedConnection:
         """
         deadline = time.monotonic() + timeout
         try:
-            return self._script(("EVALSHA", script.sha), keys, args, deadline, asking)
-        except NoScriptError:
-            return self._script(("EVAL", script.source), keys, args, deadline, asking)
+            try:
+                reply = self._script(("EVALSHA", script.sha), keys, args, deadline, asking)
+            except NoScriptError:
+                reply = self._script(("EVAL", script.source), keys, args, deadline, asking)
         except MovedError:
             raise
         except AskError as exc:
@@ -172,9 +220,55 @@ class BoundedConnection:
                 raise
             target = BoundedConnection(self._client, self._key, exc.node_addr)
             try:
-                return target.eval_script(script, keys, args, remaining(deadline), asking=True)
+                return target.eval_script(
+                    script, keys, args, remaining(deadline), asking=True, wait=wait
+                )
             finally:
                 target.drop()
+        if wait is None:
+            return reply
+        replicas, wait_ms = wait
+        acked = self.execute(("WAIT", replicas, wait_ms), wait_ms / 1000 + remaining(deadline))
+        return reply, int(acked)
+
+    def eval_many(
+        self, requests: Sequence[ScriptRequest], timeout: float, asking: bool = False
+    ) -> list[Any]:
+        """Every ``(script, keys, args)`` as EVALSHA in one round trip, replies in order.
+
+        Error replies are ResponseError objects in the list. The commands
+        answered NOSCRIPT did not run: only they are sent again, as EVAL, in
+        a second round trip within the same deadline. With ``asking`` (this
+        connection goes to the node a migrating slot's keys moved to), each
+        command follows its own ``ASKING``.
+        """
+        deadline = time.monotonic() + timeout
+        replies = self._send_scripts("EVALSHA", requests, deadline, asking)
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
+            again = self._send_scripts("EVAL", [requests[i] for i in missing], deadline, asking)
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        return replies
+
+    def _send_scripts(
+        self, how: str, requests: Sequence[ScriptRequest], deadline: float, asking: bool
+    ) -> list[Any]:
+        commands: list[tuple[Any, ...]] = []
+        for script, keys, args in requests:
+            if asking:
+                commands.append(("ASKING",))
+            name = script.sha if how == "EVALSHA" else script.source
+            commands.append((how, name, len(keys), *keys, *args))
+        replies = self.execute_many(commands, remaining(deadline))
+        if not asking:
+            return replies
+        refused = [reply for reply in replies[0::2] if isinstance(reply, Exception)]
+        if refused:
+            # The command after a refused ASKING met the migration on its own.
+            self.drop()
+            raise refused[0]
+        return replies[1::2]
 
     def _script(
         self,
@@ -194,6 +288,26 @@ class BoundedConnection:
             # A dying socket must not mask the error that killed it.
             with contextlib.suppress(Exception):
                 conn.disconnect()
+
+
+_RETRY_PAUSE = 0.05
+"""Seconds between two sends of a batch the server did not run (READONLY, LOADING...)."""
+
+_NOT_MASTER_PREFIXES = ("READONLY", "MASTERDOWN", "LOADING", "TRYAGAIN", "CLUSTERDOWN")
+
+
+def _not_run_here(reply: object, cluster: bool) -> bool:
+    """Whether ``reply`` says its write did not run because this server is not the one."""
+    if isinstance(reply, MovedError):
+        return cluster
+    if isinstance(reply, (ReadOnlyError, BusyLoadingError)):
+        return True
+    return isinstance(reply, ResponseError) and str(reply).startswith(_NOT_MASTER_PREFIXES)
+
+
+def _asked(reply: object) -> bool:
+    """An ASK redirection (MovedError is an AskError too, but says something else)."""
+    return isinstance(reply, AskError) and not isinstance(reply, MovedError)
 
 
 class _Pool:
@@ -220,6 +334,7 @@ class _Pool:
         keys: Sequence[str | bytes],
         args: Sequence[EncodableT],
         timeout: float,
+        wait: tuple[int, int] | None = None,
     ) -> Any:
         deadline = time.monotonic() + timeout
         key = keys[0] if keys and self._cluster else None
@@ -228,7 +343,7 @@ class _Pool:
             conn, generation = self._take(route, key, deadline)
             keep = True
             try:
-                return conn.eval_script(script, keys, args, remaining(deadline))
+                return conn.eval_script(script, keys, args, remaining(deadline), wait=wait)
             except MovedError:
                 # Nothing ran, and the slot map was refreshed: send again to the
                 # new owner while the deadline allows.
@@ -238,6 +353,64 @@ class _Pool:
             finally:
                 self._give(route, conn, generation, keep)
         raise AssertionError("unreachable")
+
+    def eval_many_wait(
+        self, requests: Sequence[ScriptRequest], timeout: float, replicas: int, wait_ms: int
+    ) -> tuple[list[Any], int]:
+        """``eval_many``, then one ``WAIT replicas wait_ms`` on the connection that ran it."""
+        acked: list[int] = []
+        replies = self.eval_many(requests, timeout, wait=(replicas, wait_ms, acked))
+        return replies, (acked[0] if acked else 0)
+
+    def eval_many(
+        self,
+        requests: Sequence[ScriptRequest],
+        timeout: float,
+        wait: tuple[int, int, list[int]] | None = None,
+    ) -> list[Any]:
+        """``BoundedConnection.eval_many`` on one pooled connection.
+
+        On a cluster the batch goes to the owner of its first key's slot.
+        When every reply says the write did not run on this server (MOVED;
+        READONLY, MASTERDOWN, LOADING: no longer the master), the route is
+        looked up again and the whole batch sent again while the deadline
+        allows; when every reply is ASK, the batch goes once to the node
+        named, each write after its own ASKING. As after a single write's
+        error, a batch with any error reply gives its connection up: the
+        next one connects afresh.
+        """
+        deadline = time.monotonic() + timeout
+        key = requests[0][1][0] if self._cluster and requests[0][1] else None
+        replies: list[Any] = []
+        for attempt in range(_MAX_REDIRECTS + 1):
+            route = self._client.get_node_from_key(key).name if key is not None else None
+            conn, generation = self._take(route, key, deadline)
+            keep = True
+            try:
+                replies = conn.eval_many(requests, remaining(deadline))
+                if not any(isinstance(reply, Exception) for reply in replies):
+                    return _then_wait(conn, replies, wait, deadline)
+                keep = False
+                if self._cluster and all(_asked(reply) for reply in replies):
+                    # The slot is migrating and the keys have left: every write,
+                    # none of which ran, goes once to the node named.
+                    target = BoundedConnection(self._client, key, replies[0].node_addr)
+                    try:
+                        replies = target.eval_many(requests, remaining(deadline), asking=True)
+                        return _then_wait(target, replies, wait, deadline)
+                    finally:
+                        target.drop()
+                if not all(_not_run_here(reply, self._cluster) for reply in replies):
+                    return _then_wait(conn, replies, wait, deadline)
+                if isinstance(replies[0], MovedError):
+                    conn._reroute()
+                else:
+                    time.sleep(min(_RETRY_PAUSE, max(deadline - time.monotonic(), 0.0)))
+                if attempt == _MAX_REDIRECTS or time.monotonic() >= deadline:
+                    return replies
+            finally:
+                self._give(route, conn, generation, keep)
+        return replies
 
     def _give(self, route: object, conn: BoundedConnection, generation: int, keep: bool) -> None:
         with self._cond:
@@ -281,6 +454,20 @@ class _Pool:
             conn.drop()
 
 
+def _then_wait(
+    conn: BoundedConnection,
+    replies: list[Any],
+    wait: tuple[int, int, list[int]] | None,
+    deadline: float,
+) -> list[Any]:
+    """With ``wait``, one WAIT on ``conn`` after its batch; the count goes into ``wait[2]``."""
+    if wait is not None:
+        replicas, wait_ms, acked = wait
+        reply = conn.execute(("WAIT", replicas, wait_ms), wait_ms / 1000 + remaining(deadline))
+        acked.append(int(reply))
+    return replies
+
+
 class PythonEngine:
     """The Engine protocol on redis-py (see ``_engine.Engine``).
 
@@ -302,6 +489,11 @@ class PythonEngine:
         self._writes = _Pool(client, WRITE_CONNECTIONS)
         self._keeper_conns: weakref.WeakSet[BoundedConnection] = weakref.WeakSet()
         self._switches = MasterSwitches(sentinels_of(client), self._forget_master)
+        self._loop_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWriter] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._loop_ok = not is_cluster(client)
+        self._master_generation = 0  # bumped when the sentinels announce a new master
 
     def call(
         self,
@@ -319,6 +511,51 @@ class PythonEngine:
         args: Sequence[EncodableT],
     ) -> Any:
         return self._writes.eval_script(script, keys, args, self.write_timeout)
+
+    def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
+        """The pipelined writer on ``loop`` (made on first use), or None where unserved."""
+        writer = self._loop_writers.get(loop)
+        if writer is None and self._loop_ok:
+            conn = PyLoopConn(
+                _connection_factory(self._client, None), lambda: self._master_generation
+            )
+            writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self.write)
+            self._loop_writers[loop] = writer
+        return writer
+    def call_replicated(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        timeout: float,
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]:
+        reply, acked = self._calls.eval_script(
+            script, keys, args, timeout, wait=(replicas, wait_ms)
+        )
+        return reply, acked
+
+    def write_replicated(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]:
+        reply, acked = self._writes.eval_script(
+            script, keys, args, self.write_timeout, wait=(replicas, wait_ms)
+        )
+        return reply, acked
+
+    def write_many(self, requests: Sequence[ScriptRequest]) -> list[Any]:
+        return self._writes.eval_many(requests, self.write_timeout)
+
+    def write_many_replicated(
+        self, requests: Sequence[ScriptRequest], replicas: int, wait_ms: int
+    ) -> tuple[list[Any], int]:
+        return self._writes.eval_many_wait(requests, self.write_timeout, replicas, wait_ms)
 
     def keeper(
         self,
@@ -341,6 +578,7 @@ class PythonEngine:
         return keeper
 
     def _forget_master(self) -> None:
+        self._master_generation += 1
         self._calls.invalidate()
         self._writes.invalidate()
         for conn in list(self._keeper_conns):
@@ -354,6 +592,8 @@ class PythonEngine:
 
     def close(self) -> None:
         self._switches.close()
+        for writer in list(self._loop_writers.values()):
+            writer.close()
         self._calls.close()
         self._writes.close()
 

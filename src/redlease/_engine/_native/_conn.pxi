@@ -41,6 +41,7 @@ cdef struct rl_conn:
     int tls_check_hostname  # with tls_ctx: the certificate must name ``host``
     int hello_replies
     int slot              # cluster slot of the command in ``w`` (-1: none); see _discovery.pxi
+    int failover_is_final  # a keeper's: READONLY / MASTERDOWN are answers, not resent (_route.pxi)
     void* disco           # how the server is found (Sentinel, Cluster), or NULL: a fixed address
     int64_t last_used
     size_t hello_len

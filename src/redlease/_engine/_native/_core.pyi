@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, overload
 
 _Encodable: TypeAlias = str | bytes | bytearray | memoryview | int | float
 
@@ -86,6 +86,7 @@ class Target:
     def address(self) -> str: ...
     @property
     def tls(self) -> bool: ...
+    @property
     def kind(self) -> str: ...
     def forget_master(self) -> None: ...
     def __init__(self, endpoint: _Endpoint) -> None: ...
@@ -105,8 +106,63 @@ class Pool:
         args: Sequence[_Encodable],
         timeout: float,
     ) -> Any: ...
+    def execute_wait(
+        self,
+        ref: ScriptRef,
+        keys: Sequence[str | bytes],
+        args: Sequence[_Encodable],
+        timeout: float,
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Any, int]: ...
     def command(self, args: Sequence[_Encodable], timeout: float) -> Any: ...
     def close(self) -> None: ...
+
+class LoopConn:
+    """A non-blocking native connection for an event loop's pipelined fenced writes."""
+
+    @property
+    def target(self) -> Target: ...
+    @property
+    def connected(self) -> bool: ...
+    @property
+    def unsent(self) -> int: ...
+    @property
+    def outdated(self) -> bool: ...
+    def __init__(self, target: Target) -> None: ...
+    def connect(self, timeout: float) -> None: ...
+    def fileno(self) -> int: ...
+    def put(
+        self,
+        ref: ScriptRef,
+        keys: Sequence[str | bytes],
+        args: Sequence[_Encodable],
+        load: bool = False,
+    ) -> None: ...
+    def flush(self) -> bool: ...
+    def read(self) -> list[Any]: ...
+    def clear(self) -> None: ...
+    def drop(self) -> None: ...
+
+@overload
+def execute_many(
+    pool: Pool,
+    requests: Sequence[tuple[ScriptRef, Sequence[str | bytes], Sequence[_Encodable]]],
+    timeout: float,
+) -> list[Any]: ...
+@overload
+def execute_many(
+    pool: Pool,
+    requests: Sequence[tuple[ScriptRef, Sequence[str | bytes], Sequence[_Encodable]]],
+    timeout: float,
+    replicas: int,
+    wait_ms: int,
+) -> tuple[list[Any], int]:
+    """Many scripts in one round trip on one of ``pool``'s connections, replies in order.
+
+    Error replies are exception objects in the list (not raised); a failure
+    that leaves replies unread raises ConnectionError / TimeoutError.
+    """
 
 class Keeper:
     """Keeps one lease alive from a native thread that never takes the GIL."""

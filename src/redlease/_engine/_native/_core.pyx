@@ -46,13 +46,17 @@ any thread may block on it, the keeper thread included.
 #   _route.pxi         one routed round trip: MOVED / ASK / READONLY followed
 #   _pool.pxi          the Python-facing connection objects: ScriptRef,
 #                      Target, Pool, and failures as redis-py exceptions
+#   _loopconn.pxi      LoopConn: a non-blocking connection an asyncio event
+#                      loop drives, for pipelined fenced writes
+#   _pipeline.pxi      many scripts in one round trip on a Pool connection
 #   _keeper_thread.pxi the renewal thread (no GIL, ever)
 #   _keeper.pxi        Keeper, the Python face of that thread
 #   _notices.pxi       release notices: a subscription connection per server
 #                      read by a thread of its own (no GIL, ever), waiters
 #                      woken through eventfds
 #
-# Fork safety lives here, at the end: it reaches into Pool, Keeper and NoticeHub.
+# Fork safety lives here, at the end: it reaches into Pool, LoopConn, Keeper and
+# NoticeHub.
 
 cimport cython
 from cpython.bytes cimport (
@@ -68,7 +72,7 @@ from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 import os
 import weakref
 
-# Every Pool and Keeper alive in this process, for the fork handler below.
+# Every Pool, LoopConn and Keeper alive in this process, for the fork handler below.
 _live = weakref.WeakSet()
 
 include "_posix.pxi"
@@ -81,6 +85,8 @@ include "_sentinel.pxi"
 include "_cluster.pxi"
 include "_route.pxi"
 include "_pool.pxi"
+include "_loopconn.pxi"
+include "_pipeline.pxi"
 include "_keeper_thread.pxi"
 include "_keeper.pxi"
 include "_notices.pxi"
@@ -94,6 +100,8 @@ def _after_fork_in_child():
             (<Keeper>obj).after_fork_in_child()
         elif isinstance(obj, Pool):
             (<Pool>obj).after_fork_in_child()
+        elif isinstance(obj, LoopConn):
+            (<LoopConn>obj).after_fork_in_child()
         elif isinstance(obj, NoticeHub):
             (<NoticeHub>obj).after_fork_in_child()
 

@@ -59,6 +59,7 @@ cdef class Keeper:
         self.k = k
         target.init_conn(&k.conn)
         k.conn.slot = disco_slot_for(k.conn.disco, keys)
+        k.conn.failover_is_final = 1
         k.interval_ns = <int64_t>(interval * 1e9)
         k.ttl_ns = <int64_t>(ttl * 1e9)
         # The renewal command and its EVAL twin are built once, here: the

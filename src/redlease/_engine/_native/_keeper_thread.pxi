@@ -138,6 +138,7 @@ cdef enum:
     ROUND_ERROR = -1
     ROUND_SKIPPED = -2
     ROUND_CANCELLED = -3
+    ROUND_FAILOVER = -4    # READONLY / MASTERDOWN / NOREPLICAS: the term ends now
 
 
 cdef struct rl_round:
@@ -215,6 +216,11 @@ cdef int keeper_round(rl_keeper* k, uint64_t gen, int64_t deadline, int64_t* t_s
         return ROUND_LOST
     if top.kind == c'-':
         conn_fail_with_reply(c)
+        if reply_is_failover(c):
+            conn_consume(c)
+            # Whatever answers next on this address is not the lease's master.
+            conn_drop(c)
+            return ROUND_FAILOVER
     else:
         conn_fail(c, RL_EUNEXPECTED, "unexpected reply to a renewal (expected 1 or 0)")
     conn_consume(c)
@@ -261,6 +267,12 @@ cdef void* keeper_main(void* arg) noexcept nogil:
             rl_store(&k.renewed_at, t_send)
             rl_store(&k.renewals, rl_load(&k.renewals) + 1)
         elif rc == ROUND_LOST:
+            keeper_lose(k)
+            continue
+        elif rc == ROUND_FAILOVER:
+            # Not the master the lease was granted on any more: end the term
+            # now rather than lead on until the deadline.
+            keeper_record_error(k, k.conn.err_kind, k.conn.err_msg)
             keeper_lose(k)
             continue
         else:

@@ -310,6 +310,52 @@ cdef class Pool:
         finally:
             release_slot(slot)
 
+    def execute_wait(self, ScriptRef ref not None, keys, args, double timeout,
+                     int replicas, int wait_ms):
+        """``execute``, then ``WAIT replicas wait_ms`` on the connection that ran the script.
+
+        ``(reply, acknowledged)``. Both round trips run with the GIL released
+        on the one connection this call holds, so the WAIT counts the
+        replicas of the very server that applied the script. An error reply
+        raises without a WAIT. The WAIT gets ``wait_ms`` plus what is left of
+        ``timeout``.
+        """
+        cdef int64_t deadline = deadline_after(timeout)
+        cdef int64_t wait_deadline
+        cdef rl_slot* slot = self.grab(deadline)
+        cdef rl_conn* c = &slot.conn
+        cdef rl_script_cmd cmd
+        cdef int rc
+        if replicas < 0 or wait_ms < 1:
+            release_slot(slot)
+            raise ValueError("WAIT needs replicas >= 0 and a timeout of at least 1 ms")
+        try:
+            put_evalsha(&c.w, ref.sha, ref.source, keys, args, &cmd)
+            c.slot = disco_slot_for(c.disco, keys)
+            with nogil:
+                rc = route_run(c, deadline, &cmd, send_all, NULL, True)
+            if rc < 0:
+                raise conn_exception(c)
+            reply = take_reply(c)
+            if c.fd < 0:
+                # Never WAIT on a new connection: it would count another server's replicas.
+                raise _RedisConnectionError(
+                    f"Connection to {self.target.address} closed before WAIT"
+                )
+            c.w.len = 0
+            put_command(&c.w, ("WAIT", replicas, wait_ms))
+            wait_deadline = rl_now_ns()
+            wait_deadline = (deadline if deadline > wait_deadline else wait_deadline) + \
+                <int64_t>wait_ms * 1000000
+            with nogil:
+                rc = conn_run_command(c, wait_deadline)
+            if rc < 0:
+                raise conn_exception(c)
+            acked = take_reply(c)
+            return reply, acked
+        finally:
+            release_slot(slot)
+
     def command(self, args, double timeout):
         """Run one plain command, e.g. ``["PING"]``; the reply as redis-py gives it."""
         cdef int64_t deadline = deadline_after(timeout)

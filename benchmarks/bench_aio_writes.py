@@ -1,0 +1,251 @@
+"""Fenced writes/s from asyncio tasks and from threads: redlease's engines vs redis-py.
+
+    python benchmarks/bench_aio_writes.py [--seconds S] [--rounds N] [--tasks N] [--threads N]
+
+Every contender runs the same fenced SET script (``lua/fence_guard.lua`` +
+``fence_set.lua`` + ``fence_epilogue.lua``) against one private redis-server
+on loopback TCP, through the public API:
+
+- asyncio, ``--tasks`` tasks on one loop, and 1 task: ``aio.Fencer.set`` on
+  the native and the Python engine vs ``redis.asyncio.Redis.evalsha`` (its
+  pool, one connection per concurrent task);
+- sync, ``--threads`` threads sharing one ``Elector``: ``Fencer.set`` on both
+  engines vs ``redis.Redis.evalsha`` from the same threads sharing one client;
+  and the native engine once more with 4 write connections (the size before
+  8), to show what the pool size is worth;
+- the native keeper's renew lateness (p99, its own clock) while the asyncio
+  ``--tasks`` load runs on the native engine, renewing every 50 ms.
+
+Rounds are interleaved (round 1 of every contender, then round 2...) and the
+best round of each kept, since a shared machine only ever makes a round
+slower; ratios are to redis-py in the same run. Prints a table; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import threading
+import time
+from collections.abc import Awaitable, Callable
+
+import redis
+import redis.asyncio
+
+import redlease
+import redlease.aio
+from redlease._cli.bench import native_engine_available, percentile
+from redlease._engine import native as native_engine
+from redlease._scripts import fenced_file
+from redlease._testing import RedisServer
+
+NAME = "bench-aio"
+SCRIPT = fenced_file("fence_set")
+KEYS = (f"{NAME}:fence:applied", f"{NAME}:value")
+
+AsyncOp = Callable[[int], Awaitable[object]]
+NATIVE_4 = "native, 4 connections"
+
+
+async def async_rate(op: AsyncOp, tasks: int, seconds: float) -> float:
+    """Writes/s of ``tasks`` tasks each calling ``op`` back to back for ``seconds``."""
+    counts = [0] * tasks
+    stop = time.perf_counter() + seconds
+
+    async def worker(i: int) -> None:
+        n = 0
+        while time.perf_counter() < stop:
+            await op(n)
+            n += 1
+        counts[i] = n
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(i) for i in range(tasks)))
+    return sum(counts) / (time.perf_counter() - start)
+
+
+def thread_rate(op: Callable[[int], object], threads: int, seconds: float) -> float:
+    """Writes/s of ``threads`` threads each calling ``op`` back to back for ``seconds``."""
+    counts = [0] * threads
+    barrier = threading.Barrier(threads + 1)
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        stop = time.perf_counter() + seconds
+        n = 0
+        while time.perf_counter() < stop:
+            op(n)
+            n += 1
+        counts[i] = n
+
+    workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for w in workers:
+        w.join()
+    return sum(counts) / (time.perf_counter() - start)
+
+
+async def wait_token(e: redlease.aio.Elector) -> int:
+    deadline = time.monotonic() + 10
+    while (token := e.token()) is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{e!r} was not elected")
+        await asyncio.sleep(0.01)
+    return token
+
+
+async def asyncio_rows(
+    server: RedisServer, engines: list[str], tasks: int, seconds: float, rounds: int
+) -> tuple[dict[str, dict[int, float]], list[float]]:
+    """Best writes/s per contender and task count; and the native renew lateness samples."""
+    aclient = redis.asyncio.Redis(
+        host="127.0.0.1", port=server.port, socket_timeout=5, max_connections=tasks + 8
+    )
+    await aclient.script_load(SCRIPT.source)
+    electors = {
+        engine: redlease.aio.Elector(
+            redis.asyncio.Redis(host="127.0.0.1", port=server.port, socket_timeout=5),
+            f"{NAME}-{engine}",
+            ttl=1.0,
+            renew_interval=0.05,
+            engine=engine,
+        ).start()
+        for engine in engines
+    }
+    ops: dict[str, AsyncOp] = {}
+    for engine, e in electors.items():
+        fencer = redlease.aio.Fencer(e, await wait_token(e))
+        ops[engine] = lambda n, fencer=fencer, key=f"{NAME}-{engine}:value": fencer.set(key, n)
+    applied = f"{NAME}-redis:fence:applied"
+    await aclient.set(applied, 1)
+    ops["redis.asyncio"] = lambda n: aclient.evalsha(SCRIPT.sha, 2, applied, KEYS[1], 1, n)
+
+    best: dict[str, dict[int, float]] = {name: {} for name in ops}
+    lateness: list[float] = []
+    for _ in range(rounds):
+        for count in (tasks, 1):
+            for name, op in ops.items():
+                await async_rate(op, count, 0.05)  # connect, warm up
+                before = len(electors["native"].renew_lateness()) if name == "native" else 0
+                rate = await async_rate(op, count, seconds)
+                if name == "native" and count == tasks:
+                    lateness.extend(electors["native"].renew_lateness()[before:])
+                best[name][count] = max(best[name].get(count, 0.0), rate)
+    for e in electors.values():
+        await e.stop()
+    await aclient.aclose()
+    return best, lateness
+
+
+def sync_elector(server: RedisServer, name: str, engine: str) -> redlease.Elector:
+    client = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=5)
+    return redlease.Elector(client, name, ttl=1.0, engine=engine).start()
+
+
+def sync_rows(
+    server: RedisServer, engines: list[str], threads: int, seconds: float, rounds: int
+) -> dict[str, list[float]]:
+    """Every round's writes/s per contender."""
+    client = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=5)
+    client.script_load(SCRIPT.source)
+    electors = {engine: sync_elector(server, f"{NAME}-sync-{engine}", engine) for engine in engines}
+    if "native" in engines:
+        size = native_engine.WRITE_CONNECTIONS
+        native_engine.WRITE_CONNECTIONS = 4  # read when the engine is made
+        try:
+            electors[NATIVE_4] = sync_elector(server, f"{NAME}-sync-native4", "native")
+        finally:
+            native_engine.WRITE_CONNECTIONS = size
+    ops: dict[str, Callable[[int], object]] = {}
+    for engine, e in electors.items():
+        deadline = time.monotonic() + 10
+        while (token := e.token()) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert token is not None, f"{e!r} was not elected"
+        fencer = redlease.Fencer(e, token)
+        ops[engine] = lambda n, fencer=fencer, key=f"{NAME}-sync-{engine}:value": fencer.set(key, n)
+    applied = f"{NAME}-sync-redis:fence:applied"
+    client.set(applied, 1)
+    ops["redis-py"] = lambda n: client.evalsha(SCRIPT.sha, 2, applied, KEYS[1], 1, n)
+    rates: dict[str, list[float]] = {name: [] for name in ops}
+    for _ in range(rounds):
+        for name, op in ops.items():
+            thread_rate(op, threads, 0.05)
+            rates[name].append(thread_rate(op, threads, seconds))
+    for e in electors.values():
+        e.stop()
+    client.close()
+    return rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=1.0, help="length of one round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per contender")
+    parser.add_argument("--tasks", type=int, default=64, help="concurrent asyncio tasks")
+    parser.add_argument("--threads", type=int, default=8, help="threads sharing one Elector")
+    opts = parser.parse_args()
+    engines = ["native", "python"] if native_engine_available()[0] else ["python"]
+
+    with RedisServer() as server:
+        aio_best, lateness = asyncio.run(
+            asyncio_rows(server, engines, opts.tasks, opts.seconds, opts.rounds)
+        )
+        sync_rounds = sync_rows(server, engines, opts.threads, opts.seconds, opts.rounds)
+    sync_best = {name: max(rates) for name, rates in sync_rounds.items()}
+
+    print(f"fenced SET writes/s, TCP loopback, best of {opts.rounds} rounds x {opts.seconds:g} s")
+    print("(ratio to redis-py / redis.asyncio EVALSHA of the same script, same run)\n")
+    cols = [*engines, "redis-py"]
+    header = f"{'case':<38}" + "".join(f"{c:>22}" for c in cols)
+    print(header)
+    print("-" * len(header))
+
+    def row(case: str, rates: dict[str, float], base: float) -> None:
+        cells = "".join(
+            f"{f'{rates[c]:,.0f} ({rates[c] / base:.2f}x)':>22}" if c in rates else f"{'-':>22}"
+            for c in cols
+        )
+        print(f"{case:<38}{cells}")
+
+    for count in (opts.tasks, 1):
+        rates = {c: aio_best[c][count] for c in engines}
+        rates["redis-py"] = aio_best["redis.asyncio"][count]
+        tasks = f"{count} task{'s' if count > 1 else ''}"
+        row(f"asyncio, {tasks} on one loop", rates, rates["redis-py"])
+    row(f"sync, {opts.threads} threads sharing one Elector", sync_best, sync_best["redis-py"])
+    if NATIVE_4 in sync_best:
+        row(
+            f"sync, {opts.threads} threads, native, 4 write conns",
+            {"native": sync_best[NATIVE_4]},
+            sync_best["redis-py"],
+        )
+        print(
+            "\nsync rounds in turn, writes/s (native 8 conns | native 4 conns | redis-py), "
+            "and native (8 conns) / redis-py in that round:"
+        )
+        ratios = []
+        for i in range(opts.rounds):
+            native, native4, base = (
+                sync_rounds[name][i] for name in ("native", NATIVE_4, "redis-py")
+            )
+            ratios.append(native / base)
+            print(
+                f"  round {i + 1}: {native:,.0f} | {native4:,.0f} | {base:,.0f}   {ratios[-1]:.2f}x"
+            )
+        print(f"  median of the rounds' ratios: {statistics.median(ratios):.2f}x")
+    if lateness:
+        ms = sorted(x * 1000 for x in lateness)
+        print(
+            f"\nnative renew lateness under the {opts.tasks}-task asyncio load "
+            f"({len(ms)} renewals, every 50 ms): p50 {percentile(ms, 50):.2f} ms, "
+            f"p99 {percentile(ms, 99):.2f} ms, max {ms[-1]:.2f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()

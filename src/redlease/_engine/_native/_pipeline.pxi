@@ -1,0 +1,401 @@
+# Pipelined scripts: many EVALSHAs encoded into one buffer, sent at once on
+# one Pool connection, their replies read back in order, all with the GIL
+# released. Scripts the server does not know (NOSCRIPT) are sent again as
+# EVAL, only those, in a second round trip: nothing runs twice, because a
+# NOSCRIPT reply means that command did not run.
+#
+# Through sentinels or on a cluster the batch goes where its first command's
+# slot lives (a fenced pipeline's keys all share the fence's slot). When every
+# reply says "not executed here" (MOVED, READONLY, LOADING, TRYAGAIN...), the
+# whole batch is resent after following the redirection, as route_run does
+# for one command. When only some do, those replies stay errors: the others
+# ran, and resending a part out of order is not a decision to take here. When
+# every reply is ASK (the slot is being migrated and the keys have left), the
+# batch goes once to the node named, each command after its own ASKING.
+
+
+cdef struct rl_bcmd:
+    size_t start      # where this command's EVALSHA starts in the batch buffer
+    size_t head       # end of its "*<n>\r\n"
+    size_t tail       # start of its "<numkeys> keys... args..."
+    size_t end        # one past its last byte
+    const char* src   # its script's source, for the EVAL twin (kept alive by the caller)
+    size_t srclen
+    char kind         # the reply's type byte (: - $ + *)
+    char what         # REPLY_DONE, REPLY_MOVED, REPLY_ASK or REPLY_RETRY
+    bint noscript     # the reply was NOSCRIPT: the command did not run
+    long long ival    # an integer reply
+    size_t off        # any other reply: its bytes in the batch's ``raw``
+    size_t len
+
+
+cdef struct rl_batch:
+    rl_buf w          # every EVALSHA, back to back
+    rl_buf e          # what is sent again: the EVAL twins of the commands answered
+                      # NOSCRIPT, or the whole batch with ASKING before each command
+    rl_buf raw        # the bytes of every reply that is not an integer
+    rl_bcmd* cmds
+    size_t n
+    int moved_slot    # from the first reply, when it was MOVED or ASK
+    rl_addr moved_to
+
+
+cdef void batch_free(rl_batch* b) noexcept nogil:
+    buf_free(&b.w)
+    buf_free(&b.e)
+    buf_free(&b.raw)
+    free(b.cmds)
+    b.cmds = NULL
+    b.n = 0
+
+
+cdef bint starts_with(const char* base, rl_node* top, const char* prefix) noexcept nogil:
+    cdef size_t n = strlen(prefix)
+    return <size_t>top.ival >= n and memcmp(base + top.off, prefix, n) == 0
+
+
+cdef int batch_classify(const char* base, rl_node* top, rl_disco* d) noexcept nogil:
+    """classify_reply for a reply parsed at ``base`` (not necessarily the buffer's start)."""
+    if top.kind != c'-' or d == NULL:
+        return REPLY_DONE
+    if d.kind == DISCO_CLUSTER:
+        if starts_with(base, top, b"MOVED "):
+            return REPLY_MOVED
+        if starts_with(base, top, b"ASK "):
+            return REPLY_ASK
+        if starts_with(base, top, b"CLUSTERDOWN") or starts_with(base, top, b"TRYAGAIN"):
+            return REPLY_RETRY
+    if (starts_with(base, top, b"READONLY") or starts_with(base, top, b"MASTERDOWN")
+            or starts_with(base, top, b"LOADING")):
+        return REPLY_RETRY
+    return REPLY_DONE
+
+
+cdef int batch_keep(rl_conn* c, rl_batch* b, size_t i, const char* base, size_t n,
+                    rl_disco* d) noexcept nogil:
+    """Keep the reply of command ``i``: ``base[:n]``, parsed into ``c.nodes``."""
+    cdef rl_bcmd* cmd = &b.cmds[i]
+    cdef rl_node* top = &c.nodes.items[0]
+    cmd.kind = top.kind
+    cmd.noscript = top.kind == c'-' and starts_with(base, top, b"NOSCRIPT")
+    cmd.what = batch_classify(base, top, d)
+    if top.kind == c':':
+        cmd.ival = top.ival
+        return 0
+    if (cmd.what == REPLY_MOVED or cmd.what == REPLY_ASK) and i == 0 and base == c.r.data:
+        if parse_redirect(c, 6 if cmd.what == REPLY_MOVED else 4,
+                          &b.moved_slot, &b.moved_to) < 0:
+            cmd.what = REPLY_DONE   # unreadable: reported as the error it is
+    cmd.off = b.raw.len
+    cmd.len = n
+    return buf_put(&b.raw, base, n)
+
+
+cdef inline size_t batch_next(rl_batch* b, size_t i, bint resend) noexcept nogil:
+    """The first command from ``i`` on that is owed a reply (on a resend: the NOSCRIPT ones)."""
+    while resend and i < b.n and not b.cmds[i].noscript:
+        i += 1
+    return i
+
+
+cdef int batch_take(rl_conn* c, rl_batch* b, size_t* i, bint* asking_owed, bint asking,
+                    bint resend, const char* base, size_t n, rl_disco* d) noexcept nogil:
+    """One reply parsed into ``c.nodes``: ASKING's, or the one owed to command ``i[0]``."""
+    if asking_owed[0]:
+        asking_owed[0] = False
+        if c.nodes.items[0].kind != c'+':
+            conn_drop(c)     # the commands after it may have run without it
+            return conn_fail(c, RL_EPROTO, "ASKING was refused during a slot migration")
+        return 0
+    if batch_keep(c, b, i[0], base, n, d) < 0:
+        conn_drop(c)
+        return conn_fail(c, RL_ENOMEM, "out of memory keeping a reply")
+    i[0] = batch_next(b, i[0] + 1, resend)
+    asking_owed[0] = asking
+    return 0
+
+
+cdef int batch_read(rl_conn* c, rl_batch* b, bint resend, bint asking, rl_disco* d,
+                    int64_t deadline) noexcept nogil:
+    """Read and keep every reply owed, in order (with ``asking``, each after ASKING's).
+
+    Each read is followed by every further whole reply already buffered, and
+    the buffer is compacted once per read rather than once per reply, so a
+    batch of thousands costs no more per reply than a batch of ten.
+    """
+    cdef size_t i = batch_next(b, 0, resend)
+    cdef bint asking_owed = asking
+    cdef size_t pos
+    cdef Py_ssize_t rc
+    while i < b.n:
+        if conn_read_reply(c, deadline) < 0:
+            return -1
+        pos = c.reply_len
+        if batch_take(c, b, &i, &asking_owed, asking, resend, c.r.data, pos, d) < 0:
+            return -1
+        while i < b.n:
+            rc = resp_parse(c.r.data + pos, c.r.len - pos, &c.nodes)
+            if rc == 0:
+                break
+            if rc < 0:
+                conn_drop(c)
+                if rc == -2:
+                    return conn_fail(c, RL_ENOMEM, "out of memory parsing a reply")
+                return conn_fail(c, RL_EPROTO, "Protocol error: the server sent a malformed reply")
+            if batch_take(c, b, &i, &asking_owed, asking, resend, c.r.data + pos,
+                          <size_t>rc, d) < 0:
+                return -1
+            pos += <size_t>rc
+        c.reply_len = pos
+        conn_consume(c)
+    return 0
+
+
+cdef int batch_put(rl_buf* out, rl_batch* b, size_t i, bint asking, bint eval) noexcept nogil:
+    """Append command ``i`` to ``out``: ASKING first with ``asking``, as EVAL with ``eval``."""
+    cdef rl_bcmd* cmd = &b.cmds[i]
+    if asking and buf_put(out, ASKING_CMD, strlen(ASKING_CMD)) < 0:
+        return -1
+    if not eval:
+        return buf_put(out, b.w.data + cmd.start, cmd.end - cmd.start)
+    if (buf_put(out, b.w.data + cmd.start, cmd.head - cmd.start) < 0
+            or buf_put(out, b"$4\r\nEVAL\r\n", 10) < 0
+            or buf_put_bulk(out, cmd.src, cmd.srclen) < 0):
+        return -1
+    return buf_put(out, b.w.data + cmd.tail, cmd.end - cmd.tail)
+
+
+cdef int batch_prepare(rl_conn* c, rl_disco* d, int64_t deadline) noexcept nogil:
+    if d == NULL:
+        return conn_ready(c, deadline)
+    if d.kind == DISCO_SENTINEL:
+        return sentinel_prepare(c, d, deadline)
+    return cluster_prepare(c, d, deadline)
+
+
+cdef void batch_lost(rl_conn* c, rl_disco* d) noexcept nogil:
+    """After a failed round trip: a lost connection makes the next one look the server up."""
+    cdef rl_addr here
+    if d == NULL or c.fd >= 0 or conn_stopped(c):
+        return
+    conn_addr(c, &here)
+    if d.kind == DISCO_SENTINEL:
+        sentinel_forget(d, &here)
+    else:
+        cluster_forget(d)
+
+
+cdef int batch_run(rl_conn* c, rl_batch* b, int64_t deadline) noexcept nogil:
+    """Send the batch, read every reply, resend the NOSCRIPT ones as EVAL; 0 or -1.
+
+    -1 (the failure recorded in ``c``) means some replies were not read: the
+    commands' outcome is unknown and nothing is sent again.
+    """
+    cdef rl_disco* d = <rl_disco*>c.disco
+    cdef rl_addr here
+    cdef size_t i
+    cdef bint missing = False
+    cdef bint asking = False
+    cdef int redirects = 0, idx
+    cdef char what
+    cdef bint all_same
+    while True:
+        if asking:
+            # Every command answered ASK: all of them, each after ASKING, to that node.
+            conn_set_addr(c, &b.moved_to)
+            conn_probe_idle(c)
+            if c.fd < 0 and conn_connect(c, deadline) < 0:
+                return -1
+            b.e.len = 0
+            for i in range(b.n):
+                if batch_put(&b.e, b, i, True, False) < 0:
+                    return conn_fail(c, RL_ENOMEM, "out of memory encoding ASKING")
+            if conn_send(c, b.e.data, b.e.len, deadline) < 0:
+                return -1
+        else:
+            if batch_prepare(c, d, deadline) < 0:
+                batch_lost(c, d)
+                return -1
+            if conn_send(c, b.w.data, b.w.len, deadline) < 0:
+                batch_lost(c, d)
+                return -1
+        b.raw.len = 0
+        if batch_read(c, b, False, asking, d, deadline) < 0:
+            batch_lost(c, d)
+            return -1
+        c.last_used = rl_now_ns()
+        if d == NULL or asking:
+            break
+        # Resend the whole batch only when no command of it ran.
+        what = b.cmds[0].what
+        all_same = what != REPLY_DONE
+        i = 1
+        while all_same and i < b.n:
+            all_same = b.cmds[i].what == what
+            i += 1
+        if not all_same:
+            break
+        if what == REPLY_ASK:
+            asking = True
+            continue
+        if what == REPLY_MOVED:
+            redirects += 1
+            if redirects > MAX_REDIRECTS:
+                break
+            pthread_mutex_lock(&d.mu)
+            idx = node_index(d, b.moved_to.host, b.moved_to.port)
+            if idx >= 0:
+                d.owner[b.moved_slot] = <int16_t>idx
+            else:
+                d.stale = 1
+            pthread_mutex_unlock(&d.mu)
+            conn_set_addr(c, &b.moved_to)
+            continue
+        # REPLY_RETRY: not executed; look the server up again, then resend.
+        if rl_now_ns() + RETRY_PAUSE_NS >= deadline:
+            break
+        conn_addr(c, &here)
+        conn_drop(c)
+        if d.kind == DISCO_SENTINEL:
+            sentinel_forget(d, &here)
+        else:
+            cluster_forget(d)
+        if disco_pause(c, RETRY_PAUSE_NS, deadline) < 0:
+            return -1
+    b.e.len = 0
+    for i in range(b.n):
+        if b.cmds[i].noscript:
+            missing = True
+            if batch_put(&b.e, b, i, asking, True) < 0:
+                return conn_fail(c, RL_ENOMEM, "out of memory encoding EVAL")
+    if not missing:
+        return 0
+    if conn_send(c, b.e.data, b.e.len, deadline) < 0:
+        batch_lost(c, d)
+        return -1
+    if batch_read(c, b, True, asking, d, deadline) < 0:
+        batch_lost(c, d)
+        return -1
+    c.last_used = rl_now_ns()
+    return 0
+
+
+cdef int batch_encode(rl_batch* b, list requests) except -1:
+    """Each ``(ScriptRef, keys, args)`` as an EVALSHA appended to ``b.w``."""
+    cdef rl_buf one
+    cdef rl_script_cmd cmd
+    cdef rl_bcmd* out
+    cdef ScriptRef ref
+    cdef size_t i = 0
+    cdef size_t base
+    b.cmds = <rl_bcmd*>calloc(<size_t>len(requests), sizeof(rl_bcmd))
+    if b.cmds == NULL:
+        raise MemoryError()
+    memset(&one, 0, sizeof(one))
+    try:
+        for request in requests:
+            ref, keys, args = request
+            put_evalsha(&one, ref.sha, ref.source, keys, args, &cmd)
+            base = b.w.len
+            if buf_put(&b.w, one.data, one.len) < 0:
+                raise MemoryError()
+            out = &b.cmds[i]
+            out.start = base
+            out.head = base + cmd.head
+            out.tail = base + cmd.tail
+            out.end = b.w.len
+            out.src = cmd.src
+            out.srclen = cmd.srclen
+            i += 1
+            b.n = i
+    finally:
+        buf_free(&one)
+    return 0
+
+
+cdef list batch_replies(rl_batch* b):
+    """Every reply as redis-py gives it, error replies as exception objects (not raised)."""
+    cdef list replies = []
+    cdef rl_bcmd* cmd
+    cdef rl_nodes nodes
+    cdef size_t i, k
+    cdef Py_ssize_t rc
+    memset(&nodes, 0, sizeof(nodes))
+    try:
+        for i in range(b.n):
+            cmd = &b.cmds[i]
+            if cmd.kind == c':':
+                replies.append(cmd.ival)
+                continue
+            rc = resp_parse(b.raw.data + cmd.off, cmd.len, &nodes)
+            if rc == -2:
+                raise MemoryError()
+            if rc <= 0:
+                raise _RedisConnectionError("Protocol error: a kept reply no longer parses")
+            k = 0
+            if nodes.items[0].kind == c'-':
+                replies.append(error_from_reply(b.raw.data + cmd.off + nodes.items[0].off,
+                                                <Py_ssize_t>nodes.items[0].ival))
+            else:
+                replies.append(build_reply(b.raw.data + cmd.off, nodes.items, &k))
+    finally:
+        free(nodes.items)
+    return replies
+
+
+def execute_many(Pool pool not None, list requests not None, double timeout,
+                 int replicas=0, int wait_ms=0):
+    """Run ``[(ScriptRef, keys, args), ...]`` in one round trip on one of ``pool``'s connections.
+
+    The replies come back in order as redis-py gives them; an error reply is
+    an exception object in the list, not raised, so every reply is read
+    before the caller decides. A failure that leaves replies unread (the
+    connection broke, the deadline passed) raises redis-py's ConnectionError
+    or TimeoutError: those commands may or may not have run, and none is sent
+    again. ``timeout`` bounds the whole batch, the NOSCRIPT resend included.
+
+    With ``replicas`` > 0 the batch is followed by ``WAIT replicas wait_ms`` on
+    the same connection (GIL released) and the result is ``(replies,
+    acknowledged)``; the WAIT gets ``wait_ms`` beyond the batch's deadline.
+    """
+    cdef int64_t deadline = deadline_after(timeout)
+    cdef int64_t wait_deadline
+    cdef rl_batch b
+    cdef rl_slot* slot
+    cdef rl_conn* c
+    cdef int rc
+    acked = 0
+    if not requests:
+        return ([], 0) if replicas > 0 else []
+    memset(&b, 0, sizeof(b))
+    try:
+        batch_encode(&b, requests)
+        slot = pool.grab(deadline)
+        c = &slot.conn
+        try:
+            c.slot = disco_slot_for(c.disco, (<tuple>requests[0])[1])
+            with nogil:
+                rc = batch_run(c, &b, deadline)
+            if rc < 0:
+                raise conn_exception(c)
+            if replicas > 0:
+                if c.fd < 0:
+                    # Never WAIT on a new connection: it would count another server's replicas.
+                    raise _RedisConnectionError("Connection closed before WAIT")
+                c.w.len = 0
+                put_command(&c.w, ("WAIT", replicas, wait_ms if wait_ms > 0 else 1))
+                wait_deadline = rl_now_ns()
+                wait_deadline = (deadline if deadline > wait_deadline else wait_deadline) + \
+                    <int64_t>wait_ms * 1000000
+                with nogil:
+                    rc = conn_run_command(c, wait_deadline)
+                if rc < 0:
+                    raise conn_exception(c)
+                acked = take_reply(c)
+        finally:
+            release_slot(slot)
+        if replicas > 0:
+            return batch_replies(&b), acked
+        return batch_replies(&b)
+    finally:
+        batch_free(&b)
