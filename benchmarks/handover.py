@@ -13,7 +13,9 @@ returning. Prints p50/p99/max per engine next to the targets
 
 ``--gil-ms N`` runs a Python thread that holds the GIL for about N ms at a
 time (one long C call after another), the load under which the notice path
-(a Python listener thread, then the run thread's acquire) waits its turn.
+(on the Python engine a Python listener thread, then the run thread's acquire;
+on the native engine only the run thread's acquire, the notice is read natively)
+waits its turn.
 """
 
 from __future__ import annotations

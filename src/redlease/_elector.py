@@ -29,6 +29,7 @@ from . import _notices, _scripts
 from ._config import Config, Duration
 from ._driver import driver
 from ._engine import ACTIVE, EncodableT, Engine, Keeper, is_cluster, shared_engine
+from ._engine.base import NoticeSubscription
 from ._errors import ConfigError, NotReplicated
 from ._fence import Fence, FencedPipeline, Fencer
 from ._keys import ElectionKeys, has_hash_tag
@@ -98,6 +99,23 @@ class _Threads:
 _NO_OBSERVER = Observer()
 
 
+class _NoNotices:
+    """No subscription (yet): nothing is ever delivered."""
+
+    def wait(self, timeout: float) -> bool:
+        time.sleep(timeout)
+        return False
+
+    def deliver(self) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
+
+
+_NO_NOTICES = _NoNotices()
+
+
 class Run:
     """What one run shares between its thread and the rest of the program."""
 
@@ -107,6 +125,7 @@ class Run:
         "error",
         "keeper",
         "noticed",
+        "notices",
         "own_id",
         "own_threads",
         "released_by",
@@ -142,6 +161,8 @@ class Run:
         self.own_threads = _Threads()
         # Set when the process's driver runs this run instead of a thread.
         self.driven: DrivenRun | None = None
+        # The run's release notices (set as the run starts; see Election.execute).
+        self.notices: NoticeSubscription = _NO_NOTICES
 
     def should_stop(self) -> bool:
         return self.stopping.is_set() or self.user_stop.is_set()
@@ -296,7 +317,13 @@ class Election:
     def execute(self, run: Run, fn: LeaderFn | None) -> None:
         """Run the loop on this thread until ``run`` ends; its error lands in ``run.error``."""
         run.own_threads.add(threading.current_thread())
-        notices = _notices.listen(self._client, self.keys.leader, run.notice)
+        # The engine's listener: on the native engine a native thread wakes
+        # the keeper's eventfd, which the follower sleeps on without the GIL,
+        # and the notice itself is delivered here, on the run thread.
+        notices = self.engine.notices(self._client).listen(
+            self.keys.leader, run.notice, signal=run.keeper
+        )
+        run.notices = notices
         try:
             self._contend(run, fn)
         except BaseException as exc:
@@ -324,6 +351,7 @@ class Election:
                 self._emit(self._observer.on_new_leader, holder)
 
         while not run.should_stop():
+            run.notices.deliver()
             run.noticed = False
             released_by, run.released_by = run.released_by, None
             if released_by is not None:
@@ -443,6 +471,7 @@ class Election:
         reason = self._hold(run, term, worker)
         # Rest from here, before the release: a successor that takes the
         # lease and gives it back at once must still find this run listening.
+        run.notices.deliver()
         run.noticed, run.released_by, run.resting = False, None, True
         keeper.end()
         end_term(term, reason)
@@ -490,7 +519,10 @@ class Election:
         notice costs one poll interval (``seconds``), nothing else.
         """
         deadline = time.monotonic() + seconds
-        while not run.should_stop() and not run.noticed:
+        while True:
+            run.notices.deliver()
+            if run.should_stop() or run.noticed:
+                return
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return

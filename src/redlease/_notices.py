@@ -13,24 +13,35 @@ notice lost to a dropped connection (reconnected with backoff, every waiter
 woken once when it comes back), to a server that does not publish (another
 language's contender) or to a failover costs one poll interval, not safety.
 
-The listener is a Python thread: the wait of a native-engine follower
-needs no GIL (it sleeps in its keeper), but handing it the notice does.
+Each engine picks its listener (``Engine.notices``). On the Python engine,
+and for a Redis Cluster on either engine, it is the Python thread here
+(``PythonNotices``). On the native engine it is a native thread per server
+that never takes the GIL (``NativeNotices``, the core's ``NoticeHub``): it
+wakes a waiter through an eventfd the waiter sleeps on with the GIL
+released, so a notice reaches a follower while another thread holds the GIL.
+Either way a waiter sees the same ``Subscription`` interface: ``wait`` for a
+notice, ``deliver`` queued ones to its wake-up on its own thread, ``cancel``.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError, ResponseError
 
 from ._engine.client import is_cluster
 from ._engine.python import _connection_factory
 from ._log import logger
+
+if TYPE_CHECKING:
+    from ._engine.base import Keeper
+    from ._engine.client import Endpoint
 
 RELEASED_SUFFIX = ":released"
 """A lease key's notice channel is the key plus this suffix (see ``lua/release.lua``)."""
@@ -55,14 +66,34 @@ def sharded(client: Any) -> bool:
 
 
 class Subscription:
-    """One waiter's interest in one channel; ``cancel()`` ends it (idempotent)."""
+    """One waiter's interest in one channel, heard by the Python listener thread.
 
-    __slots__ = ("_hub", "_wake", "channel")
+    The wake-up runs on the listener thread as each notice arrives;
+    ``wait()`` lets a waiter sleep until one does. ``cancel()`` ends it
+    (idempotent).
+    """
+
+    __slots__ = ("_fired", "_hub", "_wake", "channel")
 
     def __init__(self, hub: _Hub | None, channel: str, wake: Wake) -> None:
         self._hub = hub
         self.channel = channel
         self._wake = wake
+        self._fired = threading.Event()
+
+    def _fire(self, payload: bytes | None) -> None:
+        # On the listener thread.
+        self._fired.set()
+        self._wake(payload)
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until a notice arrived (True) or ``timeout`` seconds passed (False)."""
+        fired = self._fired.wait(timeout)
+        self._fired.clear()
+        return fired
+
+    def deliver(self) -> None:
+        """Nothing to do: the listener thread ran the wake-up already."""
 
     def cancel(self) -> None:
         hub, self._hub = self._hub, None
@@ -285,7 +316,7 @@ class _Hub:
                 sub._hub = hub
                 hub.add(sub)
             with contextlib.suppress(Exception):
-                sub._wake(None)  # its notices may have been lost on the way
+                sub._fire(None)  # its notices may have been lost on the way
 
     def _read(self, conn: Any) -> Any:
         try:
@@ -324,7 +355,7 @@ class _Hub:
                 subs = list(self._channels.get(channel, ()))
         for sub in subs:
             with contextlib.suppress(Exception):
-                sub._wake(payload)
+                sub._fire(payload)
 
     def _drop(self) -> None:
         with self._lock:
@@ -347,9 +378,154 @@ _hubs: dict[tuple[Any, ...], _Hub] = {}
 def _forget_after_fork() -> None:
     # A forked child has none of the parent's listener threads; its own
     # waiters open their own connection.
+    # The native hubs are inert in a child (the core sees to it); they are
+    # kept referenced so that none is torn down here.
     global _registry_lock
+    _inherited_hubs.extend(_native_hubs.values())
     _registry_lock = threading.Lock()
     _hubs.clear()
+    _native_hubs.clear()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+# -- the engines' listeners ------------------------------------------------------------
+
+
+class PythonNotices:
+    """Notices heard by the Python listener thread (the Python engine; a Cluster on any)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def listen(self, lease_key: str, wake: Wake, *, signal: Keeper | None = None) -> Subscription:
+        """Subscribe ``wake`` to ``lease_key``'s releases; ``signal`` is notified too."""
+        if signal is None:
+            return listen(self._client, lease_key, wake)
+        keeper = signal
+
+        def wake_and_signal(payload: bytes | None) -> None:
+            wake(payload)
+            keeper.notify()
+
+        return listen(self._client, lease_key, wake_and_signal)
+
+
+class NativeSubscription:
+    """One waiter's interest in one channel, heard by a native ``NoticeHub`` thread.
+
+    The native thread queues each notice and writes the waiter's eventfds;
+    the waiter sleeps in ``wait()`` with the GIL released, and its wake-up
+    runs on its own thread, in ``deliver()`` (``wait()`` delivers too).
+    """
+
+    __slots__ = ("_sub", "_wake", "channel")
+
+    def __init__(self, sub: Any, channel: str, wake: Wake) -> None:
+        self._sub = sub
+        self._wake = wake
+        self.channel = channel
+
+    @property
+    def notices(self) -> int:
+        """How many notices reached this subscription so far."""
+        return int(self._sub.notices)
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep (GIL released) until a notice arrived (True) or ``timeout`` passed (False)."""
+        if not self._sub.wait(timeout):
+            return False
+        self.deliver()
+        return True
+
+    def deliver(self) -> None:
+        """Run the wake-up for every notice queued since the last call, on this thread."""
+        for payload in self._sub.take():
+            self._wake(payload)
+
+    def cancel(self) -> None:
+        self._sub.cancel()
+
+
+class NativeNotices:
+    """Notices heard by a native thread: one ``NoticeHub`` per server per process."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self._endpoint = endpoint
+
+    def listen(
+        self, lease_key: str, wake: Wake, *, signal: Keeper | None = None
+    ) -> NativeSubscription:
+        """Subscribe ``wake`` to ``lease_key``'s releases; ``signal``'s fd is written too."""
+        from ._engine._native import _core
+
+        channel = channel_of(lease_key)
+        fd = signal.fileno() if signal is not None else -1
+        try:
+            with _registry_lock:
+                hub = native_hub(self._endpoint)
+                sub = _core.NoticeSub(hub, channel.encode("utf-8"), fd)
+        except Exception as exc:  # no thread, no descriptor left: no notices, polling only
+            logger.debug("release notices on %s unavailable: %r", channel, exc)
+            return NativeSubscription(_Unheard(), channel, wake)
+        return NativeSubscription(sub, channel, wake)
+
+
+class _Unheard:
+    """A native subscription that could not be made: every wait runs to its timeout."""
+
+    notices = 0
+
+    def wait(self, timeout: float) -> bool:
+        time.sleep(max(timeout, 0.0))
+        return False
+
+    def take(self) -> list[bytes | None]:
+        return []
+
+    def cancel(self) -> None:
+        pass
+
+
+_native_hubs: dict[Any, Any] = {}
+_inherited_hubs: list[Any] = []
+
+
+def native_hub(endpoint: Endpoint) -> Any:
+    """The process's ``NoticeHub`` for ``endpoint``'s server (made on first use). Under the lock."""
+    from dataclasses import replace
+
+    from ._engine._native import _core
+
+    # Pub/sub ignores the database, and the connection needs no name of its own.
+    key = replace(endpoint, db=0, client_name=None)
+    for other, idle in list(_native_hubs.items()):
+        if other != key and idle.idle:
+            # Nobody listened there for a while and its thread has ended:
+            # let its descriptors go too.
+            idle.close()
+            del _native_hubs[other]
+    hub = _native_hubs.get(key)
+    if hub is None or hub.closed:
+        hub = _native_hubs[key] = _core.NoticeHub(_core.Target(key))
+    return hub
+
+
+def native_hubs() -> list[Any]:
+    """Every native hub of this process (a test hook)."""
+    with _registry_lock:
+        return list(_native_hubs.values())
+
+
+def _close_native_hubs() -> None:
+    # At interpreter exit: stop and join every native reader thread.
+    with _registry_lock:
+        hubs = list(_native_hubs.values())
+        _native_hubs.clear()
+    for hub in hubs:
+        with contextlib.suppress(Exception):
+            hub.close()
+
+
+atexit.register(_close_native_hubs)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -220,12 +219,12 @@ class RedisLocker(Locker):
         # A waiting acquire listens for the lock's release notice: the pause
         # between attempts ends the moment the holder releases, and polling
         # at retry_interval stays the fallback for a lost notice.
-        released = threading.Event()
-        notices = _notices.listen(self._client, self.key(name), lambda _by: released.set())
+        # On the native engine the pause sleeps with the GIL released and a
+        # native thread wakes it.
+        notices = self._engine.notices(self._client).listen(self.key(name), lambda _by: None)
 
         def pause(seconds: float) -> None:
-            released.wait(seconds)
-            released.clear()
+            notices.wait(seconds)
 
         try:
             yield pause

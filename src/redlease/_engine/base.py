@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.exceptions import ConnectionError, MasterDownError, ReadOnlyError, ResponseError
@@ -210,6 +210,42 @@ class Keeper(Protocol):
         ...
 
 
+class NoticeSubscription(Protocol):
+    """One waiter's interest in the release notices of one lease (see ``redlease._notices``)."""
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until a notice arrives (True, its wake-up delivered) or ``timeout`` passes."""
+        ...
+
+    def deliver(self) -> None:
+        """Run the wake-up of every notice queued for this thread to handle (if any)."""
+        ...
+
+    def cancel(self) -> None:
+        """Stop listening; idempotent. Afterwards nothing is woken or signalled any more."""
+        ...
+
+
+class Notices(Protocol):
+    """An engine's release-notice listener: one subscription connection per server per process."""
+
+    def listen(
+        self,
+        lease_key: str,
+        wake: Callable[[bytes | None], object],
+        *,
+        signal: Keeper | None = None,
+    ) -> NoticeSubscription:
+        """Listen for releases of ``lease_key``; ``signal`` (a keeper) is woken on each too.
+
+        ``wake(payload)`` gets the releaser's payload, or None when notices may
+        have been lost. It runs on the listener's thread or, where the engine
+        queues notices, in ``deliver()`` / ``wait()`` on the waiter's own.
+        Never raises for Redis trouble: the waiter polls meanwhile.
+        """
+        ...
+
+
 class Engine(Protocol):
     """What an Elector or a RedisLocker needs from Redis."""
 
@@ -311,6 +347,10 @@ class Engine(Protocol):
         ttl: float,
     ) -> Keeper:
         """A new lease keeper renewing with ``script`` (reply 1 renewed, 0 lost)."""
+        ...
+
+    def notices(self, client: Any) -> Notices:
+        """The release-notice listener for this engine and ``client``'s server(s)."""
         ...
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ from .base import (
     DEFAULT_WRITE_TIMEOUT,
     WRITE_CONNECTIONS,
     EncodableT,
+    Notices,
     ScriptRequest,
 )
 from .client import Endpoint
@@ -202,6 +203,18 @@ class NativeEngine:
     def _forget_master(self) -> None:
         # The sentinels named a new master: the next connect must ask them again.
         self._target.forget_master()
+
+    def notices(self, client: Any) -> Notices:
+        """The native listener; a Cluster's notices stay with the Python listener.
+
+        A cluster's notice travels in its name's slot, whose owner moves with
+        failovers and migrations: the Python listener re-homes it per node.
+        """
+        from .. import _notices
+
+        if self.endpoint.kind == "cluster":
+            return _notices.PythonNotices(client)
+        return _notices.NativeNotices(self.endpoint)
 
     def close(self) -> None:
         """Close every connection of this engine, its keepers' included. Idempotent."""

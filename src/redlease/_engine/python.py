@@ -37,6 +37,7 @@ from .base import (
     DEFAULT_WRITE_TIMEOUT,
     WRITE_CONNECTIONS,
     EncodableT,
+    Notices,
     ScriptRequest,
     remaining,
 )
@@ -608,6 +609,12 @@ class PythonEngine:
         self._writes.invalidate()
         for conn in list(self._keeper_conns):
             conn.invalidate()
+
+    def notices(self, client: Any) -> Notices:
+        """The Python listener thread (``redlease._notices.PythonNotices``)."""
+        from .._notices import PythonNotices
+
+        return PythonNotices(client)
 
     def close(self) -> None:
         self._switches.close()

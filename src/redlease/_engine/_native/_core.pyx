@@ -53,9 +53,14 @@ any thread may block on it, the keeper thread included.
 #   _keeper.pxi        Keeper, the Python face of that thread
 #   _renewer.pxi       Renewer and Lease: one thread and one connection that
 #                      renew many leases from a timer heap, pipelined
+#   _notices.pxi       release notices: a subscription connection per server
+#                      read by a thread of its own (no GIL, ever), waiters
+#                      woken through eventfds
 #
-# Fork safety lives here, at the end: it reaches into Pool, LoopConn and Keeper.
+# Fork safety lives here, at the end: it reaches into Pool, LoopConn, Keeper and
+# NoticeHub.
 
+cimport cython
 from cpython.bytes cimport (
     PyBytes_AS_STRING,
     PyBytes_FromString,
@@ -87,6 +92,7 @@ include "_pipeline.pxi"
 include "_keeper_thread.pxi"
 include "_keeper.pxi"
 include "_renewer.pxi"
+include "_notices.pxi"
 
 
 # ---------------------------------------------------------------- fork safety
@@ -99,6 +105,8 @@ def _after_fork_in_child():
             (<Pool>obj).after_fork_in_child()
         elif isinstance(obj, LoopConn):
             (<LoopConn>obj).after_fork_in_child()
+        elif isinstance(obj, NoticeHub):
+            (<NoticeHub>obj).after_fork_in_child()
         elif isinstance(obj, Renewer):
             (<Renewer>obj).after_fork_in_child()
     for obj in list(_live):

@@ -1,0 +1,257 @@
+"""The native engine's release notices are read by a native thread that never takes the GIL.
+
+A follower on the native engine sleeps on an eventfd with the GIL released;
+the notice that wakes it is read and handed over by a native thread, so the
+wake-up happens while another thread of the process holds the GIL. The
+behaviour every engine shares (handover, reconnect, sharing one connection)
+is specified in test_notices.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from helpers import gil_call_size, hold_gil, require_native, wait_until
+from redlease import _notices
+from redlease._engine import make_engine
+from redlease._testing import RedisServer
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "eventfd"), reason="needs os.eventfd (Linux)")
+
+
+@pytest.fixture
+def native_engine(client: redis.Redis) -> Iterator[Any]:
+    require_native()
+    engine = make_engine(client, "native")
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+class EventFd:
+    """A bare eventfd standing in for a keeper's: ``fileno()`` is all a signal needs."""
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def subscribed(client: redis.Redis, channel: str) -> bool:
+    return bool(client.pubsub_numsub(channel)[0][1])
+
+
+def notice_tasks() -> set[int]:
+    """Kernel thread ids of this process's native notice readers (by their thread name)."""
+    found = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == "redlease-notice":
+                    found.add(int(tid))
+        except OSError:
+            continue
+    return found
+
+
+# A process that publishes one release notice, then watches (through /proc)
+# the eventfd of the waiting process until the notice's write shows there.
+_PUBLISHER = textwrap.dedent(
+    """
+    import sys, time, redis
+    port, channel, pid, fd = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    r = redis.Redis(port=port)
+    r.ping()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    time.sleep(0.3)  # well inside the other process's GIL-holding call
+    sent = time.monotonic()
+    r.publish(channel, b"released-by-x")
+    while True:
+        with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+            info = f.read()
+        if "eventfd-count:" in info and not info.split("eventfd-count:")[1].split()[0].strip("0"):
+            time.sleep(0.0005)
+            continue
+        print(f"{sent} {time.monotonic() - sent}", flush=True)
+        break
+    """
+)
+
+
+def test_a_native_follower_is_woken_while_another_thread_holds_the_gil(
+    native_engine: Any, client: redis.Redis, redis_server: RedisServer
+) -> None:
+    signal = EventFd()
+    got: list[bytes | None] = []
+    sub = native_engine.notices(client).listen("held", got.append, signal=signal)
+    publisher = subprocess.Popen(
+        [sys.executable, "-c", _PUBLISHER, str(redis_server.port), "held:released",
+         str(os.getpid()), str(signal.fd)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert publisher.stdout is not None and publisher.stdin is not None
+        assert publisher.stdout.readline().strip() == "ready"
+        wait_until(lambda: subscribed(client, "held:released"), timeout=5, what="the subscription")
+        n = gil_call_size(1.5)
+        publisher.stdin.write("go\n")
+        publisher.stdin.flush()
+        hog_started = time.monotonic()
+        held = hold_gil(n)  # no Python thread runs until this returns
+        sent, woken_after = map(float, publisher.stdout.readline().split())
+    finally:
+        publisher.kill()
+        publisher.wait()
+    hog_ended = hog_started + held
+    # The eventfd was written while the GIL was still held, within a bound.
+    assert woken_after < 0.25, f"the waiter's eventfd was written {woken_after:.3f} s after"
+    assert sent + woken_after < hog_ended, "the notice arrived only after the GIL-holding call"
+    # And the notice itself is handed over on the waiter's own thread.
+    assert sub.wait(5)
+    assert got == [b"released-by-x"]
+    sub.cancel()
+    signal.close()
+
+
+def test_the_native_notice_wait_returns_while_another_thread_holds_the_gil(
+    native_engine: Any, client: redis.Redis, redis_server: RedisServer
+) -> None:
+    sub = native_engine.notices(client).listen("waiting", lambda _p: None)
+    wait_until(lambda: subscribed(client, "waiting:released"), timeout=5, what="the subscription")
+    returned: list[float] = []
+
+    def wait() -> None:
+        if sub.wait(10):
+            returned.append(time.monotonic())
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.1)  # the waiter sleeps in the native wait, GIL released
+    publisher = redis.Redis(port=redis_server.port)
+    n = gil_call_size(1.0)
+    publisher.publish("waiting:released", b"x")
+    hog_started = time.monotonic()
+    hold_gil(n)
+    waiter.join(10)
+    publisher.close()
+    sub.cancel()
+    # The wait returned as soon as the GIL came free, not a poll interval later.
+    assert returned and returned[0] - hog_started < 1.0 + 0.5
+
+
+def test_the_native_listener_is_a_native_thread_not_a_python_one(
+    native_engine: Any, client: redis.Redis
+) -> None:
+    python_threads = {t.ident for t in threading.enumerate()}
+    before = notice_tasks()
+    sub = native_engine.notices(client).listen("threads", lambda _p: None)
+    wait_until(lambda: subscribed(client, "threads:released"), timeout=5, what="the subscription")
+    new = notice_tasks() - before
+    assert len(new) == 1, f"expected one new native notice thread, found {new}"
+    assert {t.ident for t in threading.enumerate()} == python_threads
+    assert all(t.native_id not in new for t in threading.enumerate())
+    assert not any(t.name == "redlease-notices" for t in threading.enumerate())
+    sub.cancel()
+
+
+def test_native_waiters_of_one_server_share_one_hub_and_one_connection(
+    native_engine: Any, client: redis.Redis
+) -> None:
+    listener = native_engine.notices(client)
+    subs = [listener.listen(f"many-{i}", lambda _p: None) for i in range(5)]
+    for i in range(5):
+        wait_until(lambda i=i: subscribed(client, f"many-{i}:released"), timeout=5, what="subs")
+    port = client.connection_pool.connection_kwargs["port"]
+    hubs = [h for h in _notices.native_hubs() if not h.closed and h.target.port == port]
+    assert len(hubs) == 1
+    assert len([c for c in client.client_list() if "P" in c["flags"]]) == 1
+    for sub in subs:
+        sub.cancel()
+    wait_until(lambda: not subscribed(client, "many-0:released"), timeout=5, what="unsubscribe")
+
+
+def test_a_forked_child_inherits_no_running_notice_thread(
+    native_engine: Any, client: redis.Redis, redis_server: RedisServer
+) -> None:
+    sub = native_engine.notices(client).listen("forked", lambda _p: None)
+    wait_until(lambda: subscribed(client, "forked:released"), timeout=5, what="the subscription")
+    assert notice_tasks()
+    pid = os.fork()
+    if pid == 0:  # the child: no reader thread, no hub; its own listen works
+        code = 1
+        try:
+            if not notice_tasks() and not _notices.native_hubs():
+                own = make_engine(redis.Redis(port=redis_server.port), "native")
+                mine = own.notices(client).listen("forked-child", lambda _p: None)
+                r = redis.Redis(port=redis_server.port)
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline and not subscribed(r, "forked-child:released"):
+                    time.sleep(0.01)
+                r.publish("forked-child:released", b"x")
+                code = 0 if mine.wait(5) else 2
+                mine.cancel()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # The parent's listener is untouched by the child.
+    assert subscribed(client, "forked:released")
+    sub.cancel()
+
+
+def test_a_process_with_a_native_listener_exits_promptly(redis_server: RedisServer) -> None:
+    require_native()
+    code = textwrap.dedent(
+        f"""
+        import redis
+        from redlease._engine import make_engine
+        client = redis.Redis(port={redis_server.port})
+        engine = make_engine(client, "native")
+        sub = engine.notices(client).listen("exiting", lambda _p: None)
+        import time; time.sleep(0.3)
+        print("listening", flush=True)
+        """
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "listening"
+    assert time.monotonic() - started < 10
+
+
+def test_the_native_listener_ends_when_no_waiter_is_left_and_a_new_waiter_restarts_it(
+    native_engine: Any, client: redis.Redis
+) -> None:
+    listener = native_engine.notices(client)
+    first = listener.listen("idle", lambda _p: None)
+    wait_until(lambda: subscribed(client, "idle:released"), timeout=5, what="the subscription")
+    reader = notice_tasks()
+    first.cancel()
+    # The connection is closed and the thread ends a couple of seconds later.
+    wait_until(lambda: not (notice_tasks() & reader), timeout=10, what="the reader's end")
+    assert not [c for c in client.client_list() if "P" in c["flags"]]
+    got: list[bytes | None] = []
+    second = listener.listen("idle", got.append)
+    wait_until(lambda: subscribed(client, "idle:released"), timeout=5, what="the new subscription")
+    client.publish("idle:released", b"again")
+    assert second.wait(5)
+    assert got == [b"again"]
+    second.cancel()
