@@ -220,7 +220,7 @@ def one_run(spec: RunSpec, failovers: int, engine: str, reelect: bool) -> dict[s
                     old.kill()
                     for node in victims:
                         sset.thaw(node)
-                    sset._wait_new_master(old_address, None)
+                    sset.wait_new_master(old_address, None)
                     # Empty, as documented: not from the snapshot a full sync
                     # left behind when it last was a replica (stale tokens).
                     for snapshot in old.dir.glob("*.rdb"):

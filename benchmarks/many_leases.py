@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import redis
@@ -89,6 +90,13 @@ def lateness_since(keepers: list[object], marks: list[int]) -> list[float]:
     return samples
 
 
+class _Lateness:
+    """Something with ``lateness()``: an elector's public renew lateness."""
+
+    def __init__(self, read: Callable[[], list[float]]) -> None:
+        self.lateness = read
+
+
 def windows(keepers: list[object], seconds: float) -> tuple[float, float]:
     """p99 renew lateness (ms) over an idle window, then over a GIL-hog window."""
     marks = [len(k.lateness()) for k in keepers]  # type: ignore[attr-defined]
@@ -130,7 +138,7 @@ def electors_scenario(port: int, engine: str, count: int, seconds: float) -> Row
     row.threads = threads() - base_threads
     row.connections = server_clients(observer) - base_conns
     row.rss = rss_mib() - base_rss
-    keepers = [e._election.run.keeper for e in group if e._election.run is not None]
+    keepers = [_Lateness(e.renew_lateness) for e in group]
     row.p99_idle, row.p99_gil = windows(keepers, seconds)
     kept = sum(1 for e in group if e.token())
     row.extra["kept through the hog"] = f"{kept}/{count}"
@@ -178,7 +186,7 @@ def single_scenario(port: int, engine: str, seconds: float) -> Row:
     while not e.token():
         time.sleep(0.001)
     row = Row(f"{engine} one elector alone", 1)
-    keeper = e._election.run.keeper  # type: ignore[union-attr]
+    keeper = _Lateness(e.renew_lateness)
     mark = len(keeper.lateness())
     time.sleep(seconds)
     row.p99_idle = percentile(keeper.lateness()[mark:], 99) * 1000

@@ -33,6 +33,11 @@ EXCEPTIONS = {
     "benchmarks/bench_tls.py": ("redlease._engine",),
     "benchmarks/bench_aio_writes.py": ("redlease._engine",),
 }
+# Private attributes a benchmark may read, and why: a lock's renew lateness
+# has no public reader (an elector's has, ``renew_lateness()``).
+ATTRIBUTE_EXCEPTIONS = {
+    "benchmarks/many_leases.py": ("lock._keeper",),
+}
 
 
 def tooling_files() -> list[tuple[str, Path]]:
@@ -114,7 +119,9 @@ def test_tooling_reaches_the_library_through_its_public_api(kind: str, path: Pat
     # A file allowed to measure a private module may use that module's own names.
     exempt = names_bound_from(tree, EXCEPTIONS.get(relative, ()))
     private += [
-        f"{relative}:{line}: {text}" for line, text in private_attribute_reads(tree, exempt)
+        f"{relative}:{line}: {text}"
+        for line, text in private_attribute_reads(tree, exempt)
+        if text not in ATTRIBUTE_EXCEPTIONS.get(relative, ())
     ]
 
     assert private == []

@@ -372,7 +372,9 @@ class SentinelSet:
             parts.append(f"{node.port}: {state}")
         return "; ".join(parts)
 
-    def _wait_new_master(self, old: Address, timeout: float | None) -> Address:
+    def wait_new_master(self, old: Address, timeout: float | None) -> Address:
+        """Wait until every live sentinel names one master other than ``old``; its address."""
+
         def moved() -> Address | None:
             found = self.master_addresses()
             live = self._live_sentinels()
@@ -411,7 +413,7 @@ class SentinelSet:
             what="a sentinel to accept SENTINEL FAILOVER",
             describe=self._describe,
         )
-        return self._wait_new_master(old, max(deadline - time.monotonic(), 0.1))
+        return self.wait_new_master(old, max(deadline - time.monotonic(), 0.1))
 
     def kill_master(self, *, restart: bool = False, timeout: float | None = None) -> Address:
         """SIGKILL the master, wait for the sentinels to promote a replica; return its address.
@@ -423,7 +425,7 @@ class SentinelSet:
         old = self.master_address()
         victim = self.node_at(old)
         victim.kill()
-        new = self._wait_new_master(old, timeout)
+        new = self.wait_new_master(old, timeout)
         if restart:
             victim.restart()
         return new
