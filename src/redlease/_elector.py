@@ -1060,15 +1060,17 @@ class DrivenRun:
         if self.phase == self.DONE:
             return
         election, run = self.election, self.run
+        # Unsubscribed before the release: the run's own notice is no news,
+        # and thousands of runs stopping together should not flood the listener.
+        if self.notices is not None:
+            self.notices.cancel()
+            self.notices = None
         if self.phase == self.LEAD:
             self._end_term("stopped")
         if self.phase == self.DRAIN:
             self._after_term()
         self.phase = self.DONE
         driver().unwatch(self)
-        if self.notices is not None:
-            self.notices.cancel()
-            self.notices = None
         run.keeper.close()
         election.events.keeper_closed(run.keeper)
         with election._mutex:

@@ -73,24 +73,39 @@ class Subscription:
     (idempotent).
     """
 
-    __slots__ = ("_fired", "_hub", "_wake", "channel")
+    __slots__ = ("_fired", "_hub", "_pending", "_wake", "channel")
 
     def __init__(self, hub: _Hub | None, channel: str, wake: Wake) -> None:
         self._hub = hub
         self.channel = channel
         self._wake = wake
-        self._fired = threading.Event()
+        # Made by the first wait(): a subscription whose wake-up does all the
+        # work (thousands of driver-run electors) never pays for an Event.
+        self._fired: threading.Event | None = None
+        self._pending = False
 
     def _fire(self, payload: bytes | None) -> None:
         # On the listener thread.
-        self._fired.set()
+        self._pending = True
+        fired = self._fired
+        if fired is not None:
+            fired.set()
         self._wake(payload)
 
     def wait(self, timeout: float) -> bool:
         """Sleep until a notice arrived (True) or ``timeout`` seconds passed (False)."""
-        fired = self._fired.wait(timeout)
-        self._fired.clear()
-        return fired
+        fired = self._fired
+        if fired is None:
+            fired = self._fired = threading.Event()
+        # After the Event exists: a notice from here on sets it too.
+        if self._pending:
+            self._pending = False
+            fired.clear()
+            return True
+        got = fired.wait(timeout)
+        fired.clear()
+        self._pending = False
+        return got
 
     def deliver(self) -> None:
         """Nothing to do: the listener thread ran the wake-up already."""
