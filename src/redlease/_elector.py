@@ -490,16 +490,23 @@ class Election:
     def _hold(self, run: Run, term: Term, worker: _LeaderThread | None) -> Reason:
         keeper = run.keeper
         while True:
-            self._drain(keeper)
-            if keeper.state != ACTIVE:
-                return "lost"
-            if worker is not None and worker.finished:
-                return "returned"
-            if run.resign_requested:
-                return "resigned"
-            if run.should_stop():
-                return "stopped"
+            reason = self._hold_reason(run, worker)
+            if reason is not None:
+                return reason
             keeper.wait(_STOP_POLL)
+
+    def _hold_reason(self, run: Run, worker: _LeaderThread | None) -> Reason | None:
+        """Why the running term ends now, or None while it holds."""
+        self._drain(run.keeper)
+        if run.keeper.state != ACTIVE:
+            return "lost"
+        if worker is not None and worker.finished:
+            return "returned"
+        if run.resign_requested:
+            return "resigned"
+        if run.should_stop():
+            return "stopped"
+        return None
 
     def _release(self) -> None:
         try:
@@ -820,7 +827,6 @@ class Elector:
         """
         return self._fence.write(self._fence.eval_request(token, body, keys, args))
 
-
     def fence_pipeline(self, token: int) -> FencedPipeline:
         """A pipeline of fenced writes with ``token``, sent in one round trip.
 
@@ -1014,18 +1020,7 @@ class DrivenRun:
             driver().watch(self)
 
     def _hold_reason(self) -> Reason | None:
-        run, keeper = self.run, self.keeper
-        self.election._drain(keeper)
-        if keeper.state != ACTIVE:
-            return "lost"
-        worker = self.worker
-        if worker is not None and worker.finished:
-            return "returned"
-        if run.resign_requested:
-            return "resigned"
-        if run.should_stop():
-            return "stopped"
-        return None
+        return self.election._hold_reason(self.run, self.worker)
 
     def _end_term(self, reason: Reason) -> None:
         # Rest from here, before the release: a successor that takes the

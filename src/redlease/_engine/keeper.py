@@ -86,17 +86,21 @@ class PythonKeeper:
     def state(self) -> int:
         return self._state
 
+    def _start_term(self, token: int, acquired_at: float) -> None:
+        """A new term (under ``self._cond``): renew at once, deadline from ``acquired_at``."""
+        if self._closed:
+            raise RuntimeError("keeper is closed")
+        if token < 1:
+            raise ValueError("token must be >= 1")
+        self._generation += 1
+        self._deadline = acquired_at + self._ttl
+        self._next = time.monotonic()
+        self._token = token
+        self._state = ACTIVE
+
     def begin(self, token: int, acquired_at: float) -> None:
         with self._cond:
-            if self._closed:
-                raise RuntimeError("keeper is closed")
-            if token < 1:
-                raise ValueError("token must be >= 1")
-            self._generation += 1
-            self._deadline = acquired_at + self._ttl
-            self._next = time.monotonic()
-            self._token = token
-            self._state = ACTIVE
+            self._start_term(token, acquired_at)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._main, name="redlease-renewer", daemon=True
@@ -387,8 +391,9 @@ class KeeperHost:
                     until = now + BATCH_WINDOW
                     while self._heap and self._heap[0][0] <= until and len(batch) < BATCH_MAX:
                         other = self._heap[0]
-                        if not (isinstance(other[3], PipelinedKeeper)
-                                and other[3].batch == keeper.batch):
+                        if not (
+                            isinstance(other[3], PipelinedKeeper) and other[3].batch == keeper.batch
+                        ):
                             break
                         heapq.heappop(self._heap)
                         if other[3]._generation == other[2]:
@@ -430,15 +435,7 @@ class HostedKeeper(PythonKeeper):
 
     def begin(self, token: int, acquired_at: float) -> None:
         with self._cond:
-            if self._closed:
-                raise RuntimeError("keeper is closed")
-            if token < 1:
-                raise ValueError("token must be >= 1")
-            self._generation += 1
-            self._deadline = acquired_at + self._ttl
-            self._next = time.monotonic()
-            self._token = token
-            self._state = ACTIVE
+            self._start_term(token, acquired_at)
             generation = self._generation
         self._host.schedule(self, self._next, generation)
         self.notify()
