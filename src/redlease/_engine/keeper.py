@@ -46,9 +46,11 @@ class PythonKeeper:
         interval: float,
         ttl: float,
         on_close: Callable[[], object] | None = None,
+        on_begin: Callable[[int], object] | None = None,
     ) -> None:
         self._renew: Renew | None = renew
         self._on_close = on_close
+        self._on_begin = on_begin
         self._interval = interval
         self._ttl = ttl
         self._cond = threading.Condition()
@@ -101,6 +103,8 @@ class PythonKeeper:
                 )
                 self._thread.start()
             self._cond.notify_all()
+        if self._on_begin is not None:
+            self._on_begin(token)
         self.notify()  # a state change, like every other
 
     def end(self) -> None:

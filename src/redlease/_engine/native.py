@@ -28,6 +28,18 @@ from .client import Endpoint
 from .failover import MasterSwitches
 
 
+class _Keeper(_native.Keeper):
+    """A native keeper that tells the engine's switch tracker where each term began."""
+
+    switches: weakref.ReferenceType[MasterSwitches] | None = None
+
+    def begin(self, token: int, acquired_at: float) -> None:
+        super().begin(token, acquired_at)
+        switches = self.switches() if self.switches is not None else None
+        if switches is not None:
+            switches.began(self, token)
+
+
 class NativeEngine:
     """Runs scripts and keeps leases with the native core (see ``_engine.Engine``).
 
@@ -51,7 +63,9 @@ class NativeEngine:
         self._writes = _native.Pool(self._target, WRITE_CONNECTIONS)
         self._refs: dict[str, _native.ScriptRef] = {}
         self._keepers: weakref.WeakSet[_native.Keeper] = weakref.WeakSet()
-        self._switches = MasterSwitches(endpoint.sentinels, self._forget_master)
+        self._switches = MasterSwitches(
+            endpoint.sentinels, self._forget_master, self._target.master_address
+        )
         # asyncio writes: one pipelined connection per event loop.
         self._loop_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWriter] = (
             weakref.WeakKeyDictionary()
@@ -165,7 +179,8 @@ class NativeEngine:
         ttl: float,
     ) -> _native.Keeper:
         """A new native keeper renewing with ``script`` on its own connection and thread."""
-        keeper = _native.Keeper(self._target, self._ref(script), keys, args, interval, ttl)
+        keeper = _Keeper(self._target, self._ref(script), keys, args, interval, ttl)
+        keeper.switches = weakref.ref(self._switches)
         self._keepers.add(keeper)
         self._switches.track(keeper)
         return keeper
