@@ -296,7 +296,9 @@ def one_run(spec: RunSpec, failovers: int, engine: str, reelect: bool) -> dict[s
                 promoted_held += new[1] == victim.port
                 fault = "kill -9" if kill else "SENTINEL FAILOVER"
                 regressed = " REGRESSED" if i in ledger.regressed else ""
-                which = "held-back" if new[1] == victim.port else "other"
+                which = "preferred" if new[1] == victim.port else "other"
+                if spec.hold_back:
+                    which = "held-back" if new[1] == victim.port else "other"
                 print(
                     f"  {spec.label}: failover {i}/{failovers} ({fault}, {which} replica "
                     f"promoted){regressed}",
