@@ -1,21 +1,26 @@
 """Fence regressions across Sentinel failovers, with and without the replication guard.
 
     python benchmarks/failover_guard.py [--failovers N] [--engine native|python]
-                                        [--runs guard,plain,guard-all] [--steady]
+                                        [--runs plain,guard,guard-all,guard-nohold]
+                                        [--steady]
 
 Each run starts its own Sentinel set through the test harness: a master, two
 replicas and three sentinels. One elector (TTL 1 s) leads and writes through
 the fence every few milliseconds. Then N failovers, alternating ``SENTINEL
 FAILOVER`` and kill -9 of the master (restarted empty, to rejoin as a
-replica). Before each one, replication is held back: both replicas are
-frozen (SIGSTOP) and their links cut on the master (``CLIENT KILL TYPE
-replica``: a frozen process's kernel would still take the stream in), the
-leader resigns so that a new term is elected (or refused) meanwhile (not
-with ``--steady``: the leader keeps its term), and the fault strikes. After
-a kill -9 the replicas are thawed at once and one of them, holding only what
-it had before the hold-back, is promoted; before a ``SENTINEL FAILOVER``
-they are thawed first (it needs a live replica) and catch up from the
-master's backlog.
+replica).
+
+The data nodes carry fixed ``replica-priority`` values (1, 50 and 100; lower
+is preferred), so the sentinels promote the replica of lowest priority, and
+that is the replica held back: before each failover it is frozen (SIGSTOP)
+and its replication link cut on the master (``CLIENT KILL ADDR``: a frozen
+process's kernel would still take the stream in), while the other replica
+keeps replicating and acknowledging. The leader resigns meanwhile so that a
+new term is elected (or refused) while the replica to be promoted is behind
+(not with ``--steady``: the leader keeps its term). Then the held-back
+replica is thawed and the fault strikes at once: it is promoted without
+what it missed. Each failover records whether the promoted node was the one
+held back.
 
 A *fence regression* is the fence counter or the ``applied`` mark on the
 master going below a value that a confirmed election (a term this instance
@@ -24,11 +29,16 @@ an election returning a token an earlier confirmed election had already
 returned: a token handed out twice, or a stale write the fence would let
 through. A sampler reads both every 20 ms from the node most sentinels name
 as the master, and compares them with what had been confirmed before each
-read. The table counts the
-failovers with at least one regression, by kind of fault.
+read. The table counts the failovers with at least one regression, by kind
+of fault.
 
-Runs (``--runs``, comma-separated, in order): ``guard`` (``min_replicas=1``),
-``plain`` (no guard), ``guard-all`` (``min_replicas=2``: every replica).
+Runs (``--runs``, comma-separated, in order):
+``plain`` (no guard, one replica held back), ``guard`` (``min_replicas=1``,
+one replica held back: the acknowledgement comes from the replica that is
+NOT promoted, so this shows what ``min_replicas=1`` does not cover),
+``guard-all`` (``min_replicas=2``, every replica must confirm: the held-back
+one included), ``guard-nohold`` (``min_replicas=1``, nothing held back: the
+same faults on a healthy set).
 
 Prints a table; asserts nothing.
 """
@@ -54,16 +64,21 @@ TTL = 1.0
 HOLD_BACK = 0.4
 
 
+PRIORITIES = (100, 1, 50)  # replica-priority of the data nodes, in start order
+
+
 @dataclass
 class RunSpec:
     label: str
     min_replicas: int
+    hold_back: bool = True
 
 
 RUNS = {
-    "guard": RunSpec("min_replicas=1", 1),
-    "plain": RunSpec("no guard", 0),
-    "guard-all": RunSpec("min_replicas=2 (every replica)", 2),
+    "plain": RunSpec("no guard, promoted replica held back", 0),
+    "guard": RunSpec("min_replicas=1, promoted replica held back", 1),
+    "guard-all": RunSpec("min_replicas=2, promoted replica held back", 2),
+    "guard-nohold": RunSpec("min_replicas=1, nothing held back", 1, hold_back=False),
 }
 
 
@@ -168,9 +183,63 @@ def node_client(sset: SentinelSet, node: RedisServer) -> Any:
     return sset.node_client(node, socket_timeout=2, socket_connect_timeout=2)
 
 
+def set_priorities(sset: SentinelSet) -> dict[int, int]:
+    """Give each data node its fixed ``replica-priority``, now and after any restart."""
+    priorities = {}
+    for node, priority in zip(sset.data_nodes, PRIORITIES, strict=True):
+        client = node_client(sset, node)
+        client.config_set("replica-priority", priority)
+        client.close()
+        node._extra += ["--replica-priority", str(priority)]  # kept across restart()
+        assert node.port is not None
+        priorities[node.port] = priority
+    # A sentinel reads a replica's priority from its INFO (every 10 s): wait for it.
+    want = {port: p for port, p in priorities.items() if port != sset.master_address()[1]}
+    _wait(lambda: _sentinel_priorities(sset) == want, 30, "the sentinels to see the priorities")
+    return priorities
+
+
+def _sentinel_priorities(sset: SentinelSet) -> dict[int, int] | None:
+    seen: dict[int, int] | None = None
+    for sentinel in sset.sentinels:
+        client = sset.sentinel_client(sentinel, socket_timeout=2)
+        try:
+            replies = client.sentinel_slaves(sset.service)
+        finally:
+            client.close()
+        view = {}
+        for reply in replies:
+            fields = {_text(k): _text(v) for k, v in reply.items()}
+            view[int(fields["port"])] = int(fields["slave-priority"])
+        if seen is not None and view != seen:
+            return None
+        seen = view
+    return seen
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def hold_back(sset: SentinelSet, node: RedisServer) -> None:
+    """Freeze ``node`` and cut its replication link on the master; the other replica goes on."""
+    replica = node_client(sset, node)
+    links = replica.client_list(_type="master")
+    replica.close()
+    sset.freeze(node)
+    master = node_client(sset, sset.master())
+    try:
+        for link in links:
+            master.client_kill_filter(addr=link["laddr"])
+    finally:
+        master.close()
+
+
 def one_run(spec: RunSpec, failovers: int, engine: str, reelect: bool) -> dict[str, Any]:
     ledger = Ledger()
+    promoted_held = 0
     with SentinelSet(replicas=2, sentinels=3) as sset:
+        priorities = set_priorities(sset)
         client = sset.master_for(socket_timeout=2, socket_connect_timeout=2)
         observer = redlease.Observer(
             on_elected=ledger.elected, on_error=lambda exc: _count(ledger, exc)
@@ -193,46 +262,48 @@ def one_run(spec: RunSpec, failovers: int, engine: str, reelect: bool) -> dict[s
             for i in range(1, failovers + 1):
                 _wait(lambda: elector.token() is not None, 30, "a leader")
                 sset.wait_settled()
-                victims = sset.replicas()
+                # The replica the sentinels will promote: the lowest priority.
+                victim = min(sset.replicas(), key=lambda n: priorities[n.port or 0])
                 time.sleep(0.2)  # some confirmed writes before the fault
                 with ledger.lock:
                     ledger.failover = i
                 kill = i % 2 == 0
-                for node in victims:
-                    sset.freeze(node)
-                # A frozen replica's kernel still takes in the stream; cutting
-                # the links is what keeps the writes from reaching it at all.
-                master = node_client(sset, sset.master())
-                master.client_kill_filter(_type="replica")
-                master.close()
+                if spec.hold_back:
+                    hold_back(sset, victim)
                 time.sleep(HOLD_BACK / 2)
-                # A new term elected while replication is held back: confirmed
-                # at once without the guard, refused (NotReplicated) with it
-                # unless a replica that is not held back confirms it.
+                # A new term elected while the replica to be promoted is behind:
+                # confirmed at once without the guard; with it, confirmed only
+                # when enough replicas that are not held back acknowledge it.
                 if reelect:
                     before = ledger.outcomes()
                     elector.resign()
                     _wait(lambda b=before: ledger.outcomes() != b, 5, "the re-election's outcome")
                 time.sleep(HOLD_BACK / 2)
+                old_address = sset.master_address()
+                if spec.hold_back:
+                    sset.thaw(victim)  # eligible again, still behind
                 if kill:
-                    old_address = sset.master_address()
                     old = sset.node_at(old_address)
                     old.kill()
-                    for node in victims:
-                        sset.thaw(node)
-                    sset.wait_new_master(old_address, None)
+                    new = sset.wait_new_master(old_address, None)
                     # Empty, as documented: not from the snapshot a full sync
                     # left behind when it last was a replica (stale tokens).
                     for snapshot in old.dir.glob("*.rdb"):
                         snapshot.unlink()
                     old.restart()
                 else:
-                    for node in victims:
-                        sset.thaw(node)
-                    sset.failover()
+                    new = sset.failover()
+                promoted_held += new[1] == victim.port
                 fault = "kill -9" if kill else "SENTINEL FAILOVER"
                 regressed = " REGRESSED" if i in ledger.regressed else ""
-                print(f"  {spec.label}: failover {i}/{failovers} ({fault}){regressed}", flush=True)
+                which = "preferred" if new[1] == victim.port else "other"
+                if spec.hold_back:
+                    which = "held-back" if new[1] == victim.port else "other"
+                print(
+                    f"  {spec.label}: failover {i}/{failovers} ({fault}, {which} replica "
+                    f"promoted){regressed}",
+                    flush=True,
+                )
             # Let the last failover's aftermath reach the sampler.
             _wait(lambda: elector.token() is not None, 30, "a leader")
             time.sleep(1.0)
@@ -243,6 +314,7 @@ def one_run(spec: RunSpec, failovers: int, engine: str, reelect: bool) -> dict[s
     return {
         "spec": spec,
         "failovers": failovers,
+        "promoted_held": promoted_held,
         "regressed": len(ledger.regressed),
         "regressed_kill": len(ledger.regressed & kills),
         "regressed_manual": len(ledger.regressed - kills),
@@ -276,7 +348,9 @@ def main() -> None:
     parser.add_argument("--failovers", type=int, default=50, help="failovers per run (default 50)")
     parser.add_argument("--engine", default="native", choices=("native", "python"))
     parser.add_argument(
-        "--runs", default="guard,plain,guard-all", help=f"comma-separated, of {', '.join(RUNS)}"
+        "--runs",
+        default="plain,guard,guard-all,guard-nohold",
+        help=f"comma-separated, of {', '.join(RUNS)}",
     )
     parser.add_argument(
         "--steady",
@@ -297,10 +371,11 @@ def main() -> None:
     print()
     print(
         "| run | failovers with a fence regression | of them after SENTINEL FAILOVER "
-        "| after kill -9 | terms confirmed | elections not confirmed | writes confirmed "
+        "| after kill -9 | held-back replica promoted | terms confirmed "
+        "| elections not confirmed | writes confirmed "
         "| writes not confirmed | writes failed | seconds |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
         print(_row(r))
     for r in results:
@@ -312,7 +387,8 @@ def _row(r: dict[str, Any]) -> str:
     return (
         f"| {r['spec'].label} | {r['regressed']} of {r['failovers']} "
         f"| {r['regressed_manual']} of {r['failovers'] - r['kills']} "
-        f"| {r['regressed_kill']} of {r['kills']} | {r['elections']} "
+        f"| {r['regressed_kill']} of {r['kills']} "
+        f"| {r['promoted_held'] if r['spec'].hold_back else '-'} | {r['elections']} "
         f"| {r['unconfirmed_elections']} | {r['writes']} | {r['unconfirmed_writes']} "
         f"| {r['failed_writes']} | {r['seconds']:.0f} |"
     )

@@ -292,6 +292,26 @@ def test_readonly_on_a_fenced_write_ends_the_term_before_the_next_renewal(
         e.stop()
 
 
+def test_readonly_on_a_fenced_pipeline_ends_the_term_before_the_next_renewal(
+    client: redis.Redis, engine: str, closed_port: ClosedPort
+) -> None:
+    # As for a single fenced write: the next renewal is 3 s away.
+    e, terms, _ = lead(client, engine, ttl=9.0, renew_interval=3.0)
+    try:
+        term = terms.terms[0]
+        time.sleep(0.1)  # past the first renewal, sent at once on election
+        client.execute_command("REPLICAOF", LOOPBACK, str(closed_port.port))
+        pipe = terms.fencers[0].pipeline()
+        pipe.set("k1", "v").set("k2", "v")
+        with pytest.raises(redis.exceptions.ResponseError):
+            pipe.execute()
+        assert term.wait(1.0), "the term outlived a READONLY fenced pipeline"
+        assert term.reason == "lost"
+    finally:
+        client.execute_command("REPLICAOF", "NO", "ONE")
+        e.stop()
+
+
 def test_lock_refresh_answered_readonly_loses_the_lock_at_once(
     client: redis.Redis, engine: str, closed_port: ClosedPort
 ) -> None:

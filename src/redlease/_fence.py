@@ -223,6 +223,15 @@ class Fence:
         if requests[0] is None:
             return self._rejected(len(requests))
         batch = cast(list[FenceRequest], requests)
+        try:
+            return self._write_batch(batch)
+        except RedisError as exc:
+            # READONLY / MASTERDOWN / NOREPLICAS raised or in a reply: as for
+            # a single write, the term this token belongs to ends now.
+            self._failover_seen(batch[0], exc)
+            raise
+
+    def _write_batch(self, batch: list[FenceRequest]) -> list[bool]:
         guard = self._guard
         if not guard.enabled:
             return self._results(self._engine.write_many(batch))

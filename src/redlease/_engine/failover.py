@@ -177,14 +177,32 @@ class MasterSwitches:
     ``track(keeper)`` starts the watcher with the first keeper of a
     Sentinel-managed engine (nothing happens for other endpoints). On a
     switch, ``forget_master()`` runs first (the engine drops what points at
-    the old master), then every tracked keeper's ACTIVE term is lost with a
-    ConnectionError that says why.
+    the old master), then the ACTIVE term of every tracked keeper that the
+    OLD master granted is lost with a ConnectionError that says why.
+
+    A notice can arrive late: after a renewal answered READONLY ended the
+    term and a new one was won on the new master. That term must survive
+    it, so ``began(keeper, token)`` records, as each term starts, the master
+    the engine last ran a call on (``master_now()``, right after the
+    acquire); a notice ends a term unless it was recorded as granted on a
+    master other than the notice's old one. Unknown (no address recorded,
+    or a term begun since) errs towards ending it.
     """
 
-    def __init__(self, sentinels: Sentinels | None, forget_master: Callable[[], object]) -> None:
+    def __init__(
+        self,
+        sentinels: Sentinels | None,
+        forget_master: Callable[[], object],
+        master_now: Callable[[], tuple[str, int] | None] = lambda: None,
+    ) -> None:
         self._sentinels = sentinels
         self._forget_master = weakref.WeakMethod(forget_master)
+        self._master_now = master_now
         self._keepers: weakref.WeakSet[Any] = weakref.WeakSet()
+        # keeper -> (token, master address the term was granted on)
+        self._granted: weakref.WeakKeyDictionary[Any, tuple[int, tuple[str, int] | None]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._lock = threading.Lock()
         self._watcher: SwitchWatcher | None = None
 
@@ -195,6 +213,24 @@ class MasterSwitches:
             self._keepers.add(keeper)
             if self._watcher is None:
                 self._watcher = SwitchWatcher(self._sentinels, self._switched, self._wanted)
+
+    def began(self, keeper: Any, token: int) -> None:
+        """``keeper``'s term ``token`` just started, on the master the engine last used."""
+        if self._sentinels is None:
+            return
+        address = self._master_now()
+        with self._lock:
+            self._granted[keeper] = (token, address)
+
+    def _granted_elsewhere(self, keeper: Any, old: tuple[str, int]) -> bool:
+        # Caller holds the lock.
+        granted = self._granted.get(keeper)
+        if granted is None:
+            return False
+        token, address = granted
+        if address is None:
+            return False
+        return bool(token == keeper.token and (str(address[0]), int(address[1])) != old)
 
     def _wanted(self) -> bool:
         # Listen while a run is going: its keeper is open (terms and follower
@@ -216,8 +252,9 @@ class MasterSwitches:
             f"the sentinels switched {self._sentinels.service!r} from {old[0]}:{old[1]} to "
             f"{new[0]}:{new[1]}: a term the old master granted has ended"
         )
+        old = (str(old[0]), int(old[1]))
         with self._lock:
-            keepers = list(self._keepers)
+            keepers = [k for k in self._keepers if not self._granted_elsewhere(k, old)]
         for keeper in keepers:
             keeper.lose(error)
 

@@ -47,9 +47,11 @@ class PythonKeeper:
         interval: float,
         ttl: float,
         on_close: Callable[[], object] | None = None,
+        on_begin: Callable[[int], object] | None = None,
     ) -> None:
         self._renew: Renew | None = renew
         self._on_close = on_close
+        self._on_begin = on_begin
         self._interval = interval
         self._ttl = ttl
         self._cond = threading.Condition()
@@ -107,6 +109,8 @@ class PythonKeeper:
                 )
                 self._thread.start()
             self._cond.notify_all()
+        if self._on_begin is not None:
+            self._on_begin(token)
         self.notify()  # a state change, like every other
 
     def end(self) -> None:
@@ -429,8 +433,9 @@ class HostedKeeper(PythonKeeper):
         interval: float,
         ttl: float,
         on_close: Callable[[], object] | None = None,
+        on_begin: Callable[[int], object] | None = None,
     ) -> None:
-        super().__init__(renew, interval=interval, ttl=ttl, on_close=on_close)
+        super().__init__(renew, interval=interval, ttl=ttl, on_close=on_close, on_begin=on_begin)
         self._host = host
 
     def begin(self, token: int, acquired_at: float) -> None:
@@ -438,6 +443,8 @@ class HostedKeeper(PythonKeeper):
             self._start_term(token, acquired_at)
             generation = self._generation
         self._host.schedule(self, self._next, generation)
+        if self._on_begin is not None:
+            self._on_begin(token)
         self.notify()
 
     def _tick(self) -> None:
@@ -533,8 +540,9 @@ class PipelinedKeeper(HostedKeeper):
         *,
         interval: float,
         ttl: float,
+        on_begin: Callable[[int], object] | None = None,
     ) -> None:
-        super().__init__(host, renew, interval=interval, ttl=ttl)
+        super().__init__(host, renew, interval=interval, ttl=ttl, on_begin=on_begin)
         self.command = command
         self.batch = batch
 

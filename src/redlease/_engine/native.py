@@ -30,6 +30,18 @@ from .client import Endpoint
 from .failover import MasterSwitches
 
 
+class _Keeper(_native.Keeper):
+    """A native keeper that tells the engine's switch tracker where each term began."""
+
+    switches: weakref.ReferenceType[MasterSwitches] | None = None
+
+    def begin(self, token: int, acquired_at: float) -> None:
+        super().begin(token, acquired_at)
+        switches = self.switches() if self.switches is not None else None
+        if switches is not None:
+            switches.began(self, token)
+
+
 class NativeEngine:
     """Runs scripts and keeps leases with the native core (see ``_engine.Engine``).
 
@@ -58,7 +70,9 @@ class NativeEngine:
         # own, as its server may move). Made with the first keeper.
         self._renewer: _native.Renewer | None = None
         self._renewer_lock = threading.Lock()
-        self._switches = MasterSwitches(endpoint.sentinels, self._forget_master)
+        self._switches = MasterSwitches(
+            endpoint.sentinels, self._forget_master, self._target.master_address
+        )
         # asyncio writes: one pipelined connection per event loop.
         self._loop_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWriter] = (
             weakref.WeakKeyDictionary()
@@ -182,7 +196,8 @@ class NativeEngine:
         if renewer is not None:
             # close() reaches these through the renewer, which ends them all.
             return _native.Lease(renewer, self._ref(script), keys, args, interval, ttl)
-        keeper = _native.Keeper(self._target, self._ref(script), keys, args, interval, ttl)
+        keeper = _Keeper(self._target, self._ref(script), keys, args, interval, ttl)
+        keeper.switches = weakref.ref(self._switches)
         self._keepers.add(keeper)
         self._switches.track(keeper)
         return keeper

@@ -114,6 +114,15 @@ class BoundedConnection:
         """Reconnect before the next round trip: the server behind this one has changed."""
         self._stale = True
 
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """``(host, port)`` of the server this connection talks to, when connected."""
+        conn = self._conn
+        host, port = getattr(conn, "host", None), getattr(conn, "port", None)
+        if host is None or port is None:
+            return None
+        return str(host), int(port)
+
     def execute(self, args: Sequence[Any], timeout: float) -> Any:
         deadline = time.monotonic() + timeout
 
@@ -327,6 +336,8 @@ class _Pool:
         self._busy = 0
         self._generation = 0
         self._idle: dict[object, list[BoundedConnection]] = {}
+        # Where the last script that ran went (the master a Sentinel named then).
+        self.served: tuple[str, int] | None = None
 
     def eval_script(
         self,
@@ -343,7 +354,9 @@ class _Pool:
             conn, generation = self._take(route, key, deadline)
             keep = True
             try:
-                return conn.eval_script(script, keys, args, remaining(deadline), wait=wait)
+                reply = conn.eval_script(script, keys, args, remaining(deadline), wait=wait)
+                self.served = conn.address
+                return reply
             except MovedError:
                 # Nothing ran, and the slot map was refreshed: send again to the
                 # new owner while the deadline allows.
@@ -495,7 +508,9 @@ class PythonEngine:
         weakref.finalize(self, self._host.stop, 1.0)
         self._renew_conn = BoundedConnection(client)
         self._keeper_conns.add(self._renew_conn)
-        self._switches = MasterSwitches(sentinels_of(client), self._forget_master)
+        self._switches = MasterSwitches(
+            sentinels_of(client), self._forget_master, lambda: self._calls.served
+        )
         self._loop_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWriter] = (
             weakref.WeakKeyDictionary()
         )
@@ -591,15 +606,31 @@ class PythonEngine:
         def renew(timeout: float) -> Any:
             return conn.eval_script(script, keys, args, timeout)
 
+        switches = weakref.ref(self._switches)
+
+        def began(token: int) -> None:
+            tracker = switches()
+            if tracker is not None:
+                tracker.began(keeper_ref(), token)
+
         keeper: HostedKeeper
         if self._cluster:
-            keeper = HostedKeeper(host, renew, interval=interval, ttl=ttl, on_close=on_close)
+            keeper = HostedKeeper(
+                host, renew, interval=interval, ttl=ttl, on_close=on_close, on_begin=began
+            )
         else:
             # Renewals falling due together share one write and one read.
             command = ("EVALSHA", script.sha, len(keys), *keys, *args)
             keeper = PipelinedKeeper(
-                host, renew, command, conn.execute_many, interval=interval, ttl=ttl
+                host,
+                renew,
+                command,
+                conn.execute_many,
+                interval=interval,
+                ttl=ttl,
+                on_begin=began,
             )
+        keeper_ref = weakref.ref(keeper)
         self._switches.track(keeper)
         return keeper
 

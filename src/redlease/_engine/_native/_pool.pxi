@@ -175,6 +175,23 @@ cdef class Target:
         """Sentinel: the master may have changed; connections ask the sentinels before their next use."""
         disco_forget_master(self.disco)
 
+    def master_address(self):
+        """Sentinel: the master's ``(host, port)`` as the sentinels last named it, or None."""
+        cdef rl_disco* d = <rl_disco*>self.disco
+        cdef rl_addr a
+        cdef int known = 0
+        if d == NULL or d.kind != DISCO_SENTINEL:
+            return None
+        with nogil:
+            pthread_mutex_lock(&d.mu)
+            known = d.master_known
+            if known:
+                a = d.master
+            pthread_mutex_unlock(&d.mu)
+        if not known:
+            return None
+        return (a.host.decode("utf-8", "replace"), a.port)
+
     @property
     def kind(self):
         """``"direct"``, ``"sentinel"`` or ``"cluster"``: how the server is found."""
