@@ -94,6 +94,10 @@ class PythonKeeper:
             raise RuntimeError("keeper is closed")
         if token < 1:
             raise ValueError("token must be >= 1")
+        if self._on_begin is not None:
+            # Before the token shows: whoever sees the term may act on it at
+            # once (a switch notice must already know where it began).
+            self._on_begin(token)
         self._generation += 1
         self._deadline = acquired_at + self._ttl
         self._next = time.monotonic()
@@ -109,8 +113,6 @@ class PythonKeeper:
                 )
                 self._thread.start()
             self._cond.notify_all()
-        if self._on_begin is not None:
-            self._on_begin(token)
         self.notify()  # a state change, like every other
 
     def end(self) -> None:
@@ -443,8 +445,6 @@ class HostedKeeper(PythonKeeper):
             self._start_term(token, acquired_at)
             generation = self._generation
         self._host.schedule(self, self._next, generation)
-        if self._on_begin is not None:
-            self._on_begin(token)
         self.notify()
 
     def _tick(self) -> None:

@@ -36,10 +36,12 @@ class _Keeper(_native.Keeper):
     switches: weakref.ReferenceType[MasterSwitches] | None = None
 
     def begin(self, token: int, acquired_at: float) -> None:
-        super().begin(token, acquired_at)
+        # Before the token shows: a switch notice heard right after must
+        # already know where this term began.
         switches = self.switches() if self.switches is not None else None
         if switches is not None:
             switches.began(self, token)
+        super().begin(token, acquired_at)
 
 
 class NativeEngine:
