@@ -22,6 +22,26 @@ def threads_and_fds() -> tuple[int, int]:
     return len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
 
 
+def settled_threads_and_fds(quiet: float = 2.5, timeout: float = 15.0) -> tuple[int, int]:
+    """``threads_and_fds()`` once it held still for ``quiet`` seconds.
+
+    Earlier tests leave threads that end on their own a little later (a
+    release-notice listener closes 2 s after its last waiter; an engine's
+    keeper thread when the engine is collected): a count taken while they
+    wind down would see a fall that is not this test's doing.
+    """
+    deadline = time.monotonic() + timeout
+    last, since = threads_and_fds(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = threads_and_fds()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+    return last
+
+
 def test_many_terms_leak_no_threads_or_fds(client: redis.Redis, engine: str) -> None:
     terms: list[int] = []
     gate = threading.Semaphore(0)
@@ -41,11 +61,11 @@ def test_many_terms_leak_no_threads_or_fds(client: redis.Redis, engine: str) -> 
     )
     e.start(lead)
     wait_until(lambda: len(terms) >= 20, timeout=30, what="20 terms")
-    early = threads_and_fds()
+    early = settled_threads_and_fds()
     gate.release()
     assert done.wait(60), f"only {len(terms)} terms in 60 s"
     wait_until(lambda: len(terms) > 300, timeout=30, what="term 301")  # counted mid-term too
-    late = threads_and_fds()
+    late = settled_threads_and_fds()
     e.stop()
     assert terms == sorted(set(terms)), "tokens must be unique and increasing"
     assert late == early, f"threads/fds went from {early} to {late} over 280 terms"
@@ -59,6 +79,7 @@ def test_start_stop_cycles_leak_no_threads_or_fds(client: redis.Redis, engine: s
         wait_until(e.token, timeout=5, what="election")
         e.stop()
 
+    settled_threads_and_fds()  # what earlier tests left winds down first
     for _ in range(5):
         cycle()
     before = threads_and_fds()
