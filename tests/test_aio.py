@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -191,6 +192,36 @@ def test_stop_awaited_by_the_leader_coroutine_ends_the_run(
         await asyncio.wait_for(e.stop(), 3)
         assert e.token() is None
         assert not await client.exists("aio:leader")
+        await client.aclose()
+
+    run(scenario)
+
+
+def test_many_started_async_electors_add_a_fixed_number_of_threads(
+    redis_server: RedisServer, engine: str
+) -> None:
+    # Native threads count too: /proc/self/task sees them, threading does not.
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    async def scenario() -> None:
+        client = async_client(redis_server)
+        warm = redlease.aio.Elector(client, "many-aio-warm", ttl=2.0, engine=engine)
+        async with warm:
+            await until(warm.token)
+        base = threads()
+        electors = [
+            redlease.aio.Elector(client, f"many-aio-{i}", ttl=2.0, engine=engine)
+            for i in range(200)
+        ]
+        for e in electors:
+            e.start()
+        await until(lambda: all(e.token() for e in electors), timeout=30)
+        added = threads() - base
+        assert added <= 4, f"200 started async electors added {added} threads"
+        for e in electors:
+            await e.stop()
+        assert not any(e.token() for e in electors)
         await client.aclose()
 
     run(scenario)

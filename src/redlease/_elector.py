@@ -877,6 +877,7 @@ class DrivenRun:
         "last_holder",
         "not_before",
         "notices",
+        "on_done",
         "phase",
         "reason",
         "run",
@@ -884,10 +885,18 @@ class DrivenRun:
         "worker",
     )
 
-    def __init__(self, election: Election, run: Run, fn: LeaderFn | None) -> None:
+    def __init__(
+        self,
+        election: Election,
+        run: Run,
+        fn: LeaderFn | None,
+        on_done: Callable[[], object] | None = None,
+    ) -> None:
         self.election = election
         self.run = run
         self.fn = fn
+        # Called (on whichever thread ends the run) once the run is over.
+        self.on_done = on_done
         self.keeper = run.keeper
         self.busy = threading.Lock()
         self.phase = self.CONTEND
@@ -1071,7 +1080,14 @@ class DrivenRun:
         with election._mutex:
             if election.run is run:
                 election.run = None
-        run.done.set()
+        self._done()
+
+    def _done(self) -> None:
+        self.run.done.set()
+        on_done = self.on_done
+        if on_done is not None:
+            self.on_done = None
+            on_done()
 
     # -- stop (on the caller's thread) ---------------------------------------------------
 
@@ -1090,7 +1106,7 @@ class DrivenRun:
                 except BaseException as exc:
                     run.error = exc
                     self.phase = self.DONE
-                    run.done.set()
+                    self._done()
                 finally:
                     run.own_threads.discard(thread)
                     self.busy.release()

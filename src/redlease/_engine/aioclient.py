@@ -8,6 +8,8 @@ database, credentials and timeouts.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any
 
 import redis
@@ -18,14 +20,32 @@ import redis.sentinel
 
 from .._errors import ConfigError
 
+_twins: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_twins_lock = threading.Lock()
+
 
 def sync_twin(client: object) -> Any:
     """A threaded client (``redis.Redis`` or ``RedisCluster``) that reaches what ``client`` does.
 
     The election loop and the native engine run off the event loop, so they
     need a blocking client with the async client's address, database,
-    credentials, timeouts and TLS settings.
+    credentials, timeouts and TLS settings. One twin per async client, for as
+    long as that client lives: electors and lockers on one client share it,
+    and with it their engine (one renewer, one set of connections).
     """
+    try:
+        with _twins_lock:
+            twin = _twins.get(client)
+    except TypeError:  # not weakly referenceable: a twin of its own
+        return _make_twin(client)
+    if twin is None:
+        twin = _make_twin(client)
+        with _twins_lock:
+            twin = _twins.setdefault(client, twin)
+    return twin
+
+
+def _make_twin(client: object) -> Any:
     if client is None:
         raise ConfigError("client must be a redis.asyncio.Redis, got None")
     cluster_cls = getattr(redis.asyncio, "RedisCluster", None)
