@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import os
 import threading
 import time
@@ -30,6 +31,12 @@ from typing import Any, Protocol
 
 TICK = 0.05
 """How often watched keepers are looked at (seconds), at most."""
+
+BATCH = 512
+"""At most this many acquires share one round trip."""
+
+BATCH_TIMEOUT = 2.0
+"""The bound of one batched round trip (seconds)."""
 
 
 class Watched(Protocol):
@@ -73,6 +80,8 @@ class Driver:
         self._seen: dict[int, int] = {}
         self._thread: threading.Thread | None = None
         self._last_sweep = 0.0
+        self.batched_acquires = 0
+        """Acquires sent in shared round trips so far (for tests and benchmarks)."""
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -148,11 +157,56 @@ class Driver:
                         del self._latest[item]
                         due.append(item)
                 sweep = bool(self._watched) and now - self._last_sweep >= TICK
+            self._prefetch(due)
             for item in due:
                 self._step(item)
             if sweep:
                 self._last_sweep = time.monotonic()
                 self._sweep()
+
+    def _prefetch(self, due: list[Timed]) -> None:
+        """Send the acquires that due contending runs are about to make, a batch per engine.
+
+        A run that contends now hands over its acquire (``acquire_request``);
+        runs on one engine share one round trip, and each step then reads its
+        own reply. A lone acquire is left to its step. Each run is held
+        (``busy``) from its request to its reply, so a ``stop()`` meanwhile
+        waits and then finds the reply (and gives back a lease it won).
+        """
+        groups: dict[int, tuple[Any, list[tuple[Any, Any]]]] = {}
+        held: list[Any] = []
+        try:
+            for item in due:
+                ask = getattr(item, "acquire_request", None)
+                if ask is None or not item.busy.acquire(blocking=False):  # type: ignore[attr-defined]
+                    continue
+                held.append(item)
+                want = ask()
+                if want is not None:
+                    engine, request = want
+                    groups.setdefault(id(engine), (engine, []))[1].append((item, request))
+            for engine, entries in groups.values():
+                if len(entries) < 2:
+                    continue
+                for start in range(0, len(entries), BATCH):
+                    chunk = entries[start : start + BATCH]
+                    sent = time.monotonic()
+                    try:
+                        replies: list[Any] = engine.call_many(
+                            [request for _, request in chunk], BATCH_TIMEOUT
+                        )
+                        if len(replies) != len(chunk):
+                            raise RuntimeError("a batched acquire lost replies")
+                    except Exception as exc:  # each step reports it as its acquire's error
+                        replies = [exc] * len(chunk)
+                    for (item, _), reply in zip(chunk, replies, strict=True):
+                        item.prefetched = (reply, sent)
+                    self.batched_acquires += len(chunk)
+        except Exception:  # never the driver's end: the steps acquire one by one instead
+            logging.getLogger("redlease").debug("batched acquires failed", exc_info=True)
+        finally:
+            for item in held:
+                item.busy.release()
 
     def _step(self, item: Timed) -> None:
         when = item.step()

@@ -15,6 +15,7 @@ observer — and the loop itself, read top to bottom as ``_contend``, ``_lead``,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
@@ -241,6 +242,10 @@ class Election:
         self._sharded_notice = "1" if _notices.sharded(client) else "0"
         self._observer = observer or _NO_OBSERVER
         self.keys = ElectionKeys(self.config.name)
+        # Acquires of many started runs on this engine may share a round trip:
+        # not on a cluster (one connection, one node) nor with the guard (each
+        # acquire waits for its own WAIT).
+        self.batchable = not is_cluster(client) and not self.config.guard.enabled
         self.events = Events("elector", self.config.name, self.config.instance_id)
         self.fence = Fence(
             self.engine,
@@ -409,6 +414,15 @@ class Election:
                 guard.min_replicas,
                 guard.timeout_ms,
             )
+        return self._acquired(reply, acked)
+
+    def _acquire_request(self) -> tuple[Any, tuple[str, ...], tuple[Any, ...]]:
+        """The acquire as a ``(script, keys, args)`` request (see ``Engine.call_many``)."""
+        return _ACQUIRE, tuple(self.keys.all()), (self.instance_id, self.config.ttl_ms)
+
+    def _acquired(self, reply: Any, acked: int = 0) -> tuple[int, int, str]:
+        """An acquire's reply as ``(token, pttl_ms, holder)`` (the guard decides first)."""
+        guard = self.guard
         token = int(reply[0])
         if token > 0 and guard.enabled and acked < guard.min_replicas:
             # Won on the master only: a failover now could hand the name to
@@ -879,6 +893,7 @@ class DrivenRun:
         "notices",
         "on_done",
         "phase",
+        "prefetched",
         "reason",
         "run",
         "token",
@@ -910,6 +925,9 @@ class DrivenRun:
         # an early step (a poke, a sweep) waits for it unless a release
         # notice arrived meanwhile.
         self.not_before = 0.0
+        # An acquire the driver sent for this run with others' (reply, send
+        # time), for the next contend step to use instead of a round trip.
+        self.prefetched: tuple[Any, float] | None = None
         self.notices: _notices.Subscription | None = None
         run.driven = self
 
@@ -984,8 +1002,15 @@ class DrivenRun:
             # A holder seen only through its release notice still led meanwhile.
             self._observe(_instance_text(released_by))
         sent = time.monotonic()
+        prefetched, self.prefetched = self.prefetched, None
         try:
-            token, pttl_ms, holder = election._acquire()
+            if prefetched is None:
+                token, pttl_ms, holder = election._acquire()
+            else:
+                reply, sent = prefetched
+                if isinstance(reply, Exception):
+                    raise reply
+                token, pttl_ms, holder = election._acquired(reply)
         except Exception as exc:
             election._report(exc)
             self.errors_in_row += 1
@@ -1004,6 +1029,19 @@ class DrivenRun:
         self.follower = False
         self._begin(token, sent)
         return None
+
+    def acquire_request(self) -> tuple[Engine, Any] | None:
+        """The acquire this run's next step would send now, for the driver to batch; or None."""
+        run, election = self.run, self.election
+        if (
+            self.phase != self.CONTEND
+            or self.prefetched is not None
+            or not election.batchable
+            or run.should_stop()
+            or (not run.noticed and time.monotonic() < self.not_before)
+        ):
+            return None
+        return election.engine, election._acquire_request()
 
     def _observe(self, holder: str) -> None:
         if holder != self.last_holder:
@@ -1069,6 +1107,19 @@ class DrivenRun:
         if self.notices is not None:
             self.notices.cancel()
             self.notices = None
+        prefetched, self.prefetched = self.prefetched, None
+        if (
+            prefetched is not None
+            and self.phase == self.CONTEND
+            and not isinstance(prefetched[0], Exception)
+        ):
+            # A batched acquire this run had not read yet: a term it won is
+            # begun and ended like any other, so every token is a term.
+            token = 0
+            with contextlib.suppress(Exception):
+                token = election._acquired(prefetched[0])[0]
+            if token > 0:
+                self._begin(token, prefetched[1])
         if self.phase == self.LEAD:
             self._end_term("stopped")
         if self.phase == self.DRAIN:

@@ -300,3 +300,39 @@ def test_many_auto_renewed_locks_share_the_keeper_and_each_watchdog_still_sees_i
         locker.close()
         client.close()
         observer.close()
+
+
+def test_followers_that_poll_together_share_a_round_trip_and_each_reads_its_own_reply(
+    redis_server: RedisServer, engine: str
+) -> None:
+    from redlease._driver import driver
+
+    client = redis_server.client()
+    holders = [
+        redlease.Elector(client, f"batched-{i}", ttl=2.0, engine=engine) for i in range(100)
+    ]
+    for h in holders[:50]:
+        h.start(None)  # the first half of the names have a leader already
+    wait_until(lambda: all(h.token() for h in holders[:50]), timeout=10, what="50 leaders")
+    before = driver().batched_acquires
+    followers = [
+        redlease.Elector(client, f"batched-{i}", ttl=2.0, engine=engine) for i in range(100)
+    ]
+    try:
+        for f in followers:
+            f.start(None)
+        # The free half is won by the followers; the held half stays with its leaders.
+        wait_until(
+            lambda: all(f.token() for f in followers[50:]), timeout=10, what="50 elections"
+        )
+        assert not any(f.token() for f in followers[:50])
+        assert all(h.token() for h in holders[:50])
+        leaders = {i: client.get(f"batched-{i}:leader") for i in range(100)}
+        assert all(v == holders[i].instance_id.encode() for i, v in leaders.items() if i < 50)
+        assert all(v == followers[i].instance_id.encode() for i, v in leaders.items() if i >= 50)
+        # Their first acquires went out together, not one round trip each.
+        assert driver().batched_acquires - before >= 50
+    finally:
+        for e in followers + holders:
+            e.stop()
+        client.close()

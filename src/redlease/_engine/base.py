@@ -267,6 +267,15 @@ class Engine(Protocol):
         """
         ...
 
+    def call_many(self, requests: Sequence[ScriptRequest], timeout: float) -> list[Any]:
+        """Many control-path scripts in one round trip on the engine's own connection.
+
+        Replies in order; an error reply is the exception object in its place,
+        not raised. A failure that leaves replies unread raises ConnectionError /
+        TimeoutError. Not on a cluster (one connection, one node).
+        """
+        ...
+
     def write(
         self,
         script: Script,

@@ -99,6 +99,11 @@ class NativeEngine:
         """Run ``script`` on a control connection, bounded by ``timeout`` seconds in all."""
         return self._calls.execute(self._ref(script), keys, args, timeout)
 
+    def call_many(self, requests: Sequence[ScriptRequest], timeout: float) -> list[Any]:
+        """Control-path scripts in one round trip on a control connection (GIL released)."""
+        batch = [(self._ref(script), keys, args) for script, keys, args in requests]
+        return _native.execute_many(self._calls, batch, timeout)
+
     def write(
         self,
         script: Script,

@@ -526,6 +526,9 @@ class PythonEngine:
     ) -> Any:
         return self._calls.eval_script(script, keys, args, timeout)
 
+    def call_many(self, requests: Sequence[ScriptRequest], timeout: float) -> list[Any]:
+        return self._calls.eval_many(requests, timeout)
+
     def write(
         self,
         script: Script,
