@@ -190,7 +190,7 @@ def set_priorities(sset: SentinelSet) -> dict[int, int]:
         client = node_client(sset, node)
         client.config_set("replica-priority", priority)
         client.close()
-        node._extra += ["--replica-priority", str(priority)]  # kept across restart()
+        node.add_args("--replica-priority", str(priority))  # kept across restart()
         assert node.port is not None
         priorities[node.port] = priority
     # A sentinel reads a replica's priority from its INFO (every 10 s): wait for it.

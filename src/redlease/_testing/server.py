@@ -212,6 +212,10 @@ class RedisServer:
                 self.stop()
                 raise
 
+    def add_args(self, *args: str) -> None:
+        """More redis-server arguments, used from the next (re)start on."""
+        self._extra += list(args)
+
     def restart(self) -> None:
         """Stop the process if it runs, then start it again on the same address and directory.
 
