@@ -68,7 +68,11 @@ def test_many_terms_leak_no_threads_or_fds(client: redis.Redis, engine: str) -> 
     late = settled_threads_and_fds()
     e.stop()
     assert terms == sorted(set(terms)), "tokens must be unique and increasing"
-    assert late == early, f"threads/fds went from {early} to {late} over 280 terms"
+    # A leak is growth. A fall is something an earlier test left winding down
+    # (a notice listener still retrying its stopped server), not this run's.
+    assert late[0] <= early[0] and late[1] <= early[1], (
+        f"threads/fds went from {early} to {late} over 280 terms"
+    )
 
 
 def test_start_stop_cycles_leak_no_threads_or_fds(client: redis.Redis, engine: str) -> None:
