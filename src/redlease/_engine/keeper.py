@@ -273,41 +273,57 @@ class PythonKeeper:
             with self._cond:
                 self._record_lateness(sent - scheduled)
             renew = self._renew
+            reply: Any = None
+            error: Exception | None = None
             try:
                 if renew is None:
                     raise RuntimeError("keeper is closed")
                 reply = renew(max(min(self._interval, deadline - sent), MIN_STEP))
             except Exception as exc:  # any failure at all is a failed renewal
-                with self._cond:
-                    if generation == self._generation:
-                        self._errors.append(exc)
-                        if is_failover_reply(exc):
-                            # The server is no longer the master the lease was
-                            # granted on: waiting for the deadline would lead on
-                            # a lease a failover may already have lost.
-                            self._lose()
-                            continue
-                        self._next = self._next_slot(scheduled)
-                        self.notify()
-                continue
+                error = exc
             with self._cond:
-                if generation != self._generation:
-                    continue
-                if reply == 1:
-                    self._renewals += 1
-                    self._renewed_at = sent
-                    self._deadline = sent + self._ttl
-                    self._next = self._next_slot(scheduled)
-                elif reply == 0:
-                    self._lose()
-                else:
-                    # Like the native keeper: only 0 says the lease is gone;
-                    # anything else is a failed renewal, tolerated until the deadline.
-                    self._errors.append(
-                        ResponseError("unexpected reply to a renewal (expected 1 or 0)")
-                    )
-                    self._next = self._next_slot(scheduled)
-                    self.notify()
+                self._apply(generation, scheduled, sent, reply, error)
+
+    def _apply(
+        self,
+        generation: int,
+        scheduled: float,
+        sent: float,
+        reply: Any,
+        error: Exception | None,
+    ) -> bool:
+        """One renewal's outcome (a reply, or the error that replaced it), under ``self._cond``.
+
+        True while the term goes on; False when it was lost or had already
+        ended (a renewal of an older term changes nothing).
+        """
+        if generation != self._generation:
+            return False
+        if error is not None:
+            self._errors.append(error)
+            if is_failover_reply(error):
+                # The server is no longer the master the lease was granted
+                # on: waiting for the deadline would lead on a lease a
+                # failover may already have lost.
+                self._lose()
+                return False
+            self._next = self._next_slot(scheduled)
+            self.notify()
+        elif reply == 1:
+            self._renewals += 1
+            self._renewed_at = sent
+            self._deadline = sent + self._ttl
+            self._next = self._next_slot(scheduled)
+        elif reply == 0:
+            self._lose()
+            return False
+        else:
+            # Like the native keeper: only 0 says the lease is gone; anything
+            # else is a failed renewal, tolerated until the deadline.
+            self._errors.append(ResponseError("unexpected reply to a renewal (expected 1 or 0)"))
+            self._next = self._next_slot(scheduled)
+            self.notify()
+        return True
 
     def _after_fork_in_child(self) -> None:
         # The renewal thread does not exist in the child, and the lease is the
@@ -492,34 +508,10 @@ class HostedKeeper(PythonKeeper):
         reply: Any,
         error: Exception | None,
     ) -> None:
-        """Apply one renewal's outcome (a reply, or the error that replaced it)."""
+        """Apply one renewal's outcome, then schedule the next while the term goes on."""
         with self._cond:
-            if generation != self._generation:
-                return
-            if error is not None:
-                self._errors.append(error)
-                if is_failover_reply(error):
-                    # Not the master the lease was granted on: the term ends
-                    # now, as on a keeper with a thread of its own.
-                    self._lose()
-                    return
-                self._next = self._next_slot(scheduled)
-                self.notify()
-            elif reply == 1:
-                self._renewals += 1
-                self._renewed_at = sent
-                self._deadline = sent + self._ttl
-                self._next = self._next_slot(scheduled)
-            elif reply == 0:
-                self._lose()
-                return
-            else:
-                self._errors.append(
-                    ResponseError("unexpected reply to a renewal (expected 1 or 0)")
-                )
-                self._next = self._next_slot(scheduled)
-                self.notify()
-            self._host.schedule(self, min(self._next, self._deadline), generation)
+            if self._apply(generation, scheduled, sent, reply, error):
+                self._host.schedule(self, min(self._next, self._deadline), generation)
 
 
 class PipelinedKeeper(HostedKeeper):
