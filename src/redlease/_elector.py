@@ -125,6 +125,7 @@ class Run:
         "driven",
         "error",
         "keeper",
+        "last_holder",
         "noticed",
         "notices",
         "own_id",
@@ -152,6 +153,8 @@ class Run:
         # before each acquire: a notice that lands between an acquire and the
         # wait after it still cuts that wait short.
         self.noticed = False
+        # The holder this run last observed (on_new_leader fires on a change).
+        self.last_holder: str | None = None
         # Who released, by the latest notice (the lease's holder until then).
         self.released_by: bytes | None = None
         # True while the run rests after a term of its own (see notice()).
@@ -347,14 +350,6 @@ class Election:
         cfg = self.config
         errors_in_row = 0
         follower = False
-        last_holder: str | None = None
-
-        def observe(holder: str) -> None:
-            nonlocal last_holder
-            if holder != last_holder:
-                last_holder = holder
-                self._emit(self._observer.on_new_leader, holder)
-
         while not run.should_stop():
             run.notices.deliver()
             run.noticed = False
@@ -362,7 +357,7 @@ class Election:
             if released_by is not None:
                 # A holder seen only through its release notice is still a
                 # holder this run observed (it led while we waited).
-                observe(_instance_text(released_by))
+                self._observe(run, _instance_text(released_by))
             sent = time.monotonic()
             try:
                 token, pttl_ms, holder = self._acquire()
@@ -377,7 +372,7 @@ class Election:
                 continue
             errors_in_row = 0
             self.events.ok()
-            observe(holder)
+            self._observe(run, holder)
             if token == 0:
                 if not follower:
                     follower = True
@@ -395,6 +390,12 @@ class Election:
                 self._wait_for_release(run, self._jittered(cfg.acquire_interval))
             finally:
                 run.resting = False
+
+    def _observe(self, run: Run, holder: str) -> None:
+        """``on_new_leader(holder)`` when ``holder`` is not who ``run`` observed last."""
+        if holder != run.last_holder:
+            run.last_holder = holder
+            self._emit(self._observer.on_new_leader, holder)
 
     def _acquire(self) -> tuple[int, int, str]:
         """``(token, pttl_ms, holder)``; token 0 when another instance (``holder``) leads."""
@@ -888,7 +889,6 @@ class DrivenRun:
         "fn",
         "follower",
         "keeper",
-        "last_holder",
         "not_before",
         "notices",
         "on_done",
@@ -920,7 +920,6 @@ class DrivenRun:
         self.token = 0
         self.reason: Reason = "stopped"
         self.worker: _LeaderThread | None = None
-        self.last_holder: str | None = None
         # The next acquire's time (a poll, a backoff, the rest after a term):
         # an early step (a poke, a sweep) waits for it unless a release
         # notice arrived meanwhile.
@@ -1000,7 +999,7 @@ class DrivenRun:
         released_by, run.released_by = run.released_by, None
         if released_by is not None:
             # A holder seen only through its release notice still led meanwhile.
-            self._observe(_instance_text(released_by))
+            election._observe(run, _instance_text(released_by))
         sent = time.monotonic()
         prefetched, self.prefetched = self.prefetched, None
         try:
@@ -1019,7 +1018,7 @@ class DrivenRun:
             return self.not_before
         self.errors_in_row = 0
         election.events.ok()
-        self._observe(holder)
+        election._observe(run, holder)
         if token == 0:
             if not self.follower:
                 self.follower = True
@@ -1042,11 +1041,6 @@ class DrivenRun:
         ):
             return None
         return election.engine, election._acquire_request()
-
-    def _observe(self, holder: str) -> None:
-        if holder != self.last_holder:
-            self.last_holder = holder
-            self.election._emit(self.election._observer.on_new_leader, holder)
 
     def _begin(self, token: int, acquired_at: float) -> None:
         election, run, keeper = self.election, self.run, self.keeper
