@@ -155,9 +155,10 @@ def writer(ledger: Ledger) -> Any:
 def sampler(sset: SentinelSet, ledger: Ledger, stop: threading.Event) -> None:
     """Compare the master the sentinels name with what was confirmed, until ``stop``.
 
-    Each read goes to the node most sentinels name at that moment: after a
-    ``SENTINEL FAILOVER`` the old master answers as a master for seconds
-    more, and its data is what the failover throws away.
+    Each read goes to the node most sentinels name at that moment, and
+    counts only if they still name it once it answered: after a ``SENTINEL
+    FAILOVER`` the old master answers as a master for seconds more, and its
+    data is what the failover throws away.
     """
     clients: dict[int | None, Any] = {}
     while not stop.is_set():
@@ -170,6 +171,10 @@ def sampler(sset: SentinelSet, ledger: Ledger, stop: threading.Event) -> None:
             if client.execute_command("ROLE")[0] not in (b"master", "master"):
                 raise redis.RedisError("not a master yet")
             fence, applied = client.mget(FENCE_KEY, APPLIED_KEY)
+            if sset.master_address()[1] != node.port:
+                # Named no more by the time it answered (a killed master
+                # restarted empty was named when asked, not when read).
+                raise redis.RedisError("not the master any more")
         except (redis.RedisError, OSError, redlease.RedleaseError):
             stop.wait(0.02)
             continue

@@ -437,6 +437,10 @@ class Election:
                 applied=True,
                 replicas=acked,
             )
+        if token > 0:
+            # Behind Sentinel: won on a node the sentinels still name as the
+            # master, and not one being failed over, or no term (released).
+            self.engine.confirm_master(self.config.renew_interval, self._release)
         holder = self.instance_id if token else _instance_text(reply[2])
         return token, int(reply[1]), holder
 

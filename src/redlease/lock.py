@@ -191,6 +191,8 @@ class RedisLocker(Locker):
                 applied=True,
                 replicas=acked,
             )
+        if token > 0:
+            self._engine.confirm_master(self._timeout, lambda: self._give_back(name, owner))
         return (token, 0.0) if token > 0 else (0, max(pttl, 0) / 1000)
 
     def _give_back(self, name: str, owner: str) -> None:

@@ -358,6 +358,18 @@ class Engine(Protocol):
         """A new lease keeper renewing with ``script`` (reply 1 renewed, 0 lost)."""
         ...
 
+    def confirm_master(self, timeout: float, release: Callable[[], object]) -> None:
+        """After an acquire won: raise unless the sentinels still name the master it ran on.
+
+        Behind Sentinel, a majority of the sentinels must name the node the
+        last call ran on and none may report it down or being failed over;
+        otherwise ``release()`` runs and ``failover.MasterNotConfirmed`` (a
+        redis-py ``ConnectionError``) is raised, so no term or lock is handed
+        out on a node whose data is about to be thrown away. Bounded by
+        ``timeout``. Nothing to do (returns at once) off Sentinel.
+        """
+        ...
+
     def notices(self, client: Any) -> Notices:
         """The release-notice listener for this engine and ``client``'s server(s)."""
         ...

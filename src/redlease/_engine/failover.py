@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -171,6 +172,125 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
+class MasterNotConfirmed(redis.exceptions.ConnectionError):
+    """The sentinels did not confirm the master an acquire ran on: no term starts there."""
+
+
+# SENTINEL MASTER flags under which no new term may start on the master:
+# the sentinels agree it is down, or a failover of it is under way.
+_UNSAFE_FLAGS = frozenset({"o_down", "failover_in_progress"})
+
+
+class SentinelProbes:
+    """Short-lived questions to the sentinels: who is the master, and is it being replaced?"""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clients: dict[tuple[str, int], Any] = {}
+        self._failed: dict[tuple[str, int], float] = {}  # sentinel -> when it last failed
+
+    def check(
+        self, sentinels: Sentinels, address: tuple[str, int], timeout: float
+    ) -> tuple[str | None, bool]:
+        """``(why not, named elsewhere)``; ``(None, False)`` when a majority confirm ``address``."""
+        deadline = time.monotonic() + timeout
+        need = len(sentinels.addresses) // 2 + 1
+        confirmed = 0
+        failures: list[str] = []
+        service = sentinels.service
+        where = f"{address[0]}:{address[1]}"
+        # Those that answered last time first: a dead or frozen sentinel
+        # costs its share of the time once, not on every confirmation.
+        order = sorted(sentinels.addresses, key=lambda a: self._failed.get(a, 0.0))
+        for asked, sentinel in enumerate(order):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                failures.append(f"{sentinel[0]}:{sentinel[1]}: no time left")
+                continue
+            try:
+                # Each bounded by its share of what is left, so one that
+                # never answers leaves time to ask the others.
+                state = self._ask(sentinels, sentinel, left / (len(order) - asked))
+            except (redis.RedisError, OSError) as exc:
+                self._failed[sentinel] = time.monotonic()
+                failures.append(f"{sentinel[0]}:{sentinel[1]}: {type(exc).__name__}: {exc}")
+                continue
+            self._failed.pop(sentinel, None)
+            named = (str(state.get("ip")), int(state.get("port") or 0))
+            if named != address:
+                return (
+                    f"the sentinel at {sentinel[0]}:{sentinel[1]} names {named[0]}:{named[1]} "
+                    f"as the master of {service!r}, not {where} where the lease was just "
+                    "acquired: no term starts on a node the sentinels no longer name",
+                    True,
+                )
+            flags = set(str(state.get("flags") or "").split(","))
+            unsafe = sorted(flags & _UNSAFE_FLAGS)
+            if unsafe:
+                return (
+                    f"the sentinel at {sentinel[0]}:{sentinel[1]} reports {where}, the master "
+                    f"of {service!r}, as {','.join(unsafe)}: no term starts on a master "
+                    "being replaced",
+                    False,
+                )
+            confirmed += 1
+            if confirmed >= need:
+                return None, False
+        return (
+            f"only {confirmed} of the {len(sentinels.addresses)} sentinels confirmed {where} "
+            f"as the master of {service!r} (a majority, {need}, must)"
+            + (f"; {'; '.join(failures)}" if failures else ""),
+            False,
+        )
+
+    def _ask(self, sentinels: Sentinels, sentinel: tuple[str, int], timeout: float) -> Any:
+        # One client per sentinel, kept: a confirmation is one round trip on
+        # an open connection, bounded by ``timeout`` (connecting too).
+        with self._lock:
+            client = self._clients.get(sentinel)
+            if client is None:
+                client = self._clients[sentinel] = redis.Redis(
+                    host=sentinel[0],
+                    port=sentinel[1],
+                    username=sentinels.username,
+                    password=sentinels.password,
+                    decode_responses=True,
+                    socket_connect_timeout=timeout,
+                    retry=Retry(NoBackoff(), 0),
+                    **_tls_kwargs(sentinels.tls),
+                )
+        pool = client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_command("SENTINEL", "MASTER", sentinels.service)
+            if not conn.can_read(timeout=timeout):
+                raise redis.exceptions.TimeoutError(f"no answer within {timeout:.3f} s")
+            reply = conn.read_response()
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+        if isinstance(reply, redis.exceptions.ResponseError):
+            raise reply
+        return _pairs(reply)
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            with contextlib.suppress(Exception):
+                client.close()
+
+
+def _pairs(reply: Any) -> dict[str, Any]:
+    if isinstance(reply, dict):
+        return {str(k): v for k, v in reply.items()}
+    if not isinstance(reply, list) or len(reply) % 2:
+        raise redis.exceptions.ResponseError(f"unexpected SENTINEL MASTER reply: {reply!r}")
+    return {str(reply[i]): reply[i + 1] for i in range(0, len(reply), 2)}
+
+
 class MasterSwitches:
     """The keepers of one engine, and the watcher that ends their terms on a switch.
 
@@ -205,6 +325,7 @@ class MasterSwitches:
         )
         self._lock = threading.Lock()
         self._watcher: SwitchWatcher | None = None
+        self._probes = SentinelProbes()
 
     def track(self, keeper: Any) -> None:
         if self._sentinels is None:
@@ -231,6 +352,42 @@ class MasterSwitches:
         if address is None:
             return False
         return bool(token == keeper.token and (str(address[0]), int(address[1])) != old)
+
+    def confirm(self, timeout: float, release: Callable[[], object]) -> None:
+        """Raise unless a majority of the sentinels name the master the engine last used.
+
+        Called right after an acquire won there, before a term or a lock is
+        handed out. A node the sentinels no longer name (the old master after
+        a failover, a killed master restarted empty before the sentinels
+        demote it), or one the sentinels are failing over or agree is down,
+        is about to have its data thrown away: a term started there could be
+        handed out again. The sentinels the client lists are asked in turn,
+        each bounded by what is left of ``timeout``; a majority of them must
+        name this address, and none another one or a failover in progress.
+
+        On refusal ``release()`` runs first (the lease goes back on the node
+        that granted it), then, if the sentinels name another master, the
+        engine forgets this one so the next call asks them again; then
+        ``MasterNotConfirmed`` (a redis-py ``ConnectionError``) says why.
+        Nothing happens for endpoints that are not Sentinel-managed.
+        """
+        sentinels = self._sentinels
+        if sentinels is None:
+            return
+        address = self._master_now()
+        if address is None:
+            return  # no call ran yet: nothing was acquired on a known node
+        address = (str(address[0]), int(address[1]))
+        reason, elsewhere = self._probes.check(sentinels, address, timeout)
+        if reason is None:
+            return
+        with contextlib.suppress(Exception):
+            release()
+        if elsewhere:
+            forget_master = self._forget_master()
+            if forget_master is not None:
+                forget_master()
+        raise MasterNotConfirmed(reason)
 
     def _wanted(self) -> bool:
         # Listen while a run is going: its keeper is open (terms and follower
@@ -263,6 +420,7 @@ class MasterSwitches:
             watcher, self._watcher = self._watcher, None
         if watcher is not None:
             watcher.close()
+        self._probes.close()
 
     def __del__(self) -> None:
         # The engine is gone without close(): let the listening thread go too.

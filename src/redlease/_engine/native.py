@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._scripts import Script
@@ -225,6 +225,9 @@ class NativeEngine:
     def _forget_master(self) -> None:
         # The sentinels named a new master: the next connect must ask them again.
         self._target.forget_master()
+
+    def confirm_master(self, timeout: float, release: Callable[[], object]) -> None:
+        self._switches.confirm(timeout, release)
 
     def notices(self, client: Any) -> Notices:
         """The native listener; a Cluster's notices stay with the Python listener.

@@ -644,6 +644,9 @@ class PythonEngine:
         for conn in list(self._keeper_conns):
             conn.invalidate()
 
+    def confirm_master(self, timeout: float, release: Callable[[], object]) -> None:
+        self._switches.confirm(timeout, release)
+
     def notices(self, client: Any) -> Notices:
         """The Python listener thread (``redlease._notices.PythonNotices``)."""
         from .._notices import PythonNotices
