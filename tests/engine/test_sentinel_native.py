@@ -250,3 +250,69 @@ def test_target_and_pool_through_the_sentinels(sentinel_set: SentinelSet) -> Non
         assert int(port) == sentinel_set.master().port
     finally:
         pool.close()
+
+
+def _threads() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_many_sentinel_leases_share_one_renewer_and_follow_failovers(
+    sentinel_set_fresh: SentinelSet,
+) -> None:
+    # Behind Sentinel every lease of the engine is renewed by its one shared
+    # renewer too: no thread per lease, and its connection follows the master.
+    sset = sentinel_set_fresh
+    client = sset.master_for(socket_timeout=2)
+    count = 200
+    before = _threads()
+    group = [_elector(client, f"many{i}", ttl=2.0) for i in range(count)]
+    try:
+        for e in group:
+            e.start()
+        wait_until_all = time.monotonic() + 60
+        while not all(e.token() for e in group):
+            assert time.monotonic() < wait_until_all, "not every elector leads"
+            time.sleep(0.05)
+        engine = group[0]._election.engine  # type: ignore[attr-defined]
+        assert engine._keepers is not None and len(engine._keepers) == 0
+        renewer = engine.renewer
+        assert renewer is not None and renewer.leases == count
+        # The driver, the renewer, the notice reader and the switch watcher.
+        assert _threads() - before <= 5, _threads() - before
+        renewed = renewer.sent[0]
+        time.sleep(2.5)
+        assert renewer.sent[0] >= renewed + count, "the shared renewer does not renew them"
+        for fault in ("failover", "kill"):
+            # The old master must have become a replica first, or the kill
+            # would promote a node that never had the newest tokens.
+            sset.wait_settled()
+            time.sleep(0.5)
+            tokens = {e.config.name: e.token() for e in group}
+            old = sset.master_address()
+            new = sset.failover() if fault == "failover" else sset.kill_master(restart=True)
+            assert new != old
+            deadline = time.monotonic() + 60
+            # Every term the old master granted ends; each elector leads again
+            # with a newer token, renewed on the new master by the same renewer.
+            while not all((e.token() or 0) > (tokens[e.config.name] or 0) for e in group):
+                assert time.monotonic() < deadline, f"not every elector re-elected after {fault}"
+                time.sleep(0.05)
+            master = sset.node_client(sset.node_at(new), socket_timeout=2)
+            try:
+                held = sum(
+                    master.get(f"many{i}:leader") == group[i].instance_id.encode()
+                    for i in range(count)
+                )
+            finally:
+                master.close()
+            assert held == count
+            assert engine.renewer is renewer and renewer.leases == count
+            renewed = renewer.sent[0]
+            time.sleep(2.0)
+            assert renewer.sent[0] >= renewed + count
+        assert _threads() - before <= 5, _threads() - before
+    finally:
+        for e in group:
+            e.stop(timeout=STOP_WITHIN)

@@ -30,8 +30,8 @@ from .client import Endpoint
 from .failover import MasterSwitches
 
 
-class _Keeper(_native.Keeper):
-    """A native keeper that tells the engine's switch tracker where each term began."""
+class _Tracked:
+    """Tells the engine's switch tracker where each term began (behind Sentinel)."""
 
     switches: weakref.ReferenceType[MasterSwitches] | None = None
 
@@ -41,7 +41,15 @@ class _Keeper(_native.Keeper):
         switches = self.switches() if self.switches is not None else None
         if switches is not None:
             switches.began(self, token)
-        super().begin(token, acquired_at)
+        super().begin(token, acquired_at)  # type: ignore[misc]
+
+
+class _Keeper(_Tracked, _native.Keeper):
+    """A lease with a native thread and connection of its own (on a cluster)."""
+
+
+class _Lease(_Tracked, _native.Lease):
+    """A lease renewed by the engine's one shared renewer."""
 
 
 class NativeEngine:
@@ -194,24 +202,28 @@ class NativeEngine:
     ) -> _native.Keeper | _native.Lease:
         """A new lease keeper renewing with ``script``.
 
-        On a fixed address: a ``Lease`` on the engine's one shared renewer
-        (every lease of the engine renewed by one native thread over one
-        connection). Behind Sentinel or Cluster: a ``Keeper`` with a
-        connection and a thread of its own.
+        On a fixed address or behind Sentinel: a ``Lease`` on the engine's
+        one shared renewer (every lease of the engine renewed by one native
+        thread over one connection, which follows the master the sentinels
+        name). On a cluster: a ``Keeper`` with a connection and a thread of
+        its own (the leases live on as many masters as their slots).
         """
         renewer = self._shared_renewer()
+        keeper: _Keeper | _Lease
         if renewer is not None:
             # close() reaches these through the renewer, which ends them all.
-            return _native.Lease(renewer, self._ref(script), keys, args, interval, ttl)
-        keeper = _Keeper(self._target, self._ref(script), keys, args, interval, ttl)
-        keeper.switches = weakref.ref(self._switches)
-        self._keepers.add(keeper)
-        self._switches.track(keeper)
+            keeper = _Lease(renewer, self._ref(script), keys, args, interval, ttl)
+        else:
+            keeper = _Keeper(self._target, self._ref(script), keys, args, interval, ttl)
+            self._keepers.add(keeper)
+        if self.endpoint.sentinels is not None:
+            keeper.switches = weakref.ref(self._switches)
+            self._switches.track(keeper)
         return keeper
 
     def _shared_renewer(self) -> _native.Renewer | None:
-        if self.endpoint.kind != "direct":
-            return None
+        if self.endpoint.kind == "cluster":
+            return None  # a cluster's leases live on as many masters as their slots
         with self._renewer_lock:
             if self._renewer is None or self._renewer.closed:
                 self._renewer = _native.Renewer(self._target)

@@ -81,6 +81,7 @@ cdef struct rl_renewer:
     int64_t changes       # bumped by every wake-up of any lease (atomic)
     int64_t sent_total    # renewals written (for tests and benchmarks)
     int64_t batches_total
+    int saw_failover      # a reply of this batch said the server is no longer the master
 
 
 # ---------------------------------------------------------------- lease helpers (mu held)
@@ -308,6 +309,7 @@ cdef void lease_apply_reply(rl_renewer* r, rl_lease* l, rl_conn* c) noexcept nog
             # deadline.
             lease_record_error(l, c.err_kind, c.err_msg)
             lease_lose(l)
+            r.saw_failover = 1
             return
     else:
         conn_fail(c, RL_EUNEXPECTED, "unexpected reply to a renewal (expected 1 or 0)")
@@ -317,6 +319,23 @@ cdef void lease_apply_reply(rl_renewer* r, rl_lease* l, rl_conn* c) noexcept nog
     l.next_send = l.sched + l.interval_ns
     if l.next_send < now + RENEW_RETRY_NS:
         l.next_send = now + RENEW_RETRY_NS
+
+
+cdef void renewer_lost(rl_renewer* r) noexcept nogil:
+    """After a failed round trip behind Sentinel: the next connect asks the sentinels."""
+    batch_lost(&r.conn, <rl_disco*>r.conn.disco)
+
+
+cdef void renewer_drop_master(rl_renewer* r) noexcept nogil:
+    cdef rl_addr here
+    cdef rl_conn* c = &r.conn
+    r.saw_failover = 0
+    if c.disco == NULL:
+        return
+    conn_addr(c, &here)
+    conn_drop(c)
+    sentinel_forget(<rl_disco*>c.disco, &here)
+    r.need_load = 1
 
 
 cdef int renewer_send_batch(rl_renewer* r, int64_t* deadline, int* nloads) noexcept nogil:
@@ -383,7 +402,7 @@ cdef void* renewer_main(void* arg) noexcept nogil:
     cdef rl_lease* l
     cdef rl_lease* top
     cdef int64_t now, deadline, d, wake_at
-    cdef int rc, left, nloads, j
+    cdef int rc, left, nloads, j, fd
     cdef size_t i
     pthread_mutex_lock(&r.mu)
     while not r.stop:
@@ -421,14 +440,20 @@ cdef void* renewer_main(void* arg) noexcept nogil:
                 deadline = d
         if r.batch_len == 0:
             continue
-        if c.fd < 0:
-            # A new connection may reach a server that lost its scripts.
-            r.need_load = 1
+        fd = c.fd
         pthread_mutex_unlock(&r.mu)
-        rc = conn_ready(c, deadline)
+        # Behind Sentinel this asks the sentinels where the master is when
+        # the connection is new (and re-checks now and then): the renewals
+        # follow the master, as a keeper's own connection does.
+        rc = batch_prepare(c, <rl_disco*>c.disco, deadline)
         pthread_mutex_lock(&r.mu)
+        if fd < 0 or c.fd != fd:
+            # A new connection may reach a server that lost its scripts (a
+            # missed one is answered NOSCRIPT, which loads them too).
+            r.need_load = 1
         if rc < 0:
             batch_fail(r, 0, c.err_kind, c.err_msg)
+            renewer_lost(r)
             continue
         if r.stop:
             batch_fail(r, 0, RL_ECANCELLED, "cancelled")
@@ -454,7 +479,9 @@ cdef void* renewer_main(void* arg) noexcept nogil:
         pthread_mutex_lock(&r.mu)
         if rc < 0:
             batch_fail(r, 0, c.err_kind, c.err_msg)
+            renewer_lost(r)
             continue
+        r.saw_failover = 0
         i = 0
         while i < r.batch_len:
             pthread_mutex_unlock(&r.mu)
@@ -469,6 +496,11 @@ cdef void* renewer_main(void* arg) noexcept nogil:
             i += 1
         if i < r.batch_len:
             batch_fail(r, i, c.err_kind, c.err_msg)
+            renewer_lost(r)
+        if r.saw_failover:
+            # Whatever answers next on this address is not the master the
+            # leases were granted on: the next batch asks where it is.
+            renewer_drop_master(r)
         r.batch_len = 0
         c.last_used = rl_now_ns()
     r.batch_len = 0
@@ -513,12 +545,17 @@ cdef class Renewer:
         if r.ctl_fd < 0:
             raise OSError(errno, strerror(errno).decode("utf-8", "replace"))
         r.conn.cancel_fd = r.ctl_fd
-        if r.conn.disco != NULL:
-            raise ValueError("the shared renewer serves a fixed address only")
-        with nogil:
-            rc = conn_resolve(&r.conn)
-        if rc < 0:
-            raise conn_exception(&r.conn)
+        if r.conn.disco != NULL and (<rl_disco*>r.conn.disco).kind != DISCO_SENTINEL:
+            # A cluster's leases live on as many masters as their slots.
+            raise ValueError("the shared renewer serves a fixed address or a Sentinel master only")
+        if r.conn.disco == NULL:
+            # Resolve now, on the caller's thread: name lookups have no
+            # deadline. (Behind Sentinel the address comes from the
+            # sentinels, as an IP address, when the thread connects.)
+            with nogil:
+                rc = conn_resolve(&r.conn)
+            if rc < 0:
+                raise conn_exception(&r.conn)
         r.conn.keep_addrs = 1
         _live.add(self)
 
