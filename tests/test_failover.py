@@ -42,19 +42,6 @@ def _close_engines() -> Iterator[None]:
 TTL = 1.0
 
 
-def python_engine_xfail(reason: str) -> pytest.MarkDecorator:
-    """An xfail for the Python engine only: the native engine passes these."""
-    return pytest.mark.python_engine_xfail(reason=reason)
-
-
-@pytest.fixture(autouse=True)
-def _xfail_on_python(request: pytest.FixtureRequest) -> None:
-    marker = request.node.get_closest_marker("python_engine_xfail")
-    engine = request.getfixturevalue("engine") if "engine" in request.fixturenames else None
-    if marker is not None and engine == "python":
-        request.applymarker(pytest.mark.xfail(strict=False, reason=marker.kwargs["reason"]))
-
-
 # Allowed after the topology has failed over: the TTL and a generous margin.
 MARGIN = 5.0
 STOP_WITHIN = 5.0
@@ -347,13 +334,6 @@ def test_elector_follows_a_migration_of_its_slot(
     _through(contenders, fault, _cluster_fence(cluster))
 
 
-@python_engine_xfail(
-    reason=(
-        "the Python engine's renewals fail with AskError / TRYAGAIN ('Multiple keys request "
-        "during rehashing of slot') while the slot is half migrated, and both terms are lost "
-        "after the TTL"
-    ),
-)
 def test_elector_keeps_leading_while_its_slot_is_mid_migration(
     cluster_set_fresh: ClusterSet, engine: str
 ) -> None:

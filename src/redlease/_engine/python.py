@@ -20,6 +20,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import (
     AskError,
     BusyLoadingError,
+    ClusterDownError,
     ConnectionError,
     MovedError,
     NoScriptError,
@@ -106,6 +107,7 @@ class BoundedConnection:
         self._client = client
         self._cluster = is_cluster(client)
         self._key = key
+        self._node_addr = node_addr
         self._make = _connection_factory(client, key, node_addr)
         self._conn: Any = None
         self._stale = False
@@ -181,6 +183,18 @@ class BoundedConnection:
             if self._cluster:
                 self._reroute()
             raise
+        except ResponseError as exc:
+            # An error reply: the connection is in step and stays, unless the
+            # server says it is no longer the one to ask (NOSCRIPT, ASK,
+            # TRYAGAIN and the script's own errors say nothing of the kind;
+            # on an ASK target, dropping it would send the EVAL that follows
+            # a NOSCRIPT to the migrating node instead).
+            if _server_changed(exc):
+                if self._cluster:
+                    self._reroute()
+                else:
+                    self.drop()
+            raise
         except (RedisError, OSError) as exc:
             if self._cluster:
                 self._reroute()  # drops too; the slot may have moved
@@ -192,6 +206,8 @@ class BoundedConnection:
 
     def _reroute(self) -> None:
         self.drop()
+        if self._node_addr is not None:
+            return  # an ASK target: one node on purpose, for one redirected call
         with contextlib.suppress(RedisError):
             self._client.nodes_manager.initialize()
         self._make = _connection_factory(self._client, self._key)
@@ -312,6 +328,13 @@ def _not_run_here(reply: object, cluster: bool) -> bool:
     if isinstance(reply, (ReadOnlyError, BusyLoadingError)):
         return True
     return isinstance(reply, ResponseError) and str(reply).startswith(_NOT_MASTER_PREFIXES)
+
+
+def _server_changed(exc: ResponseError) -> bool:
+    """An error reply saying this server no longer serves the keys: ask where they are now."""
+    if isinstance(exc, (ReadOnlyError, ClusterDownError)):
+        return True
+    return str(exc).startswith(("READONLY", "MASTERDOWN", "LOADING", "CLUSTERDOWN"))
 
 
 def _asked(reply: object) -> bool:
