@@ -23,7 +23,7 @@ import pytest
 import redis
 
 import redlease
-from helpers import gil_call_size, hold_gil, require_native, wait_until
+from helpers import gil_call_size, hold_gil_at_least, require_native, wait_until
 from redlease._testing import RedisServer
 
 pytestmark = pytest.mark.filterwarnings(
@@ -140,7 +140,7 @@ def test_2000_native_electors_renew_through_a_gil_hog_and_a_follower_steals_none
     thief = StealingProcess(redis_server.port, sample, ttl=1.0)
     try:
         time.sleep(0.3)  # the follower is polling
-        held = hold_gil(gil_call_size(1.5))
+        held = hold_gil_at_least(gil_call_size(1.5), 1.45)
         assert held >= 1.4  # longer than the TTL's renewal budget: only a native renewer keeps up
         time.sleep(0.3)
     finally:
