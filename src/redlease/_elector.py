@@ -1,8 +1,11 @@
 """The election loop: contend, lead, hold, release; and the threaded Elector over it.
 
 ``Election`` is the core one name's run needs — settings, engine, keys, fence,
-observer — and the loop itself, read top to bottom as ``_contend``, ``_lead``,
-``_hold``, ``_release``. It is the internal API the public shells drive:
+observer — and what each step of the loop asks of Redis (``_acquire``,
+``_release``, ``_hold_reason``). ``RunLoop`` is the loop itself, as steps:
+contend, lead, drain, done. The process's driver steps every started run;
+``Elector.run()`` steps its own on the calling thread. It is the internal API
+the public shells drive:
 
 * ``Election(client, name, ...)`` validates everything up front;
 * ``claim(stop)`` reserves the one run an election may have (a ``Run``);
@@ -164,7 +167,7 @@ class Run:
         # would wait for themselves.
         self.own_threads = _Threads()
         # Set when the process's driver runs this run instead of a thread.
-        self.driven: DrivenRun | None = None
+        self.driven: RunLoop | None = None
         # The run's release notices (set as the run starts; see Election.execute).
         self.notices: NoticeSubscription = _NO_NOTICES
 
@@ -324,7 +327,6 @@ class Election:
 
     def execute(self, run: Run, fn: LeaderFn | None) -> None:
         """Run the loop on this thread until ``run`` ends; its error lands in ``run.error``."""
-        run.own_threads.add(threading.current_thread())
         # The engine's listener: on the native engine a native thread wakes
         # the keeper's eventfd, which the follower sleeps on without the GIL,
         # and the notice itself is delivered here, on the run thread.
@@ -332,64 +334,9 @@ class Election:
             self.keys.leader, run.notice, signal=run.keeper
         )
         run.notices = notices
-        try:
-            self._contend(run, fn)
-        except BaseException as exc:
-            run.error = exc
-        finally:
-            notices.cancel()
-            run.keeper.close()
-            self.events.keeper_closed(run.keeper)
-            with self._mutex:
-                self.run = None
-            run.done.set()
-
-    # -- the loop: contend, lead, hold, release -----------------------------------
-
-    def _contend(self, run: Run, fn: LeaderFn | None) -> None:
-        cfg = self.config
-        errors_in_row = 0
-        follower = False
-        while not run.should_stop():
-            run.notices.deliver()
-            run.noticed = False
-            released_by, run.released_by = run.released_by, None
-            if released_by is not None:
-                # A holder seen only through its release notice is still a
-                # holder this run observed (it led while we waited).
-                self._observe(run, _instance_text(released_by))
-            sent = time.monotonic()
-            try:
-                token, pttl_ms, holder = self._acquire()
-            except Exception as exc:
-                # Redis errors above all, but anything that fails an acquire
-                # (a malformed reply, a broken connection class) is handled
-                # the same way: reported, backed off, retried. The run thread
-                # never dies of it silently.
-                self._report(exc)
-                errors_in_row += 1
-                self._sleep(run, min(cfg.acquire_interval * 2**errors_in_row, cfg.ttl))
-                continue
-            errors_in_row = 0
-            self.events.ok()
-            self._observe(run, holder)
-            if token == 0:
-                if not follower:
-                    follower = True
-                    self._emit(self._observer.on_follower)
-                self._wait_for_release(run, self._poll_delay(pttl_ms))
-                continue
-            follower = False
-            self._lead(run, fn, token, sent)
-            if run.error is not None:
-                return
-            # Leave the lease to the others for an interval (the rest began
-            # as the term ended, before the release); if one of them takes it
-            # and releases it again meanwhile, its notice ends the wait.
-            try:
-                self._wait_for_release(run, self._jittered(cfg.acquire_interval))
-            finally:
-                run.resting = False
+        loop = RunLoop(self, run, fn, driven=False)
+        loop.notices = notices
+        loop.run_here()
 
     def _observe(self, run: Run, holder: str) -> None:
         """``on_new_leader(holder)`` when ``holder`` is not who ``run`` observed last."""
@@ -468,52 +415,6 @@ class Election:
         # out, and nobody polls less often than configured.
         return interval * (1 - 0.1 * random.random())
 
-    def _lead(
-        self,
-        run: Run,
-        fn: LeaderFn | None,
-        token: int,
-        acquired_at: float,
-    ) -> None:
-        keeper = run.keeper
-        run.resign_requested = False  # before the token shows: resign() may follow at once
-        keeper.begin(token, acquired_at)
-        term = Term(token)
-        run.term = term
-        self.events.elected(token)
-        self._emit(self._observer.on_elected, token)
-        worker = None
-        if fn is not None:
-            worker = _LeaderThread(fn, term, self._fencer(token), keeper)
-            run.own_threads.add(worker.thread)
-            worker.thread.start()
-        reason = self._hold(run, term, worker)
-        # Rest from here, before the release: a successor that takes the
-        # lease and gives it back at once must still find this run listening.
-        run.notices.deliver()
-        run.noticed, run.released_by, run.resting = False, None, True
-        keeper.end()
-        end_term(term, reason)
-        self._drain(keeper)
-        if worker is not None:
-            worker.join()
-            run.own_threads.discard(worker.thread)
-        if reason != "lost":
-            self._release()
-        run.term = None
-        self.events.stepped_down(token, reason)
-        self._emit(self._observer.on_stepped_down)
-        if worker is not None and worker.error is not None:
-            run.error = worker.error
-
-    def _hold(self, run: Run, term: Term, worker: _LeaderThread | None) -> Reason:
-        keeper = run.keeper
-        while True:
-            reason = self._hold_reason(run, worker)
-            if reason is not None:
-                return reason
-            keeper.wait(_STOP_POLL)
-
     def _hold_reason(self, run: Run, worker: _LeaderThread | None) -> Reason | None:
         """Why the running term ends now, or None while it holds."""
         self._drain(run.keeper)
@@ -535,32 +436,8 @@ class Election:
                 (self.instance_id, self._sharded_notice),
                 self.config.renew_interval,
             )
-        except Exception as exc:  # as in _contend: reported, never fatal
+        except Exception as exc:  # as an acquire's: reported, never fatal
             self._report(exc)
-
-    def _wait_for_release(self, run: Run, seconds: float) -> None:
-        """A follower's wait between acquires: ``seconds``, cut short by a release notice.
-
-        The notice only wakes the loop early; the acquire decides. A lost
-        notice costs one poll interval (``seconds``), nothing else.
-        """
-        deadline = time.monotonic() + seconds
-        while True:
-            run.notices.deliver()
-            if run.should_stop() or run.noticed:
-                return
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            run.keeper.wait(min(remaining, _STOP_POLL))
-
-    def _sleep(self, run: Run, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while not run.should_stop():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            run.keeper.wait(min(remaining, _STOP_POLL))
 
     # -- observer plumbing --------------------------------------------------------------
 
@@ -756,7 +633,7 @@ class Elector:
         run = self._election.claim(_NEVER)
         assert run is not None
         self._thread, self._started = None, run
-        DrivenRun(self._election, run, fn).start()
+        RunLoop(self._election, run, fn).start()
         return self
 
     def stop(self, timeout: float | None = None) -> None:
@@ -874,20 +751,24 @@ def _forget_runs_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_runs_after_fork)
 
 
-class DrivenRun:
-    """One started run as steps of the process's driver (see ``_driver``).
+class RunLoop:
+    """One run's loop, as steps: contend (one acquire per step), lead, drain, done.
 
-    The same loop as ``Election._contend``/``_lead``/``_hold``/``_release``,
-    cut into steps: contending is a timer (one acquire per step), leading is
-    a watch on the keeper. ``stop()`` from another thread ends the run right
-    there, on that thread, once any step in progress is done; with a leader
-    function it asks the driver and waits, as the function must return first.
+    Driven (``start()``): the process's driver steps it — contending is a
+    timer, leading a watch on the keeper — and ``stop()`` from another
+    thread ends the run right there, on that thread, once any step in
+    progress is done; with a leader function it asks the driver and waits,
+    as the function must return first. Not driven (``Elector.run()``):
+    ``run_here()`` steps it on the calling thread, which waits between steps
+    on the keeper (woken by a renewal's news, a notice, a stop, the leader
+    function's return).
     """
 
     CONTEND, LEAD, DRAIN, DONE = range(4)
 
     __slots__ = (
         "busy",
+        "driven",
         "election",
         "errors_in_row",
         "fn",
@@ -910,10 +791,13 @@ class DrivenRun:
         run: Run,
         fn: LeaderFn | None,
         on_done: Callable[[], object] | None = None,
+        *,
+        driven: bool = True,
     ) -> None:
         self.election = election
         self.run = run
         self.fn = fn
+        self.driven = driven
         # Called (on whichever thread ends the run) once the run is over.
         self.on_done = on_done
         self.keeper = run.keeper
@@ -931,8 +815,9 @@ class DrivenRun:
         # An acquire the driver sent for this run with others' (reply, send
         # time), for the next contend step to use instead of a round trip.
         self.prefetched: tuple[Any, float] | None = None
-        self.notices: _notices.Subscription | None = None
-        run.driven = self
+        self.notices: NoticeSubscription | None = None
+        if driven:
+            run.driven = self
 
     def start(self) -> None:
         election = self.election
@@ -940,7 +825,37 @@ class DrivenRun:
         driver().poke(self)
 
     def poke(self) -> None:
-        driver().poke(self)
+        if self.driven:
+            driver().poke(self)
+        else:
+            self.keeper.notify()  # the run's own thread waits on the keeper
+
+    def run_here(self) -> None:
+        """Step the run on the calling thread until it ends (``Elector.run()``)."""
+        run, keeper = self.run, self.keeper
+        try:
+            while self.phase != self.DONE:
+                run.notices.deliver()
+                when = self.step()  # keeps this thread among the run's own (not driven)
+                if self.phase == self.DONE:
+                    break
+                if when is None:
+                    # Leading, or waiting for the leader function to return.
+                    keeper.wait(_STOP_POLL)
+                    continue
+                # A poll, a backoff or the rest after a term, cut short by a
+                # release notice or a stop.
+                while True:
+                    run.notices.deliver()
+                    left = when - time.monotonic()
+                    if run.should_stop() or run.noticed or left <= 0:
+                        break
+                    keeper.wait(min(left, _STOP_POLL))
+        except BaseException as exc:
+            # An interrupt between steps: the run ends here, as a stop would.
+            run.error = exc
+            with self.busy:
+                self._finish()
 
     # -- steps (on the driver thread) ---------------------------------------------------
 
@@ -957,7 +872,8 @@ class DrivenRun:
                 self._finish()
                 return None
             finally:
-                self.run.own_threads.discard(thread)
+                if self.driven:
+                    self.run.own_threads.discard(thread)
         finally:
             self.busy.release()
 
@@ -1061,7 +977,7 @@ class DrivenRun:
             self.worker = worker
             run.own_threads.add(worker.thread)
             worker.thread.start()
-        if self.phase == self.LEAD:
+        if self.phase == self.LEAD and self.driven:
             driver().watch(self)
 
     def _hold_reason(self) -> Reason | None:
@@ -1123,7 +1039,8 @@ class DrivenRun:
         if self.phase == self.DRAIN:
             self._after_term()
         self.phase = self.DONE
-        driver().unwatch(self)
+        if self.driven:
+            driver().unwatch(self)
         run.keeper.close()
         election.events.keeper_closed(run.keeper)
         with election._mutex:

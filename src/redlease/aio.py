@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from . import lock
 from ._config import Config, Duration
-from ._elector import DrivenRun, Election, Run, check_leader_fn
+from ._elector import Election, Run, RunLoop, check_leader_fn
 from ._engine import EncodableT
 from ._engine.aioclient import sync_twin
 from ._errors import NotHeld
@@ -219,7 +219,7 @@ class Elector:
         # The process's driver runs the loop (no thread per run); a leader
         # coroutine's term holds one thread while it leads, as the bridge
         # waits there for the task to finish.
-        DrivenRun(core, run, bridge, on_done=done).start()
+        RunLoop(core, run, bridge, on_done=done).start()
         stop_waiter = asyncio.ensure_future(stop.wait()) if stop is not None else None
         try:
             waiting: set[asyncio.Future[Any]] = {finished}
