@@ -927,12 +927,17 @@ class DrivenRun:
         # An acquire the driver sent for this run with others' (reply, send
         # time), for the next contend step to use instead of a round trip.
         self.prefetched: tuple[Any, float] | None = None
-        self.notices: _notices.Subscription | None = None
+        self.notices: NoticeSubscription | None = None
         run.driven = self
 
     def start(self) -> None:
         election = self.election
-        self.notices = _notices.listen(election._client, election.keys.leader, self.run.notice)
+        # The engine's listener, on the connection the process's other
+        # waiters share: each notice pokes this run on the driver thread
+        # (native: the reader rings the driver's doorbell without the GIL).
+        self.notices = election.engine.notices(election._client).listen(
+            election.keys.leader, self.run.notice, driven=True
+        )
         driver().poke(self)
 
     def poke(self) -> None:
