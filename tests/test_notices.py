@@ -144,6 +144,29 @@ def test_a_killed_notice_connection_still_hands_over_and_comes_back(
             wait_subscribed(client, "killed:leader:released")  # reconnected
 
 
+def test_a_started_follower_looks_again_when_its_notice_connection_comes_back(
+    client: redis.Redis, engine: str
+) -> None:
+    # A holder that never announces its release: only the "look again" after
+    # a reconnect (notices may have been lost meanwhile) wakes the follower.
+    client.set("again:leader", "a-silent-holder", px=30_000)
+    events = Events()
+    follower = redlease.Elector(
+        client, "again", ttl=30, acquire_interval=15, engine=engine, observer=events.observer()
+    )
+    with follower:
+        follower_ready(follower, events, client)
+        client.delete("again:leader")
+        assert stays(lambda: not follower.token(), 0.3)  # no notice: it waits for its poll
+        killed = time.monotonic()
+        assert client.client_kill_filter(_type="pubsub") >= 1
+        wait_until(follower.token, timeout=10, interval=0.005, what="the follower's election")
+        took = time.monotonic() - killed
+        wait_subscribed(client, "again:leader:released")  # listening again
+    # Its next poll was some 13 s away.
+    assert took < 3.0, f"took over {took:.3f} s after the connection was killed"
+
+
 def test_a_follower_whose_notices_are_refused_still_takes_over_by_polling(
     client: redis.Redis, engine: str
 ) -> None:
