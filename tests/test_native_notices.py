@@ -345,3 +345,43 @@ def test_a_started_follower_hears_its_notice_natively_while_another_thread_holds
     assert rung < hog_ended, "the driver's doorbell was rung only after the GIL came free"
     # And the follower took over as soon as the GIL was free, not at its next poll.
     assert elected[0] - hog_ended < 2.0, f"took over {elected[0] - hog_ended:.3f} s after the hold"
+
+
+def test_started_runs_stop_listening_on_stop_and_the_reader_ends_after_the_last(
+    client: redis.Redis,
+) -> None:
+    require_native()
+    before = notice_tasks()
+    leader = redlease.Elector(client, "started-many", ttl=30, engine="native")
+    leader.start()
+    wait_until(leader.token, timeout=5, what="the leader")
+    followers = [
+        redlease.Elector(client, "started-many", ttl=30, acquire_interval=15, engine="native")
+        for _ in range(20)
+    ]
+    for follower in followers:
+        follower.start()
+    routing = _notices._driver_notices
+    assert routing is not None
+    wait_until(lambda: routing.routed() >= 21, timeout=5, what="every run routed")
+    routed = routing.routed()  # these 21, and any other test's left over
+    wait_until(lambda: subscribed(client, "started-many:leader:released"), 5, what="subscribed")
+    reader = notice_tasks() - before
+    assert len(reader) == 1
+    assert len([c for c in client.client_list() if "P" in c["flags"]]) == 1
+    rings = routing.bell.rings
+    leader.stop()  # one notice: every follower is woken, one of them takes over
+    elected = wait_until(
+        lambda: next((f for f in followers if f.token()), None), timeout=5, what="a successor"
+    )
+    assert routing.bell.rings - rings == len(followers)
+    for follower in followers:
+        follower.stop()
+    assert elected.token() is None
+    assert routing.routed() == routed - 21
+    wait_until(
+        lambda: not subscribed(client, "started-many:leader:released"), 5, what="unsubscribed"
+    )
+    # No waiter left: the connection closes and the reader ends a while later.
+    wait_until(lambda: not (notice_tasks() & reader), timeout=10, what="the reader's end")
+    assert not [c for c in client.client_list() if "P" in c["flags"]]
