@@ -87,7 +87,7 @@ cdef struct rl_bell:
     int fd                   # the fd written when a subscription fires (not owned)
     # Guarded by mu.
     rl_nsub* fired           # the fired subscriptions not taken yet (a doubly linked list)
-    int nfired
+    int64_t nfired           # their number (written with rl_store: take() peeks without mu)
     int64_t rings            # how many times a subscription fired (a test hook)
 
 
@@ -101,7 +101,7 @@ cdef void bell_ring(rl_bell* b, rl_nsub* s) noexcept nogil:
         if b.fired != NULL:
             b.fired.fired_prev = s
         b.fired = s
-        b.nfired += 1
+        rl_store(&b.nfired, b.nfired + 1)
     b.rings += 1
     pthread_mutex_unlock(&b.mu)
     fd_signal(b.fd)
@@ -119,7 +119,7 @@ cdef void bell_unlink(rl_bell* b, rl_nsub* s) noexcept nogil:
         s.fired_next.fired_prev = s.fired_prev
     s.fired = False
     s.fired_prev = s.fired_next = NULL
-    b.nfired -= 1
+    rl_store(&b.nfired, b.nfired - 1)
 
 
 cdef struct rl_hub:
@@ -699,7 +699,7 @@ cdef class NoticeBell:
             # A reader thread of the parent may have held the lock: it is not copied.
             pthread_mutex_init(&self.b.mu, NULL)
             self.b.fired = NULL
-            self.b.nfired = 0
+            rl_store(&self.b.nfired, 0)
             self._forked = True
         return self._forked
 
@@ -727,10 +727,14 @@ cdef class NoticeBell:
         cdef int n, i = 0
         cdef rl_nsub* s
         cdef rl_nsub* after
-        if self.b == NULL or self.inherited():
+        if self.b == NULL or rl_load(&self.b.nfired) == 0:
+            # Nothing fired (most wake-ups of a driver): no lock, no getpid(). A
+            # subscription that fires after this rings the fd, so it is seen next time.
+            return []
+        if self.inherited():
             return []
         pthread_mutex_lock(&self.b.mu)
-        n = self.b.nfired
+        n = <int>self.b.nfired
         if n == 0:
             pthread_mutex_unlock(&self.b.mu)
             return []
@@ -747,7 +751,7 @@ cdef class NoticeBell:
             s.fired_prev = s.fired_next = NULL
             s = after
         self.b.fired = NULL
-        self.b.nfired = 0
+        rl_store(&self.b.nfired, 0)
         pthread_mutex_unlock(&self.b.mu)
         try:
             return [tags[j] for j in range(i)]
