@@ -454,16 +454,17 @@ class NativeSubscription:
     runs on its own thread, in ``deliver()`` (``wait()`` delivers too).
     """
 
-    __slots__ = ("_forget", "_sub", "_wake", "channel")
+    __slots__ = ("_router", "_sub", "_tag", "_wake", "channel")
 
     def __init__(
-        self, sub: Any, channel: str, wake: Wake, forget: Callable[[], object] | None = None
+        self, sub: Any, channel: str, wake: Wake, router: DriverNotices | None = None, tag: int = 0
     ) -> None:
         self._sub = sub
         self._wake = wake
         self.channel = channel
-        # Called once on cancel (a driven run's: out of the driver's routing).
-        self._forget = forget
+        # A driven run's: where it is routed from, under ``tag`` (left on cancel).
+        self._router = router
+        self._tag = tag
 
     @property
     def notices(self) -> int:
@@ -489,9 +490,9 @@ class NativeSubscription:
 
     def cancel(self) -> None:
         self._sub.cancel()
-        forget, self._forget = self._forget, None
-        if forget is not None:
-            forget()
+        router, self._router = self._router, None
+        if router is not None:
+            router.forget(self._tag)
 
 
 class NativeNotices:
@@ -557,12 +558,10 @@ class DriverNotices:
         # Under the lock until routed: a notice that comes first waits for it in deliver().
         with self._lock:
             sub = _core.NoticeSub(hub, channel.encode("utf-8"), signal_fd, self.bell, tag)
-            routed = self._subs[tag] = NativeSubscription(
-                sub, channel, wake, forget=lambda: self._forget(tag)
-            )
+            routed = self._subs[tag] = NativeSubscription(sub, channel, wake, self, tag)
         return routed
 
-    def _forget(self, tag: int) -> None:
+    def forget(self, tag: int) -> None:
         with self._lock:
             self._subs.pop(tag, None)
 

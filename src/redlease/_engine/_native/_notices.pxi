@@ -71,9 +71,13 @@ cdef struct rl_nsub:
     int fd                   # eventfd of its own: wait() polls it (-1 with a bell)
     int signal_fd            # another eventfd to write on a notice (a keeper's), or -1
     int npending
+    bint unkept              # a notice came that could not be kept (no memory): "look again"
     int64_t notices          # how many notices reached it (a test hook)
     int64_t last_ns          # when the latest one did (rl_now_ns; a test hook)
-    rl_payload pending[8]
+    # NOTICE_PENDING slots, allocated by the first notice and freed by take():
+    # thousands of waiters that hear nothing cost no payload space.
+    rl_payload* pending
+    int index                # where it is in the hub's ``subs``
     # With a bell (else NULL): guarded by the bell's mutex.
     void* bell               # the rl_bell rung on a notice
     int64_t tag              # what NoticeBell.take() names this subscription by
@@ -156,7 +160,11 @@ cdef void hub_free(rl_hub* h) noexcept nogil:
 cdef void sub_push(rl_nsub* s, const char* data, size_t n, bint lost) noexcept nogil:
     """Under the hub's mutex: queue one notice for the waiter and wake it."""
     cdef rl_payload* p
-    if s.npending >= NOTICE_PENDING:
+    if s.pending == NULL:
+        s.pending = <rl_payload*>malloc(NOTICE_PENDING * sizeof(rl_payload))
+    if s.pending == NULL:
+        s.unkept = True
+    elif s.npending >= NOTICE_PENDING:
         # Full: the waiter is told to look again, which covers every notice dropped.
         s.pending[NOTICE_PENDING - 1].lost = 1
     else:
@@ -441,11 +449,13 @@ cdef class NoticeHub:
     cdef bint _closed
     cdef bint _forked
     cdef int _pid            # the process that made it: in any other, it is inert
+    cdef dict _counts        # channel -> how many subscriptions want it (GIL-guarded)
     cdef readonly Target target
     cdef object __weakref__
 
     def __cinit__(self):
         self.h = NULL
+        self._counts = {}
         self._closed = False
         self._forked = False
         self._pid = getpid()
@@ -546,12 +556,18 @@ cdef class NoticeHub:
         cdef int rc = 0
         cdef pthread_t old
         cdef bint joining = False
+        cdef bytes channel
+        cdef Py_ssize_t wanted
         if h == NULL or self._closed or self.inherited():
             raise RuntimeError("NoticeHub is closed")
         memset(&cmd, 0, sizeof(cmd))
         try:
-            put_command(&cmd, [b"SUBSCRIBE", PyBytes_FromStringAndSize(s.channel, <Py_ssize_t>s.channel_len)])
+            channel = PyBytes_FromStringAndSize(s.channel, <Py_ssize_t>s.channel_len)
+            put_command(&cmd, [b"SUBSCRIBE", channel])
             pthread_mutex_lock(&h.mu)
+            # Under mu with the GIL held and nothing in between that could let
+            # it go: the count and the order of the queued commands agree.
+            wanted = self._counts.get(channel, 0)
             if h.nsubs == h.cap:
                 grown = <rl_nsub**>realloc(h.subs, <size_t>(h.cap * 2 + 4) * sizeof(rl_nsub*))
                 if grown == NULL:
@@ -559,9 +575,11 @@ cdef class NoticeHub:
                     raise MemoryError()
                 h.subs = grown
                 h.cap = h.cap * 2 + 4
+            s.index = h.nsubs
             h.subs[h.nsubs] = s
             h.nsubs += 1
-            if h.subscribed_at != 0:
+            if h.subscribed_at != 0 and wanted == 0:
+                # Else subscribed already (or by the session's SUBSCRIBE to come).
                 rc = buf_put(&h.out, cmd.data, cmd.len)
             if h.thread_started and h.exited:
                 # The last one ended for want of waiters: start another, and
@@ -580,8 +598,10 @@ cdef class NoticeHub:
                             pthread_join(old, NULL)
                     raise OSError(rc, "cannot start the notice thread: " + strerror(rc).decode())
                 h.thread_started = 1
+            self._counts[channel] = wanted + 1
             pthread_mutex_unlock(&h.mu)
-            fd_signal(h.cmd_fd)
+            if wanted == 0:
+                fd_signal(h.cmd_fd)
             if joining:
                 with nogil:
                     pthread_join(old, NULL)
@@ -590,33 +610,41 @@ cdef class NoticeHub:
         return 0
 
     cdef void remove(self, rl_nsub* s) noexcept:
+        """Take ``s`` off the hub (in constant time: thousands of runs stop together)."""
         cdef rl_hub* h = self.h
         cdef rl_buf cmd
-        cdef int i, j = -1
+        cdef int j
         cdef bint others = False
+        cdef bint found = False
+        cdef bytes channel
+        cdef Py_ssize_t wanted
         if h == NULL:
             return
+        channel = PyBytes_FromStringAndSize(s.channel, <Py_ssize_t>s.channel_len)
         memset(&cmd, 0, sizeof(cmd))
         if not self.inherited():
             buf_put_prefix(&cmd, c'*', 2)
             buf_put_bulk(&cmd, b"UNSUBSCRIBE", 11)
             buf_put_bulk(&cmd, s.channel, s.channel_len)
         pthread_mutex_lock(&h.mu)
-        for i in range(h.nsubs):
-            if h.subs[i] == s:
-                j = i
-            elif h.subs[i].channel_len == s.channel_len and memcmp(
-                h.subs[i].channel, s.channel, s.channel_len
-            ) == 0:
-                others = True
-        if j >= 0:
+        j = s.index
+        if 0 <= j < h.nsubs and h.subs[j] == s:
+            found = True
             h.subs[j] = h.subs[h.nsubs - 1]
+            h.subs[j].index = j
             h.nsubs -= 1
-            if not others and h.subscribed_at != 0 and cmd.len:
-                buf_put(&h.out, cmd.data, cmd.len)
+            # As in add(): the count changes under mu, with the GIL held throughout.
+            wanted = self._counts.get(channel, 0)
+            others = wanted > 1
+            if others:
+                self._counts[channel] = wanted - 1
+            else:
+                self._counts.pop(channel, None)
+                if h.subscribed_at != 0 and cmd.len:
+                    buf_put(&h.out, cmd.data, cmd.len)
         pthread_mutex_unlock(&h.mu)
         buf_free(&cmd)
-        if j >= 0 and not others and not self._forked:
+        if found and not others and not self._forked:
             fd_signal(h.cmd_fd)
 
     def close(self):
@@ -825,6 +853,7 @@ cdef class NoticeSub:
             if self.s.fd >= 0:
                 close(self.s.fd)
             free(self.s.channel)
+            free(self.s.pending)
             free(self.s)
             self.s = NULL
 
@@ -897,24 +926,33 @@ cdef class NoticeSub:
             return 0
         self.hub.inherited()
         pthread_mutex_lock(&self.hub.h.mu)
-        n = self.s.npending
+        n = self.s.npending + (1 if self.s.unkept else 0)
         pthread_mutex_unlock(&self.hub.h.mu)
         return n
 
     def take(self):
         """The queued notices' payloads, oldest first (None: look again); empties the queue."""
         cdef rl_payload copy[8]
+        cdef rl_payload* held
         cdef int n, i
+        cdef bint unkept
         if self.s == NULL or not self._registered:
             return []
         self.hub.inherited()
         pthread_mutex_lock(&self.hub.h.mu)
         n = self.s.npending
+        held = self.s.pending
         for i in range(n):
-            copy[i] = self.s.pending[i]
+            copy[i] = held[i]
         self.s.npending = 0
+        self.s.pending = NULL  # the next notice allocates again: an idle waiter keeps none
+        unkept, self.s.unkept = self.s.unkept, False
         pthread_mutex_unlock(&self.hub.h.mu)
-        return [
+        free(held)
+        taken = [
             None if copy[i].lost else PyBytes_FromStringAndSize(copy[i].data, copy[i].len)
             for i in range(n)
         ]
+        if unkept:
+            taken.append(None)
+        return taken
