@@ -103,3 +103,44 @@ def test_forked_child_can_run_an_elector_of_its_own(client: redis.Redis, engine:
         seen = in_child(child)
         assert seen == {"token": 1, "applied": True}
         assert e.token() == parent_token
+
+
+def test_started_followers_hear_release_notices_in_the_parent_and_in_a_forked_child(
+    client: redis.Redis, engine: str
+) -> None:
+    # Followers poll every ~13 s here (the leader's TTL is 30 s): a takeover
+    # within a second came from the release notice.
+    def pair(c: redis.Redis, name: str) -> tuple[redlease.Elector, redlease.Elector]:
+        leader = redlease.Elector(c, name, ttl=30, engine=engine)
+        follower = redlease.Elector(c, name, ttl=30, acquire_interval=15, engine=engine)
+        leader.start()
+        wait_until(leader.token, timeout=5, what="the leader")
+        follower.start()
+        wait_until(
+            lambda: c.pubsub_numsub(f"{name}:leader:released")[0][1] >= 1,
+            timeout=5,
+            what="the follower's subscription",
+        )
+        time.sleep(0.2)  # the follower's first acquire lost: it waits
+        return leader, follower
+
+    def handover(leader: redlease.Elector, follower: redlease.Elector) -> float:
+        started = time.monotonic()
+        leader.stop()
+        wait_until(follower.token, timeout=10, interval=0.005, what="the takeover")
+        took = time.monotonic() - started
+        follower.stop()
+        return took
+
+    parents = pair(client, "fork-parent")  # the parent's driver listens already
+
+    def child() -> dict[str, object]:
+        kw = client.connection_pool.connection_kwargs
+        fresh = redis.Redis(host=kw["host"], port=kw["port"], socket_timeout=5)
+        return {"took": handover(*pair(fresh, "fork-child"))}
+
+    seen = in_child(child)
+    assert "error" not in seen, seen
+    assert isinstance(seen["took"], float) and seen["took"] < 1.0, seen
+    took = handover(*parents)
+    assert took < 1.0, f"the parent's follower took over {took:.3f} s after the release"

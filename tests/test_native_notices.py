@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import redis
 
+import redlease
 from helpers import gil_call_size, hold_gil, require_native, wait_until
 from redlease import _notices
 from redlease._engine import make_engine
@@ -255,3 +256,132 @@ def test_the_native_listener_ends_when_no_waiter_is_left_and_a_new_waiter_restar
     assert second.wait(5)
     assert got == [b"again"]
     second.cancel()
+
+
+# A leader in another process (Python engine): it leads, then on "go" waits a
+# moment (well inside the waiting process's GIL-holding call), checks the
+# driver's doorbell of the waiting process is quiet, releases (the release
+# script publishes the notice), and watches the doorbell until it is rung.
+_RELEASER = textwrap.dedent(
+    """
+    import sys, time, redis, redlease
+    port, name, pid, fd = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+
+    def doorbell() -> int:
+        with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+            return int(f.read().split("eventfd-count:")[1].split()[0], 16)
+
+    leader = redlease.Elector(redis.Redis(port=port), name, ttl=30, engine="python",
+                              instance_id="the-other-process")
+    leader.start()
+    while not leader.token():
+        time.sleep(0.01)
+    print("leading", flush=True)
+    sys.stdin.readline()
+    time.sleep(0.3)
+    before = doorbell()
+    released = time.monotonic()
+    leader.stop()
+    while doorbell() == 0:
+        time.sleep(0.0005)
+    print(before, released, time.monotonic(), flush=True)
+    """
+)
+
+
+def test_a_started_follower_hears_its_notice_natively_while_another_thread_holds_the_gil(
+    client: redis.Redis, redis_server: RedisServer
+) -> None:
+    require_native()
+    from redlease._driver import driver
+
+    doorbell = driver().doorbell()
+    releaser = subprocess.Popen(
+        [sys.executable, "-c", _RELEASER, str(redis_server.port), "driven-held",
+         str(os.getpid()), str(doorbell)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    elected: list[float] = []
+    # Without a notice this follower would take over only at its next poll,
+    # some 13 s after the release (the leader's TTL is 30 s).
+    follower = redlease.Elector(
+        client,
+        "driven-held",
+        ttl=30,
+        acquire_interval=15,
+        engine="native",
+        observer=redlease.Observer(on_elected=lambda _t: elected.append(time.monotonic())),
+    )
+    try:
+        assert releaser.stdout is not None and releaser.stdin is not None
+        assert releaser.stdout.readline().strip() == "leading"
+        follower.start()
+        wait_until(lambda: subscribed(client, "driven-held:leader:released"), 5, what="subscribed")
+        time.sleep(0.2)  # its first acquire lost: the driver sleeps until the next poll
+        run = follower._election.run
+        assert run is not None and run.driven is not None
+        notices = run.driven.notices
+        # The started run listens through the native reader, not a Python listener.
+        assert isinstance(notices, _notices.NativeSubscription)
+        assert not _notices._hubs
+        n = gil_call_size(2.0)
+        releaser.stdin.write("go\n")
+        releaser.stdin.flush()
+        hog_started = time.monotonic()
+        held = hold_gil(n)  # no Python thread runs until this returns
+        hog_ended = hog_started + held
+        before, released, rung = map(float, releaser.stdout.readline().split())
+        wait_until(lambda: elected, timeout=10, what="the follower's election")
+    finally:
+        releaser.kill()
+        releaser.wait()
+        follower.stop()
+    assert hog_started < released, "the release came before the GIL-holding call"
+    # Read and routed while the GIL was held: the native reader took the
+    # notice and rang the driver's doorbell, which nothing else in this
+    # process could write meanwhile (it was quiet just before the release).
+    assert before == 0, "the driver's doorbell was already rung before the release"
+    assert released < notices.last_notice < hog_ended, "the notice was read after the GIL came free"
+    assert rung < hog_ended, "the driver's doorbell was rung only after the GIL came free"
+    # And the follower took over as soon as the GIL was free, not at its next poll.
+    assert elected[0] - hog_ended < 2.0, f"took over {elected[0] - hog_ended:.3f} s after the hold"
+
+
+def test_started_runs_stop_listening_on_stop_and_the_reader_ends_after_the_last(
+    client: redis.Redis,
+) -> None:
+    require_native()
+    before = notice_tasks()
+    leader = redlease.Elector(client, "started-many", ttl=30, engine="native")
+    leader.start()
+    wait_until(leader.token, timeout=5, what="the leader")
+    followers = [
+        redlease.Elector(client, "started-many", ttl=30, acquire_interval=15, engine="native")
+        for _ in range(20)
+    ]
+    for follower in followers:
+        follower.start()
+    routing = _notices._driver_notices
+    assert routing is not None
+    wait_until(lambda: routing.routed() >= 21, timeout=5, what="every run routed")
+    routed = routing.routed()  # these 21, and any other test's left over
+    wait_until(lambda: subscribed(client, "started-many:leader:released"), 5, what="subscribed")
+    reader = notice_tasks() - before
+    assert len(reader) == 1
+    assert len([c for c in client.client_list() if "P" in c["flags"]]) == 1
+    rings = routing.bell.rings
+    leader.stop()  # one notice: every follower is woken, one of them takes over
+    elected = wait_until(
+        lambda: next((f for f in followers if f.token()), None), timeout=5, what="a successor"
+    )
+    assert routing.bell.rings - rings == len(followers)
+    for follower in followers:
+        follower.stop()
+    assert elected.token() is None
+    assert routing.routed() == routed - 21
+    wait_until(
+        lambda: not subscribed(client, "started-many:leader:released"), 5, what="unsubscribed"
+    )
+    # No waiter left: the connection closes and the reader ends a while later.
+    wait_until(lambda: not (notice_tasks() & reader), timeout=10, what="the reader's end")
+    assert not [c for c in client.client_list() if "P" in c["flags"]]

@@ -144,6 +144,29 @@ def test_a_killed_notice_connection_still_hands_over_and_comes_back(
             wait_subscribed(client, "killed:leader:released")  # reconnected
 
 
+def test_a_started_follower_looks_again_when_its_notice_connection_comes_back(
+    client: redis.Redis, engine: str
+) -> None:
+    # A holder that never announces its release: only the "look again" after
+    # a reconnect (notices may have been lost meanwhile) wakes the follower.
+    client.set("again:leader", "a-silent-holder", px=30_000)
+    events = Events()
+    follower = redlease.Elector(
+        client, "again", ttl=30, acquire_interval=15, engine=engine, observer=events.observer()
+    )
+    with follower:
+        follower_ready(follower, events, client)
+        client.delete("again:leader")
+        assert stays(lambda: not follower.token(), 0.3)  # no notice: it waits for its poll
+        killed = time.monotonic()
+        assert client.client_kill_filter(_type="pubsub") >= 1
+        wait_until(follower.token, timeout=10, interval=0.005, what="the follower's election")
+        took = time.monotonic() - killed
+        wait_subscribed(client, "again:leader:released")  # listening again
+    # Its next poll was some 13 s away.
+    assert took < 3.0, f"took over {took:.3f} s after the connection was killed"
+
+
 def test_a_follower_whose_notices_are_refused_still_takes_over_by_polling(
     client: redis.Redis, engine: str
 ) -> None:
@@ -173,7 +196,13 @@ def test_a_follower_whose_notices_are_refused_still_takes_over_by_polling(
 def test_every_waiter_of_a_process_shares_one_subscription_connection(
     client: redis.Redis, engine: str
 ) -> None:
+    # Every kind of waiter at once: started runs (steps of the driver), a
+    # run() on a thread of its own, and a lock waiter.
     electors = [redlease.Elector(client, "shared", engine=engine) for _ in range(3)]
+    events = Events()
+    threaded = redlease.Elector(client, "shared", engine=engine, observer=events.observer())
+    stop_threaded = threading.Event()
+    runner = threading.Thread(target=threaded.run, kwargs={"stop": stop_threaded})
     locker = redlease.RedisLocker(client, engine=engine)
     held = locker.acquire("shared-lock", ttl=30)
     waiter = threading.Thread(
@@ -182,23 +211,37 @@ def test_every_waiter_of_a_process_shares_one_subscription_connection(
     for e in electors:
         e.start()
     try:
+        elected = wait_until(
+            lambda: next((e for e in electors if e.token()), None), timeout=5, what="a leader"
+        )
+        runner.start()
         waiter.start()
+        wait_until(lambda: events.count("follower") >= 1, timeout=5, what="the threaded follower")
         wait_subscribed(client, "shared:leader:released")
         wait_subscribed(client, locker.key("shared-lock") + ":released")
         time.sleep(0.2)
         assert subscribers(client, "shared:leader:released") == 1
         pubsub_clients = [c for c in client.client_list() if "P" in c["flags"]]
-        # On the native engine a thread that waits (a lock waiter, run())
-        # hears notices on the native reader's connection; runs started with
-        # start() are steps of the driver and hear them on the callback
-        # listener's. One connection per kind, never one per waiter.
-        assert len(pubsub_clients) == (2 if engine == "native" else 1)
+        # One connection for the whole process on either engine: on the
+        # native engine the started runs hear their notices through the
+        # native reader too (it rings the driver), as the threads do.
+        assert len(pubsub_clients) == 1
+        # And that one connection still carries every kind's notices.
+        elected.stop()
+        wait_until(
+            lambda: threaded.token() or any(e.token() for e in electors if e is not elected),
+            timeout=PUSHED * 2,
+            what="a successor woken by the notice",
+        )
     finally:
         held.release()
         waiter.join(10)
+        stop_threaded.set()
+        runner.join(10)
         for e in electors:
             e.stop()
         locker.close()
+    assert not waiter.is_alive() and not runner.is_alive()
 
 
 def test_a_follower_over_tls_takes_over_at_once(tls_server: RedisServer, engine: str) -> None:

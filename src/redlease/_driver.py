@@ -16,17 +16,26 @@ With a leader function, the function runs on a thread of its own, as the
 contract says; nothing else of the run has a thread. Callbacks (observer,
 events) run on the driver thread, or on the thread that calls ``stop()``
 when the run is ended there.
+
+The driver sleeps on a doorbell (an eventfd, else a pipe) with the GIL
+released, until the next item is due. ``schedule``/``poke``/``watch`` ring
+it from Python; a native notice reader rings it without the GIL (see
+``_notices.DriverNotices``), and what rang is found by the driver's ring
+hooks, which run on the driver thread after every wake-up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
 import os
+import select
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 TICK = 0.05
@@ -63,11 +72,52 @@ def _source(keeper: Any) -> int:
     return id(renewer) if renewer is not None else 0
 
 
+class _Doorbell:
+    """A file descriptor the driver sleeps on; any thread (or native code) writes it to wake it.
+
+    An eventfd where there is one (``fd`` is then what a writer writes 8
+    bytes to), else a pipe.
+    """
+
+    def __init__(self) -> None:
+        if hasattr(os, "eventfd"):
+            self.read_fd = self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        else:  # pragma: no cover - platforms without eventfd
+            self.read_fd, self.fd = os.pipe()
+            for fd in (self.read_fd, self.fd):
+                os.set_blocking(fd, False)
+        self._poller = select.poll()
+        self._poller.register(self.read_fd, select.POLLIN)
+
+    def ring(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # full: it rings already
+            os.write(self.fd, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+
+    def sleep(self, seconds: float | None) -> None:
+        """Sleep (GIL released) until rung or ``seconds`` passed (None: no limit); then quiet it."""
+        self._poller.poll(None if seconds is None else max(seconds, 0.0) * 1000.0)
+        # Emptied before the ring hooks look: a ring after this is seen by
+        # the next sleep, which then returns at once.
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.read_fd, 4096) and self.read_fd != self.fd:
+                pass
+
+    def close(self) -> None:
+        for fd in {self.read_fd, self.fd}:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 class Driver:
     """The one driver thread of the process (see the module doc). Thread-safe."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._bell = _Doorbell()
+        # True while the driver sleeps (or is about to) on its doorbell: the
+        # next wake-up from Python must ring it. Guarded by the lock.
+        self._sleeping = False
+        self._ring_hooks: tuple[Callable[[], object], ...] = ()
         self._heap: list[tuple[float, int, Timed]] = []
         self._ready: deque[Timed] = deque()
         self._seq = itertools.count()
@@ -87,36 +137,46 @@ class Driver:
     def thread(self) -> threading.Thread | None:
         return self._thread
 
+    def doorbell(self) -> int:
+        """The descriptor that wakes the driver when 8 bytes (a count of 1) are written to it."""
+        return self._bell.fd
+
+    def on_ring(self, hook: Callable[[], object]) -> None:
+        """Call ``hook()`` on the driver thread after every wake-up (to find what rang)."""
+        with self._lock:
+            self._ring_hooks = (*self._ring_hooks, hook)
+            self._ensure_thread()
+
     def schedule(self, item: Timed, when: float) -> None:
         """Step ``item`` at ``when`` (``time.monotonic()``)."""
-        with self._cond:
+        with self._lock:
             seq = next(self._seq)
             self._latest[item] = seq
             heapq.heappush(self._heap, (when, seq, item))
             self._ensure_thread()
             if self._heap[0][2] is item:
-                self._cond.notify()
+                self._wake()
 
     def poke(self, item: Timed) -> None:
         """Step ``item`` as soon as the driver can."""
-        with self._cond:
+        with self._lock:
             self._latest.pop(item, None)
             self._ready.append(item)
             self._ensure_thread()
-            self._cond.notify()
+            self._wake()
 
     def watch(self, item: Watched) -> None:
         """Call ``item.check()`` whenever its keeper reports a change, until it returns True."""
         source = _source(item.keeper)
-        with self._cond:
+        with self._lock:
             self._watched.setdefault(source, {})[item] = None
             self._seen.pop(source, None)  # look at the group on the next sweep
             self._ensure_thread()
-            self._cond.notify()  # it may be waiting with nothing to watch
+            self._wake()  # it may be waiting with nothing to watch
 
     def unwatch(self, item: Watched) -> None:
         source = _source(item.keeper)
-        with self._cond:
+        with self._lock:
             group = self._watched.get(source)
             if group is not None:
                 group.pop(item, None)
@@ -126,37 +186,54 @@ class Driver:
 
     def watching(self) -> int:
         """How many items are watched (for tests)."""
-        with self._cond:
+        with self._lock:
             return sum(len(group) for group in self._watched.values())
 
     def _ensure_thread(self) -> None:
-        # Caller holds the condition.
+        # Caller holds the lock.
         if self._thread is None:
             self._thread = threading.Thread(target=self._main, name="redlease-driver", daemon=True)
             self._thread.start()
 
+    def _wake(self) -> None:
+        # Caller holds the lock. One ring per sleep: the driver looks at
+        # everything that came meanwhile once it holds the lock again.
+        if self._sleeping:
+            self._sleeping = False
+            self._bell.ring()
+
     def _main(self) -> None:
         while True:
-            with self._cond:
-                while True:
-                    now = time.monotonic()
-                    if self._ready or (self._heap and self._heap[0][0] <= now):
-                        break
-                    if self._watched and now - self._last_sweep >= TICK:
-                        break
+            for hook in self._ring_hooks:
+                try:
+                    hook()
+                except Exception:  # never the driver's end: the runs poll meanwhile
+                    logging.getLogger("redlease").warning("a ring hook failed", exc_info=True)
+            with self._lock:
+                now = time.monotonic()
+                due: list[Timed] = []
+                wait: float | None = None
+                sweep = bool(self._watched) and now - self._last_sweep >= TICK
+                if self._ready or (self._heap and self._heap[0][0] <= now) or sweep:
+                    self._sleeping = False
+                    due.extend(self._ready)
+                    self._ready.clear()
+                    while self._heap and self._heap[0][0] <= now:
+                        _, seq, item = heapq.heappop(self._heap)
+                        if self._latest.get(item) == seq:
+                            del self._latest[item]
+                            due.append(item)
+                else:
                     wait = TICK if self._watched else None
                     if self._heap:
                         until = self._heap[0][0] - now
                         wait = until if wait is None else min(wait, until)
-                    self._cond.wait(wait)
-                due: list[Timed] = list(self._ready)
-                self._ready.clear()
-                while self._heap and self._heap[0][0] <= now:
-                    _, seq, item = heapq.heappop(self._heap)
-                    if self._latest.get(item) == seq:
-                        del self._latest[item]
-                        due.append(item)
-                sweep = bool(self._watched) and now - self._last_sweep >= TICK
+                    self._sleeping = True
+                asleep = self._sleeping
+            if asleep:
+                # Unlocked: a wake-up from now on rings the bell, and the sleep returns at once.
+                self._bell.sleep(wait)
+                continue
             self._prefetch(due)
             for item in due:
                 self._step(item)
@@ -214,7 +291,7 @@ class Driver:
             self.schedule(item, when)
 
     def _sweep(self) -> None:
-        with self._cond:
+        with self._lock:
             groups = [(source, list(group)) for source, group in self._watched.items()]
         for source, items in groups:
             if source and items:
@@ -245,6 +322,8 @@ def _reset_after_fork() -> None:
     # The driver thread does not exist in a forked child, and the runs it
     # drove are the parent's: the child starts with a fresh, empty driver.
     global _driver, _driver_lock
+    if _driver is not None:
+        _driver._bell.close()
     _driver_lock = threading.Lock()
     _driver = None
 

@@ -821,7 +821,12 @@ class RunLoop:
 
     def start(self) -> None:
         election = self.election
-        self.notices = _notices.listen(election._client, election.keys.leader, self.run.notice)
+        # The engine's listener, on the connection the process's other
+        # waiters share: each notice pokes this run on the driver thread
+        # (native: the reader rings the driver's doorbell without the GIL).
+        self.notices = election.engine.notices(election._client).listen(
+            election.keys.leader, self.run.notice, driven=True
+        )
         driver().poke(self)
 
     def poke(self) -> None:

@@ -19,14 +19,20 @@ and for a Redis Cluster on either engine, it is the Python thread here
 that never takes the GIL (``NativeNotices``, the core's ``NoticeHub``): it
 wakes a waiter through an eventfd the waiter sleeps on with the GIL
 released, so a notice reaches a follower while another thread holds the GIL.
-Either way a waiter sees the same ``Subscription`` interface: ``wait`` for a
-notice, ``deliver`` queued ones to its wake-up on its own thread, ``cancel``.
+A run the process's driver steps (``Elector.start()``, the asyncio
+elector) has no thread to sleep on: its subscription rings the driver's
+doorbell instead (``DriverNotices``), and the driver wakes just the runs
+whose notices arrived. Either way every waiter of a process shares the one
+connection per server, and sees the same ``Subscription`` interface:
+``wait`` for a notice, ``deliver`` queued ones to its wake-up on its own
+thread, ``cancel``.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import os
 import threading
 import time
@@ -394,12 +400,14 @@ def _forget_after_fork() -> None:
     # A forked child has none of the parent's listener threads; its own
     # waiters open their own connection.
     # The native hubs are inert in a child (the core sees to it); they are
-    # kept referenced so that none is torn down here.
-    global _registry_lock
+    # kept referenced so that none is torn down here. The driver's notices
+    # go with the parent's driver.
+    global _registry_lock, _driver_notices
     _inherited_hubs.extend(_native_hubs.values())
     _registry_lock = threading.Lock()
     _hubs.clear()
     _native_hubs.clear()
+    _driver_notices = None
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -414,8 +422,19 @@ class PythonNotices:
     def __init__(self, client: Any) -> None:
         self._client = client
 
-    def listen(self, lease_key: str, wake: Wake, *, signal: Keeper | None = None) -> Subscription:
-        """Subscribe ``wake`` to ``lease_key``'s releases; ``signal`` is notified too."""
+    def listen(
+        self,
+        lease_key: str,
+        wake: Wake,
+        *,
+        signal: Keeper | None = None,
+        driven: bool = False,
+    ) -> Subscription:
+        """Subscribe ``wake`` to ``lease_key``'s releases; ``signal`` is notified too.
+
+        ``wake`` runs on the listener thread as each notice arrives, which
+        is all a driven run needs (``driven`` changes nothing here).
+        """
         if signal is None:
             return listen(self._client, lease_key, wake)
         keeper = signal
@@ -435,17 +454,27 @@ class NativeSubscription:
     runs on its own thread, in ``deliver()`` (``wait()`` delivers too).
     """
 
-    __slots__ = ("_sub", "_wake", "channel")
+    __slots__ = ("_router", "_sub", "_tag", "_wake", "channel")
 
-    def __init__(self, sub: Any, channel: str, wake: Wake) -> None:
+    def __init__(
+        self, sub: Any, channel: str, wake: Wake, router: DriverNotices | None = None, tag: int = 0
+    ) -> None:
         self._sub = sub
         self._wake = wake
         self.channel = channel
+        # A driven run's: where it is routed from, under ``tag`` (left on cancel).
+        self._router = router
+        self._tag = tag
 
     @property
     def notices(self) -> int:
         """How many notices reached this subscription so far."""
         return int(self._sub.notices)
+
+    @property
+    def last_notice(self) -> float:
+        """When the latest notice reached it natively (``time.monotonic()``), 0.0 before any."""
+        return float(self._sub.last_notice)
 
     def wait(self, timeout: float) -> bool:
         """Sleep (GIL released) until a notice arrived (True) or ``timeout`` passed (False)."""
@@ -461,6 +490,9 @@ class NativeSubscription:
 
     def cancel(self) -> None:
         self._sub.cancel()
+        router, self._router = self._router, None
+        if router is not None:
+            router.forget(self._tag)
 
 
 class NativeNotices:
@@ -470,9 +502,18 @@ class NativeNotices:
         self._endpoint = endpoint
 
     def listen(
-        self, lease_key: str, wake: Wake, *, signal: Keeper | None = None
+        self,
+        lease_key: str,
+        wake: Wake,
+        *,
+        signal: Keeper | None = None,
+        driven: bool = False,
     ) -> NativeSubscription:
-        """Subscribe ``wake`` to ``lease_key``'s releases; ``signal``'s fd is written too."""
+        """Subscribe ``wake`` to ``lease_key``'s releases; ``signal``'s fd is written too.
+
+        ``driven``: the waiter is a run of the process's driver, which
+        delivers its notices (on the driver thread) when they arrive.
+        """
         from ._engine._native import _core
 
         channel = channel_of(lease_key)
@@ -480,11 +521,77 @@ class NativeNotices:
         try:
             with _registry_lock:
                 hub = native_hub(self._endpoint)
+                if driven:
+                    return driver_notices().listen(hub, channel, wake, fd)
                 sub = _core.NoticeSub(hub, channel.encode("utf-8"), fd)
         except Exception as exc:  # no thread, no descriptor left: no notices, polling only
             logger.debug("release notices on %s unavailable: %r", channel, exc)
             return NativeSubscription(_Unheard(), channel, wake)
         return NativeSubscription(sub, channel, wake)
+
+
+class DriverNotices:
+    """The native notices of the driver's runs: the reader thread rings the driver's doorbell.
+
+    Each driven run's ``NoticeSub`` rings one ``NoticeBell`` on the driver's
+    doorbell, on the native reader thread, without the GIL. After every
+    wake-up the driver asks here which subscriptions fired (the bell names
+    them by tag, each once) and delivers their notices, on the driver
+    thread: the wake-up pokes the run, as the Python listener's does.
+    """
+
+    def __init__(self) -> None:
+        from ._driver import driver
+        from ._engine._native import _core
+
+        self._lock = threading.Lock()  # the routing table; held only to look up or change it
+        self._subs: dict[int, NativeSubscription] = {}
+        self._tags = itertools.count(1)
+        drv = driver()
+        self.bell = _core.NoticeBell(drv.doorbell())
+        drv.on_ring(self.deliver)
+
+    def listen(self, hub: Any, channel: str, wake: Wake, signal_fd: int) -> NativeSubscription:
+        from ._engine._native import _core
+
+        tag = next(self._tags)
+        # Under the lock until routed: a notice that comes first waits for it in deliver().
+        with self._lock:
+            sub = _core.NoticeSub(hub, channel.encode("utf-8"), signal_fd, self.bell, tag)
+            routed = self._subs[tag] = NativeSubscription(sub, channel, wake, self, tag)
+        return routed
+
+    def forget(self, tag: int) -> None:
+        with self._lock:
+            self._subs.pop(tag, None)
+
+    def deliver(self) -> None:
+        """On the driver thread: run the wake-up of each subscription that fired."""
+        tags = self.bell.take()
+        if not tags:
+            return
+        with self._lock:
+            fired = [self._subs.get(tag) for tag in tags]
+        for sub in fired:
+            if sub is not None:  # else cancelled meanwhile
+                with contextlib.suppress(Exception):
+                    sub.deliver()
+
+    def routed(self) -> int:
+        """How many subscriptions are routed (a test hook)."""
+        with self._lock:
+            return len(self._subs)
+
+
+_driver_notices: DriverNotices | None = None
+
+
+def driver_notices() -> DriverNotices:
+    """The process's ``DriverNotices`` (made on first use). Under ``_registry_lock``."""
+    global _driver_notices
+    if _driver_notices is None:
+        _driver_notices = DriverNotices()
+    return _driver_notices
 
 
 class _Unheard:

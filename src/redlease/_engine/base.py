@@ -235,12 +235,16 @@ class Notices(Protocol):
         wake: Callable[[bytes | None], object],
         *,
         signal: Keeper | None = None,
+        driven: bool = False,
     ) -> NoticeSubscription:
         """Listen for releases of ``lease_key``; ``signal`` (a keeper) is woken on each too.
 
         ``wake(payload)`` gets the releaser's payload, or None when notices may
         have been lost. It runs on the listener's thread or, where the engine
         queues notices, in ``deliver()`` / ``wait()`` on the waiter's own.
+        ``driven``: the waiter is a run of the process's driver, with no
+        thread of its own; ``wake`` then runs on the listener's thread or on
+        the driver's, as each notice arrives.
         Never raises for Redis trouble: the waiter polls meanwhile.
         """
         ...

@@ -20,6 +20,14 @@
 # waiter starts a new thread). Sending SUBSCRIBE / UNSUBSCRIBE for waiters that come and go is the
 # thread's job too: Python appends the encoded command to ``out`` and kicks
 # ``cmd_fd``; only this thread ever reads, writes or closes the socket.
+#
+# A waiter without a thread of its own (a run the process's driver steps)
+# does not sleep on an eventfd of its own: its subscription rings a bell
+# (``rl_bell``), one for many subscriptions of any hubs. The thread links
+# the subscription into the bell's list of fired ones and writes the bell's
+# fd, which the driver sleeps on with the GIL released; the driver takes the
+# list (``NoticeBell.take()``: the tags of the fired subscriptions) and
+# wakes just those. The bell's mutex is taken inside a hub's, never around one.
 
 cdef enum:
     NOTICE_PENDING = 8       # payloads a waiter keeps; more means "some were lost"
@@ -60,11 +68,62 @@ cdef struct rl_payload:
 cdef struct rl_nsub:
     char* channel
     size_t channel_len
-    int fd                   # eventfd of its own: wait() polls it
+    int fd                   # eventfd of its own: wait() polls it (-1 with a bell)
     int signal_fd            # another eventfd to write on a notice (a keeper's), or -1
     int npending
+    bint unkept              # a notice came that could not be kept (no memory): "look again"
     int64_t notices          # how many notices reached it (a test hook)
-    rl_payload pending[8]
+    int64_t last_ns          # when the latest one did (rl_now_ns; a test hook)
+    # NOTICE_PENDING slots, allocated by the first notice and freed by take():
+    # thousands of waiters that hear nothing cost no payload space.
+    rl_payload* pending
+    int index                # where it is in the hub's ``subs``
+    # With a bell (else NULL): guarded by the bell's mutex.
+    void* bell               # the rl_bell rung on a notice
+    int64_t tag              # what NoticeBell.take() names this subscription by
+    bint fired               # linked into the bell's list of fired subscriptions
+    rl_nsub* fired_prev
+    rl_nsub* fired_next
+
+
+cdef struct rl_bell:
+    pthread_mutex_t mu
+    int fd                   # the fd written when a subscription fires (not owned)
+    # Guarded by mu.
+    rl_nsub* fired           # the fired subscriptions not taken yet (a doubly linked list)
+    int64_t nfired           # their number (written with rl_store: take() peeks without mu)
+    int64_t rings            # how many times a subscription fired (a test hook)
+
+
+cdef void bell_ring(rl_bell* b, rl_nsub* s) noexcept nogil:
+    """Link ``s`` into the bell's fired list (once until taken) and write the bell's fd."""
+    pthread_mutex_lock(&b.mu)
+    if not s.fired:
+        s.fired = True
+        s.fired_prev = NULL
+        s.fired_next = b.fired
+        if b.fired != NULL:
+            b.fired.fired_prev = s
+        b.fired = s
+        rl_store(&b.nfired, b.nfired + 1)
+    b.rings += 1
+    pthread_mutex_unlock(&b.mu)
+    fd_signal(b.fd)
+
+
+cdef void bell_unlink(rl_bell* b, rl_nsub* s) noexcept nogil:
+    """Under the bell's mutex: take ``s`` out of the fired list, if it is in it."""
+    if not s.fired:
+        return
+    if s.fired_prev != NULL:
+        s.fired_prev.fired_next = s.fired_next
+    else:
+        b.fired = s.fired_next
+    if s.fired_next != NULL:
+        s.fired_next.fired_prev = s.fired_prev
+    s.fired = False
+    s.fired_prev = s.fired_next = NULL
+    rl_store(&b.nfired, b.nfired - 1)
 
 
 cdef struct rl_hub:
@@ -101,7 +160,11 @@ cdef void hub_free(rl_hub* h) noexcept nogil:
 cdef void sub_push(rl_nsub* s, const char* data, size_t n, bint lost) noexcept nogil:
     """Under the hub's mutex: queue one notice for the waiter and wake it."""
     cdef rl_payload* p
-    if s.npending >= NOTICE_PENDING:
+    if s.pending == NULL:
+        s.pending = <rl_payload*>malloc(NOTICE_PENDING * sizeof(rl_payload))
+    if s.pending == NULL:
+        s.unkept = True
+    elif s.npending >= NOTICE_PENDING:
         # Full: the waiter is told to look again, which covers every notice dropped.
         s.pending[NOTICE_PENDING - 1].lost = 1
     else:
@@ -115,8 +178,11 @@ cdef void sub_push(rl_nsub* s, const char* data, size_t n, bint lost) noexcept n
             p.len = <int>n
             memcpy(p.data, data, n)
     s.notices += 1
+    s.last_ns = rl_now_ns()
     fd_signal(s.fd)
     fd_signal(s.signal_fd)
+    if s.bell != NULL:
+        bell_ring(<rl_bell*>s.bell, s)
 
 
 cdef void hub_wake_all(rl_hub* h) noexcept nogil:
@@ -383,11 +449,13 @@ cdef class NoticeHub:
     cdef bint _closed
     cdef bint _forked
     cdef int _pid            # the process that made it: in any other, it is inert
+    cdef dict _counts        # channel -> how many subscriptions want it (GIL-guarded)
     cdef readonly Target target
     cdef object __weakref__
 
     def __cinit__(self):
         self.h = NULL
+        self._counts = {}
         self._closed = False
         self._forked = False
         self._pid = getpid()
@@ -488,12 +556,18 @@ cdef class NoticeHub:
         cdef int rc = 0
         cdef pthread_t old
         cdef bint joining = False
+        cdef bytes channel
+        cdef Py_ssize_t wanted
         if h == NULL or self._closed or self.inherited():
             raise RuntimeError("NoticeHub is closed")
         memset(&cmd, 0, sizeof(cmd))
         try:
-            put_command(&cmd, [b"SUBSCRIBE", PyBytes_FromStringAndSize(s.channel, <Py_ssize_t>s.channel_len)])
+            channel = PyBytes_FromStringAndSize(s.channel, <Py_ssize_t>s.channel_len)
+            put_command(&cmd, [b"SUBSCRIBE", channel])
             pthread_mutex_lock(&h.mu)
+            # Under mu with the GIL held and nothing in between that could let
+            # it go: the count and the order of the queued commands agree.
+            wanted = self._counts.get(channel, 0)
             if h.nsubs == h.cap:
                 grown = <rl_nsub**>realloc(h.subs, <size_t>(h.cap * 2 + 4) * sizeof(rl_nsub*))
                 if grown == NULL:
@@ -501,9 +575,11 @@ cdef class NoticeHub:
                     raise MemoryError()
                 h.subs = grown
                 h.cap = h.cap * 2 + 4
+            s.index = h.nsubs
             h.subs[h.nsubs] = s
             h.nsubs += 1
-            if h.subscribed_at != 0:
+            if h.subscribed_at != 0 and wanted == 0:
+                # Else subscribed already (or by the session's SUBSCRIBE to come).
                 rc = buf_put(&h.out, cmd.data, cmd.len)
             if h.thread_started and h.exited:
                 # The last one ended for want of waiters: start another, and
@@ -522,8 +598,10 @@ cdef class NoticeHub:
                             pthread_join(old, NULL)
                     raise OSError(rc, "cannot start the notice thread: " + strerror(rc).decode())
                 h.thread_started = 1
+            self._counts[channel] = wanted + 1
             pthread_mutex_unlock(&h.mu)
-            fd_signal(h.cmd_fd)
+            if wanted == 0:
+                fd_signal(h.cmd_fd)
             if joining:
                 with nogil:
                     pthread_join(old, NULL)
@@ -532,33 +610,41 @@ cdef class NoticeHub:
         return 0
 
     cdef void remove(self, rl_nsub* s) noexcept:
+        """Take ``s`` off the hub (in constant time: thousands of runs stop together)."""
         cdef rl_hub* h = self.h
         cdef rl_buf cmd
-        cdef int i, j = -1
+        cdef int j
         cdef bint others = False
+        cdef bint found = False
+        cdef bytes channel
+        cdef Py_ssize_t wanted
         if h == NULL:
             return
+        channel = PyBytes_FromStringAndSize(s.channel, <Py_ssize_t>s.channel_len)
         memset(&cmd, 0, sizeof(cmd))
         if not self.inherited():
             buf_put_prefix(&cmd, c'*', 2)
             buf_put_bulk(&cmd, b"UNSUBSCRIBE", 11)
             buf_put_bulk(&cmd, s.channel, s.channel_len)
         pthread_mutex_lock(&h.mu)
-        for i in range(h.nsubs):
-            if h.subs[i] == s:
-                j = i
-            elif h.subs[i].channel_len == s.channel_len and memcmp(
-                h.subs[i].channel, s.channel, s.channel_len
-            ) == 0:
-                others = True
-        if j >= 0:
+        j = s.index
+        if 0 <= j < h.nsubs and h.subs[j] == s:
+            found = True
             h.subs[j] = h.subs[h.nsubs - 1]
+            h.subs[j].index = j
             h.nsubs -= 1
-            if not others and h.subscribed_at != 0 and cmd.len:
-                buf_put(&h.out, cmd.data, cmd.len)
+            # As in add(): the count changes under mu, with the GIL held throughout.
+            wanted = self._counts.get(channel, 0)
+            others = wanted > 1
+            if others:
+                self._counts[channel] = wanted - 1
+            else:
+                self._counts.pop(channel, None)
+                if h.subscribed_at != 0 and cmd.len:
+                    buf_put(&h.out, cmd.data, cmd.len)
         pthread_mutex_unlock(&h.mu)
         buf_free(&cmd)
-        if j >= 0 and not others and not self._forked:
+        if found and not others and not self._forked:
             fd_signal(h.cmd_fd)
 
     def close(self):
@@ -595,6 +681,112 @@ cdef class NoticeHub:
         conn_drop(&h.conn)
 
 
+cdef class NoticeBell:
+    """Where subscriptions without a thread of their own report their notices.
+
+    ``NoticeBell(fd)``: each notice to a ``NoticeSub`` made with this bell
+    marks that subscription fired and writes ``fd`` (an eventfd or a pipe
+    the caller owns and keeps open while any such subscription exists), on
+    the hub's thread, without the GIL. ``take()`` then names the fired
+    subscriptions by their tags, each once, however many notices it got.
+    After ``os.fork()`` the child's copy is inert: it names nothing.
+    """
+
+    cdef rl_bell* b
+    cdef int _pid
+    cdef bint _forked
+    cdef object __weakref__
+
+    def __cinit__(self):
+        self.b = NULL
+        self._pid = getpid()
+        self._forked = False
+
+    def __init__(self, int fd):
+        if self.b != NULL:
+            raise RuntimeError("NoticeBell already initialised")
+        if fd < 0:
+            raise ValueError(f"a notice bell needs a file descriptor to write, got {fd}")
+        self.b = <rl_bell*>calloc(1, sizeof(rl_bell))
+        if self.b == NULL:
+            raise MemoryError()
+        pthread_mutex_init(&self.b.mu, NULL)
+        self.b.fd = fd
+
+    def __dealloc__(self):
+        # Every subscription holds a reference: none is left to ring it now.
+        if self.b != NULL:
+            if not self.inherited():
+                pthread_mutex_destroy(&self.b.mu)
+            free(self.b)
+            self.b = NULL
+
+    cdef bint inherited(self) noexcept:
+        """True in a forked child: the parent's subscriptions are not this process's."""
+        if not self._forked and getpid() != self._pid:
+            # A reader thread of the parent may have held the lock: it is not copied.
+            pthread_mutex_init(&self.b.mu, NULL)
+            self.b.fired = NULL
+            rl_store(&self.b.nfired, 0)
+            self._forked = True
+        return self._forked
+
+    @property
+    def fd(self):
+        return -1 if self.b == NULL else self.b.fd
+
+    @property
+    def rings(self):
+        """How many notices rang this bell so far (lost-notice wake-ups included)."""
+        cdef int64_t n
+        if self.b == NULL or self.inherited():
+            return 0
+        pthread_mutex_lock(&self.b.mu)
+        n = self.b.rings
+        pthread_mutex_unlock(&self.b.mu)
+        return n
+
+    def take(self):
+        """The tags of the subscriptions that fired since the last call (each once); empties the list.
+
+        Read the bell's fd empty before calling: a notice after that rings again.
+        """
+        cdef int64_t* tags
+        cdef int n, i = 0
+        cdef rl_nsub* s
+        cdef rl_nsub* after
+        if self.b == NULL or rl_load(&self.b.nfired) == 0:
+            # Nothing fired (most wake-ups of a driver): no lock, no getpid(). A
+            # subscription that fires after this rings the fd, so it is seen next time.
+            return []
+        if self.inherited():
+            return []
+        pthread_mutex_lock(&self.b.mu)
+        n = <int>self.b.nfired
+        if n == 0:
+            pthread_mutex_unlock(&self.b.mu)
+            return []
+        tags = <int64_t*>malloc(<size_t>n * sizeof(int64_t))
+        if tags == NULL:
+            pthread_mutex_unlock(&self.b.mu)
+            raise MemoryError()
+        s = self.b.fired
+        while s != NULL and i < n:
+            tags[i] = s.tag
+            i += 1
+            after = s.fired_next
+            s.fired = False
+            s.fired_prev = s.fired_next = NULL
+            s = after
+        self.b.fired = NULL
+        rl_store(&self.b.nfired, 0)
+        pthread_mutex_unlock(&self.b.mu)
+        try:
+            return [tags[j] for j in range(i)]
+        finally:
+            free(tags)
+
+
 @cython.no_gc_clear
 cdef class NoticeSub:
     """One waiter's interest in one channel of a NoticeHub.
@@ -604,10 +796,15 @@ cdef class NoticeSub:
     ``fileno()``, which its follower sleeps on). ``wait()`` sleeps on the
     eventfd with the GIL released; ``take()`` hands the queued payloads over
     (None for "notices may have been lost: look again").
+
+    With a ``bell`` the subscription has no eventfd of its own (a waiter
+    with no thread to sleep on one): each notice rings the bell instead,
+    which names it by ``tag``, and ``wait()`` is not available.
     """
 
     cdef rl_nsub* s
     cdef NoticeHub hub
+    cdef NoticeBell bell
     cdef bint _registered
     cdef object __weakref__
 
@@ -615,7 +812,14 @@ cdef class NoticeSub:
         self.s = NULL
         self._registered = False
 
-    def __init__(self, NoticeHub hub not None, bytes channel not None, int signal_fd=-1):
+    def __init__(
+        self,
+        NoticeHub hub not None,
+        bytes channel not None,
+        int signal_fd=-1,
+        NoticeBell bell=None,
+        int64_t tag=0,
+    ):
         cdef rl_nsub* s
         if self.s != NULL:
             raise RuntimeError("NoticeSub already initialised")
@@ -629,9 +833,16 @@ cdef class NoticeSub:
         s.channel_len = <size_t>len(channel)
         if s.channel == NULL:
             raise ValueError("a notice channel must not be empty")
-        s.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
-        if s.fd < 0:
-            raise OSError(errno, strerror(errno).decode("utf-8", "replace"))
+        if bell is not None:
+            if bell.b == NULL or bell.inherited():
+                raise RuntimeError("the NoticeBell belongs to another process")
+            self.bell = bell
+            s.bell = bell.b
+            s.tag = tag
+        else:
+            s.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
+            if s.fd < 0:
+                raise OSError(errno, strerror(errno).decode("utf-8", "replace"))
         self.hub = hub
         hub.add(s)
         self._registered = True
@@ -642,21 +853,34 @@ cdef class NoticeSub:
             if self.s.fd >= 0:
                 close(self.s.fd)
             free(self.s.channel)
+            free(self.s.pending)
             free(self.s)
             self.s = NULL
 
     def cancel(self):
         """Stop listening; once it returns the hub's thread never touches this again. Idempotent."""
+        cdef rl_bell* b
         if self._registered:
             self._registered = False
             self.hub.remove(self.s)
             if self.s.signal_fd >= 0:
                 self.s.signal_fd = -1
+            # The hub's thread is done with it: out of the bell's list too.
+            if self.bell is not None and not self.bell.inherited():
+                b = self.bell.b
+                pthread_mutex_lock(&b.mu)
+                bell_unlink(b, self.s)
+                pthread_mutex_unlock(&b.mu)
 
     @property
     def notices(self):
         """How many notices reached this subscription (lost-notice wake-ups included)."""
         return 0 if self.s == NULL else self.s.notices
+
+    @property
+    def last_notice(self):
+        """When the latest notice reached it (``time.monotonic()`` seconds), 0.0 before any."""
+        return 0.0 if self.s == NULL else self.s.last_ns / 1e9
 
     def wait(self, double timeout):
         """Sleep with the GIL released until a notice is pending, up to ``timeout`` seconds.
@@ -670,6 +894,8 @@ cdef class NoticeSub:
         cdef int pending
         if self.s == NULL:
             return False
+        if self.s.fd < 0:
+            raise RuntimeError("a subscription that rings a NoticeBell is not waited on")
         pfd.fd = self.s.fd
         pfd.events = POLLIN
         while True:
@@ -700,24 +926,33 @@ cdef class NoticeSub:
             return 0
         self.hub.inherited()
         pthread_mutex_lock(&self.hub.h.mu)
-        n = self.s.npending
+        n = self.s.npending + (1 if self.s.unkept else 0)
         pthread_mutex_unlock(&self.hub.h.mu)
         return n
 
     def take(self):
         """The queued notices' payloads, oldest first (None: look again); empties the queue."""
         cdef rl_payload copy[8]
+        cdef rl_payload* held
         cdef int n, i
+        cdef bint unkept
         if self.s == NULL or not self._registered:
             return []
         self.hub.inherited()
         pthread_mutex_lock(&self.hub.h.mu)
         n = self.s.npending
+        held = self.s.pending
         for i in range(n):
-            copy[i] = self.s.pending[i]
+            copy[i] = held[i]
         self.s.npending = 0
+        self.s.pending = NULL  # the next notice allocates again: an idle waiter keeps none
+        unkept, self.s.unkept = self.s.unkept, False
         pthread_mutex_unlock(&self.hub.h.mu)
-        return [
+        free(held)
+        taken = [
             None if copy[i].lost else PyBytes_FromStringAndSize(copy[i].data, copy[i].len)
             for i in range(n)
         ]
+        if unkept:
+            taken.append(None)
+        return taken
