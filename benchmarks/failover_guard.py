@@ -38,7 +38,8 @@ one replica held back: the acknowledgement comes from the replica that is
 NOT promoted, so this shows what ``min_replicas=1`` does not cover),
 ``guard-all`` (``min_replicas=2``, every replica must confirm: the held-back
 one included), ``guard-nohold`` (``min_replicas=1``, nothing held back: the
-same faults on a healthy set).
+same faults on a healthy set), ``plain-nohold`` (no guard, nothing held
+back).
 
 Prints a table; asserts nothing.
 """
@@ -79,6 +80,7 @@ RUNS = {
     "guard": RunSpec("min_replicas=1, promoted replica held back", 1),
     "guard-all": RunSpec("min_replicas=2, promoted replica held back", 2),
     "guard-nohold": RunSpec("min_replicas=1, nothing held back", 1, hold_back=False),
+    "plain-nohold": RunSpec("no guard, nothing held back", 0, hold_back=False),
 }
 
 

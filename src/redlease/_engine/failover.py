@@ -192,17 +192,28 @@ class SentinelProbes:
     def check(
         self, sentinels: Sentinels, address: tuple[str, int], timeout: float
     ) -> tuple[str | None, bool]:
-        """``(why not, named elsewhere)``; ``(None, False)`` when a majority confirm ``address``."""
+        """``(why not, named elsewhere)``; ``(None, False)`` when the sentinels confirm ``address``.
+
+        Every sentinel that answers is asked (those that failed last time
+        only until a majority answered): a majority must answer, none may
+        report the master ``o_down`` or being failed over (the sentinel
+        leading a failover says so from its start to the switch), and the
+        newest configuration among the answers (the highest config epoch)
+        must name ``address``. An older one naming another node is a
+        sentinel that has not heard of a switch yet, not a refusal.
+        """
         deadline = time.monotonic() + timeout
         need = len(sentinels.addresses) // 2 + 1
-        confirmed = 0
         failures: list[str] = []
+        answers: list[tuple[int, tuple[str, int], tuple[str, int]]] = []
         service = sentinels.service
         where = f"{address[0]}:{address[1]}"
         # Those that answered last time first: a dead or frozen sentinel
         # costs its share of the time once, not on every confirmation.
         order = sorted(sentinels.addresses, key=lambda a: self._failed.get(a, 0.0))
         for asked, sentinel in enumerate(order):
+            if len(answers) >= need and sentinel in self._failed:
+                break
             left = deadline - time.monotonic()
             if left <= 0:
                 failures.append(f"{sentinel[0]}:{sentinel[1]}: no time left")
@@ -216,32 +227,35 @@ class SentinelProbes:
                 failures.append(f"{sentinel[0]}:{sentinel[1]}: {type(exc).__name__}: {exc}")
                 continue
             self._failed.pop(sentinel, None)
-            named = (str(state.get("ip")), int(state.get("port") or 0))
-            if named != address:
-                return (
-                    f"the sentinel at {sentinel[0]}:{sentinel[1]} names {named[0]}:{named[1]} "
-                    f"as the master of {service!r}, not {where} where the lease was just "
-                    "acquired: no term starts on a node the sentinels no longer name",
-                    True,
-                )
             flags = set(str(state.get("flags") or "").split(","))
             unsafe = sorted(flags & _UNSAFE_FLAGS)
             if unsafe:
                 return (
-                    f"the sentinel at {sentinel[0]}:{sentinel[1]} reports {where}, the master "
-                    f"of {service!r}, as {','.join(unsafe)}: no term starts on a master "
-                    "being replaced",
+                    f"the sentinel at {sentinel[0]}:{sentinel[1]} reports the master of "
+                    f"{service!r} as {','.join(unsafe)}: no term starts on a master being "
+                    f"replaced (the lease was acquired on {where})",
                     False,
                 )
-            confirmed += 1
-            if confirmed >= need:
-                return None, False
-        return (
-            f"only {confirmed} of the {len(sentinels.addresses)} sentinels confirmed {where} "
-            f"as the master of {service!r} (a majority, {need}, must)"
-            + (f"; {'; '.join(failures)}" if failures else ""),
-            False,
-        )
+            named = (str(state.get("ip")), int(state.get("port") or 0))
+            answers.append((int(state.get("config-epoch") or 0), named, sentinel))
+        if len(answers) < need:
+            return (
+                f"only {len(answers)} of the {len(sentinels.addresses)} sentinels answered "
+                f"about {where} as the master of {service!r} (a majority, {need}, must)"
+                + (f"; {'; '.join(failures)}" if failures else ""),
+                False,
+            )
+        newest = max(epoch for epoch, _, _ in answers)
+        for epoch, named, sentinel in answers:
+            if epoch == newest and named != address:
+                return (
+                    f"the sentinel at {sentinel[0]}:{sentinel[1]} names {named[0]}:{named[1]} "
+                    f"as the master of {service!r} (config epoch {epoch}), not {where} where "
+                    "the lease was just acquired: no term starts on a node the sentinels no "
+                    "longer name",
+                    True,
+                )
+        return None, False
 
     def _ask(self, sentinels: Sentinels, sentinel: tuple[str, int], timeout: float) -> Any:
         # One client per sentinel, kept: a confirmation is one round trip on
@@ -362,8 +376,7 @@ class MasterSwitches:
         demote it), or one the sentinels are failing over or agree is down,
         is about to have its data thrown away: a term started there could be
         handed out again. The sentinels the client lists are asked in turn,
-        each bounded by what is left of ``timeout``; a majority of them must
-        name this address, and none another one or a failover in progress.
+        each bounded by its share of ``timeout`` (see ``SentinelProbes.check``).
 
         On refusal ``release()`` runs first (the lease goes back on the node
         that granted it), then, if the sentinels name another master, the
