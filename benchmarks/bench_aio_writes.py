@@ -18,7 +18,9 @@ on loopback TCP, through the public API:
 
 Rounds are interleaved (round 1 of every contender, then round 2...) and the
 best round of each kept, since a shared machine only ever makes a round
-slower; ratios are to redis-py in the same run. Prints a table; asserts nothing.
+slower; ratios are to redis-py in the same run. The asyncio rounds are also
+printed one by one with each round's ratio and the median of those ratios
+(``--asyncio-only`` skips the threaded rows). Prints tables; asserts nothing.
 """
 
 from __future__ import annotations
@@ -100,8 +102,8 @@ async def wait_token(e: redlease.aio.Elector) -> int:
 
 async def asyncio_rows(
     server: RedisServer, engines: list[str], tasks: int, seconds: float, rounds: int
-) -> tuple[dict[str, dict[int, float]], list[float]]:
-    """Best writes/s per contender and task count; and the native renew lateness samples."""
+) -> tuple[dict[str, dict[int, list[float]]], list[float]]:
+    """Every round's writes/s per contender and task count; the native renew lateness samples."""
     aclient = redis.asyncio.Redis(
         host="127.0.0.1", port=server.port, socket_timeout=5, max_connections=tasks + 8
     )
@@ -124,7 +126,7 @@ async def asyncio_rows(
     await aclient.set(applied, 1)
     ops["redis.asyncio"] = lambda n: aclient.evalsha(SCRIPT.sha, 2, applied, KEYS[1], 1, n)
 
-    best: dict[str, dict[int, float]] = {name: {} for name in ops}
+    every: dict[str, dict[int, list[float]]] = {name: {tasks: [], 1: []} for name in ops}
     lateness: list[float] = []
     for _ in range(rounds):
         for count in (tasks, 1):
@@ -134,11 +136,11 @@ async def asyncio_rows(
                 rate = await async_rate(op, count, seconds)
                 if name == "native" and count == tasks:
                     lateness.extend(electors["native"].renew_lateness()[before:])
-                best[name][count] = max(best[name].get(count, 0.0), rate)
+                every[name][count].append(rate)
     for e in electors.values():
         await e.stop()
     await aclient.aclose()
-    return best, lateness
+    return every, lateness
 
 
 def sync_elector(server: RedisServer, name: str, engine: str) -> redlease.Elector:
@@ -182,20 +184,52 @@ def sync_rows(
     return rates
 
 
+def print_rounds(
+    every: dict[str, dict[int, list[float]]], engines: list[str], counts: tuple[int, ...]
+) -> None:
+    """Each asyncio round's writes/s with its ratio to redis.asyncio, and the median ratios."""
+    print("\nasyncio rounds in turn, writes/s (ratio to redis.asyncio in that round):")
+    for count in counts:
+        base = every["redis.asyncio"][count]
+        tasks = f"{count} task{'s' if count > 1 else ''}"
+        for engine in engines:
+            rates = every[engine][count]
+            ratios = [rate / b for rate, b in zip(rates, base, strict=True)]
+            cells = "  ".join(
+                f"{rate:,.0f} ({r:.2f}x)" for rate, r in zip(rates, ratios, strict=True)
+            )
+            print(f"  {tasks}, {engine}: {cells}")
+            print(
+                f"    median {statistics.median(rates):,.0f} writes/s, ratio median "
+                f"{statistics.median(ratios):.2f}x (min {min(ratios):.2f}x, max {max(ratios):.2f}x)"
+            )
+        print(
+            f"  {tasks}, redis.asyncio: median {statistics.median(base):,.0f} writes/s "
+            f"(min {min(base):,.0f}, max {max(base):,.0f})"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=1.0, help="length of one round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per contender")
     parser.add_argument("--tasks", type=int, default=64, help="concurrent asyncio tasks")
     parser.add_argument("--threads", type=int, default=8, help="threads sharing one Elector")
+    parser.add_argument(
+        "--asyncio-only", action="store_true", help="skip the threaded (sync) contenders"
+    )
     opts = parser.parse_args()
     engines = ["native", "python"] if native_engine_available()[0] else ["python"]
 
     with RedisServer() as server:
-        aio_best, lateness = asyncio.run(
+        aio_every, lateness = asyncio.run(
             asyncio_rows(server, engines, opts.tasks, opts.seconds, opts.rounds)
         )
-        sync_rounds = sync_rows(server, engines, opts.threads, opts.seconds, opts.rounds)
+        sync_rounds = (
+            {}
+            if opts.asyncio_only
+            else sync_rows(server, engines, opts.threads, opts.seconds, opts.rounds)
+        )
     sync_best = {name: max(rates) for name, rates in sync_rounds.items()}
 
     print(f"fenced SET writes/s, TCP loopback, best of {opts.rounds} rounds x {opts.seconds:g} s")
@@ -213,17 +247,20 @@ def main() -> None:
         print(f"{case:<38}{cells}")
 
     for count in (opts.tasks, 1):
-        rates = {c: aio_best[c][count] for c in engines}
-        rates["redis-py"] = aio_best["redis.asyncio"][count]
+        rates = {c: max(aio_every[c][count]) for c in engines}
+        rates["redis-py"] = max(aio_every["redis.asyncio"][count])
         tasks = f"{count} task{'s' if count > 1 else ''}"
         row(f"asyncio, {tasks} on one loop", rates, rates["redis-py"])
-    row(f"sync, {opts.threads} threads sharing one Elector", sync_best, sync_best["redis-py"])
+    if sync_best:
+        row(f"sync, {opts.threads} threads sharing one Elector", sync_best, sync_best["redis-py"])
     if NATIVE_4 in sync_best:
         row(
             f"sync, {opts.threads} threads, native, 4 write conns",
             {"native": sync_best[NATIVE_4]},
             sync_best["redis-py"],
         )
+    print_rounds(aio_every, engines, (opts.tasks, 1))
+    if NATIVE_4 in sync_best:
         print(
             "\nsync rounds in turn, writes/s (native 8 conns | native 4 conns | redis-py), "
             "and native (8 conns) / redis-py in that round:"
