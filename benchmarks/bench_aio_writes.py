@@ -14,7 +14,10 @@ on loopback TCP, through the public API:
   and the native engine once more with 4 write connections (the size before
   8), to show what the pool size is worth;
 - the native keeper's renew lateness (p99, its own clock) while the asyncio
-  ``--tasks`` load runs on the native engine, renewing every 50 ms.
+  ``--tasks`` load runs on the native engine, renewing every 50 ms;
+- the limit of any client that waits on the event loop, for 1 task: the
+  same EVALSHA pre-encoded once, sent on a bare socket that the loop watches
+  (``add_reader``), one future per write, nothing parsed.
 
 Rounds are interleaved (round 1 of every contender, then round 2...) and the
 best round of each kept, since a shared machine only ever makes a round
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import statistics
 import threading
 import time
@@ -48,6 +52,42 @@ KEYS = (f"{NAME}:fence:applied", f"{NAME}:value")
 
 AsyncOp = Callable[[int], Awaitable[object]]
 NATIVE_4 = "native, 4 connections"
+BARE = "bare asyncio socket"
+
+
+class BareLoopSocket:
+    """One task's limit on an event loop: pre-encoded EVALSHA, ``add_reader``, a future each.
+
+    Only for one write in flight: whatever arrives answers the write waiting.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, port: int, applied: str) -> None:
+        parts = [b"EVALSHA", SCRIPT.sha.encode(), b"2", applied.encode(), KEYS[1].encode()]
+        parts += [b"1", b"5"]
+        self.request = b"*%d\r\n" % len(parts) + b"".join(
+            b"$%d\r\n%s\r\n" % (len(p), p) for p in parts
+        )
+        self.loop = loop
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.setblocking(False)
+        self.waiting: asyncio.Future[bytes] | None = None
+        loop.add_reader(self.sock.fileno(), self._on_readable)
+
+    def _on_readable(self) -> None:
+        reply = self.sock.recv(65536)
+        waiting, self.waiting = self.waiting, None
+        if waiting is not None and not waiting.done():
+            waiting.set_result(reply)
+
+    def write(self, n: int) -> asyncio.Future[bytes]:
+        self.sock.send(self.request)
+        self.waiting = self.loop.create_future()
+        return self.waiting
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.sock.fileno())
+        self.sock.close()
 
 
 async def async_rate(op: AsyncOp, tasks: int, seconds: float) -> float:
@@ -125,12 +165,17 @@ async def asyncio_rows(
     applied = f"{NAME}-redis:fence:applied"
     await aclient.set(applied, 1)
     ops["redis.asyncio"] = lambda n: aclient.evalsha(SCRIPT.sha, 2, applied, KEYS[1], 1, n)
+    assert server.port is not None, "the benchmark's server listens on TCP"
+    bare = BareLoopSocket(asyncio.get_running_loop(), server.port, applied)
+    ops[BARE] = bare.write
 
     every: dict[str, dict[int, list[float]]] = {name: {tasks: [], 1: []} for name in ops}
     lateness: list[float] = []
     for _ in range(rounds):
         for count in (tasks, 1):
             for name, op in ops.items():
+                if name == BARE and count != 1:
+                    continue
                 await async_rate(op, count, 0.05)  # connect, warm up
                 before = len(electors["native"].renew_lateness()) if name == "native" else 0
                 rate = await async_rate(op, count, seconds)
@@ -139,6 +184,7 @@ async def asyncio_rows(
                 every[name][count].append(rate)
     for e in electors.values():
         await e.stop()
+    bare.close()
     await aclient.aclose()
     return every, lateness
 
@@ -207,6 +253,14 @@ def print_rounds(
             f"  {tasks}, redis.asyncio: median {statistics.median(base):,.0f} writes/s "
             f"(min {min(base):,.0f}, max {max(base):,.0f})"
         )
+        if every[BARE][count]:
+            rates = every[BARE][count]
+            ratios = [rate / b for rate, b in zip(rates, base, strict=True)]
+            print(
+                f"  {tasks}, {BARE} (the limit): median {statistics.median(rates):,.0f} "
+                f"writes/s, ratio median {statistics.median(ratios):.2f}x "
+                f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x)"
+            )
 
 
 def main() -> None:
