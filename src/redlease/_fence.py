@@ -139,9 +139,7 @@ class Fence:
             and type(value) in _VALUE_TYPES
         ):
             # Exact types and a live token (the common case): nothing to check one by one.
-            return self.bind(
-                str(token), _FENCE_SET, (cast("str | bytes", key),), (cast(EncodableT, value),)
-            )
+            return self.bind(str(token), _FENCE_SET, (key,), (value,))  # type: ignore[arg-type]
         return self._request(token, _FENCE_SET, (_check_key(key),), (_check_value(value),))
 
     def hset_request(
