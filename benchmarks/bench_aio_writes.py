@@ -23,13 +23,18 @@ Rounds are interleaved (round 1 of every contender, then round 2...) and the
 best round of each kept, since a shared machine only ever makes a round
 slower; ratios are to redis-py in the same run. The asyncio rounds are also
 printed one by one with each round's ratio and the median of those ratios
-(``--asyncio-only`` skips the threaded rows). Prints tables; asserts nothing.
+(``--asyncio-only`` skips the threaded rows). With one task a round is a
+string of loopback round trips, and its rate depends mostly on whether the
+scheduler put this process and redis-server on one CPU or on two (about 4x
+apart here); ``--pin`` fixes that choice for every round. Prints tables;
+asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import socket
 import statistics
 import threading
@@ -272,10 +277,22 @@ def main() -> None:
     parser.add_argument(
         "--asyncio-only", action="store_true", help="skip the threaded (sync) contenders"
     )
+    parser.add_argument(
+        "--pin",
+        metavar="CLIENT,SERVER",
+        help="run this process on CPU CLIENT and redis-server on CPU SERVER (Linux): "
+        "0,1 keeps them apart, as the scheduler does on an idle host; 0,0 together",
+    )
     opts = parser.parse_args()
     engines = ["native", "python"] if native_engine_available()[0] else ["python"]
 
     with RedisServer() as server:
+        if opts.pin:
+            # One round trip crosses CPUs or not: pinned, every round of every
+            # contender does the same, where unpinned rounds flip between both.
+            client_cpu, server_cpu = (int(cpu) for cpu in opts.pin.split(","))
+            os.sched_setaffinity(0, {client_cpu})
+            os.sched_setaffinity(server.pid, {server_cpu})
         aio_every, lateness = asyncio.run(
             asyncio_rows(server, engines, opts.tasks, opts.seconds, opts.rounds)
         )
@@ -287,6 +304,8 @@ def main() -> None:
     sync_best = {name: max(rates) for name, rates in sync_rounds.items()}
 
     print(f"fenced SET writes/s, TCP loopback, best of {opts.rounds} rounds x {opts.seconds:g} s")
+    if opts.pin:
+        print(f"client and server pinned to CPUs {opts.pin}")
     print("(ratio to redis-py / redis.asyncio EVALSHA of the same script, same run)\n")
     cols = [*engines, "redis-py"]
     header = f"{'case':<38}" + "".join(f"{c:>22}" for c in cols)
