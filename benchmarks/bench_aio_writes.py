@@ -14,17 +14,28 @@ on loopback TCP, through the public API:
   and the native engine once more with 4 write connections (the size before
   8), to show what the pool size is worth;
 - the native keeper's renew lateness (p99, its own clock) while the asyncio
-  ``--tasks`` load runs on the native engine, renewing every 50 ms.
+  ``--tasks`` load runs on the native engine, renewing every 50 ms;
+- the limit of any client that waits on the event loop, for 1 task: the
+  same EVALSHA pre-encoded once, sent on a bare socket that the loop watches
+  (``add_reader``), one future per write, nothing parsed.
 
 Rounds are interleaved (round 1 of every contender, then round 2...) and the
 best round of each kept, since a shared machine only ever makes a round
-slower; ratios are to redis-py in the same run. Prints a table; asserts nothing.
+slower; ratios are to redis-py in the same run. The asyncio rounds are also
+printed one by one with each round's ratio and the median of those ratios
+(``--asyncio-only`` skips the threaded rows). With one task a round is a
+string of loopback round trips, and its rate depends mostly on whether the
+scheduler put this process and redis-server on one CPU or on two (about 4x
+apart here); ``--pin`` fixes that choice for every round. Prints tables;
+asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import socket
 import statistics
 import threading
 import time
@@ -46,6 +57,42 @@ KEYS = (f"{NAME}:fence:applied", f"{NAME}:value")
 
 AsyncOp = Callable[[int], Awaitable[object]]
 NATIVE_4 = "native, 4 connections"
+BARE = "bare asyncio socket"
+
+
+class BareLoopSocket:
+    """One task's limit on an event loop: pre-encoded EVALSHA, ``add_reader``, a future each.
+
+    Only for one write in flight: whatever arrives answers the write waiting.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, port: int, applied: str) -> None:
+        parts = [b"EVALSHA", SCRIPT.sha.encode(), b"2", applied.encode(), KEYS[1].encode()]
+        parts += [b"1", b"5"]
+        self.request = b"*%d\r\n" % len(parts) + b"".join(
+            b"$%d\r\n%s\r\n" % (len(p), p) for p in parts
+        )
+        self.loop = loop
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.setblocking(False)
+        self.waiting: asyncio.Future[bytes] | None = None
+        loop.add_reader(self.sock.fileno(), self._on_readable)
+
+    def _on_readable(self) -> None:
+        reply = self.sock.recv(65536)
+        waiting, self.waiting = self.waiting, None
+        if waiting is not None and not waiting.done():
+            waiting.set_result(reply)
+
+    def write(self, n: int) -> asyncio.Future[bytes]:
+        self.sock.send(self.request)
+        self.waiting = self.loop.create_future()
+        return self.waiting
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.sock.fileno())
+        self.sock.close()
 
 
 async def async_rate(op: AsyncOp, tasks: int, seconds: float) -> float:
@@ -100,8 +147,8 @@ async def wait_token(e: redlease.aio.Elector) -> int:
 
 async def asyncio_rows(
     server: RedisServer, engines: list[str], tasks: int, seconds: float, rounds: int
-) -> tuple[dict[str, dict[int, float]], list[float]]:
-    """Best writes/s per contender and task count; and the native renew lateness samples."""
+) -> tuple[dict[str, dict[int, list[float]]], list[float]]:
+    """Every round's writes/s per contender and task count; the native renew lateness samples."""
     aclient = redis.asyncio.Redis(
         host="127.0.0.1", port=server.port, socket_timeout=5, max_connections=tasks + 8
     )
@@ -123,22 +170,28 @@ async def asyncio_rows(
     applied = f"{NAME}-redis:fence:applied"
     await aclient.set(applied, 1)
     ops["redis.asyncio"] = lambda n: aclient.evalsha(SCRIPT.sha, 2, applied, KEYS[1], 1, n)
+    assert server.port is not None, "the benchmark's server listens on TCP"
+    bare = BareLoopSocket(asyncio.get_running_loop(), server.port, applied)
+    ops[BARE] = bare.write
 
-    best: dict[str, dict[int, float]] = {name: {} for name in ops}
+    every: dict[str, dict[int, list[float]]] = {name: {tasks: [], 1: []} for name in ops}
     lateness: list[float] = []
     for _ in range(rounds):
         for count in (tasks, 1):
             for name, op in ops.items():
+                if name == BARE and count != 1:
+                    continue
                 await async_rate(op, count, 0.05)  # connect, warm up
                 before = len(electors["native"].renew_lateness()) if name == "native" else 0
                 rate = await async_rate(op, count, seconds)
                 if name == "native" and count == tasks:
                     lateness.extend(electors["native"].renew_lateness()[before:])
-                best[name][count] = max(best[name].get(count, 0.0), rate)
+                every[name][count].append(rate)
     for e in electors.values():
         await e.stop()
+    bare.close()
     await aclient.aclose()
-    return best, lateness
+    return every, lateness
 
 
 def sync_elector(server: RedisServer, name: str, engine: str) -> redlease.Elector:
@@ -182,23 +235,77 @@ def sync_rows(
     return rates
 
 
+def print_rounds(
+    every: dict[str, dict[int, list[float]]], engines: list[str], counts: tuple[int, ...]
+) -> None:
+    """Each asyncio round's writes/s with its ratio to redis.asyncio, and the median ratios."""
+    print("\nasyncio rounds in turn, writes/s (ratio to redis.asyncio in that round):")
+    for count in counts:
+        base = every["redis.asyncio"][count]
+        tasks = f"{count} task{'s' if count > 1 else ''}"
+        for engine in engines:
+            rates = every[engine][count]
+            ratios = [rate / b for rate, b in zip(rates, base, strict=True)]
+            cells = "  ".join(
+                f"{rate:,.0f} ({r:.2f}x)" for rate, r in zip(rates, ratios, strict=True)
+            )
+            print(f"  {tasks}, {engine}: {cells}")
+            print(
+                f"    median {statistics.median(rates):,.0f} writes/s, ratio median "
+                f"{statistics.median(ratios):.2f}x (min {min(ratios):.2f}x, max {max(ratios):.2f}x)"
+            )
+        print(
+            f"  {tasks}, redis.asyncio: median {statistics.median(base):,.0f} writes/s "
+            f"(min {min(base):,.0f}, max {max(base):,.0f})"
+        )
+        if every[BARE][count]:
+            rates = every[BARE][count]
+            ratios = [rate / b for rate, b in zip(rates, base, strict=True)]
+            print(
+                f"  {tasks}, {BARE} (the limit): median {statistics.median(rates):,.0f} "
+                f"writes/s, ratio median {statistics.median(ratios):.2f}x "
+                f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x)"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=1.0, help="length of one round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per contender")
     parser.add_argument("--tasks", type=int, default=64, help="concurrent asyncio tasks")
     parser.add_argument("--threads", type=int, default=8, help="threads sharing one Elector")
+    parser.add_argument(
+        "--asyncio-only", action="store_true", help="skip the threaded (sync) contenders"
+    )
+    parser.add_argument(
+        "--pin",
+        metavar="CLIENT,SERVER",
+        help="run this process on CPU CLIENT and redis-server on CPU SERVER (Linux): "
+        "0,1 keeps them apart, as the scheduler does on an idle host; 0,0 together",
+    )
     opts = parser.parse_args()
     engines = ["native", "python"] if native_engine_available()[0] else ["python"]
 
     with RedisServer() as server:
-        aio_best, lateness = asyncio.run(
+        if opts.pin:
+            # One round trip crosses CPUs or not: pinned, every round of every
+            # contender does the same, where unpinned rounds flip between both.
+            client_cpu, server_cpu = (int(cpu) for cpu in opts.pin.split(","))
+            os.sched_setaffinity(0, {client_cpu})
+            os.sched_setaffinity(server.pid, {server_cpu})
+        aio_every, lateness = asyncio.run(
             asyncio_rows(server, engines, opts.tasks, opts.seconds, opts.rounds)
         )
-        sync_rounds = sync_rows(server, engines, opts.threads, opts.seconds, opts.rounds)
+        sync_rounds = (
+            {}
+            if opts.asyncio_only
+            else sync_rows(server, engines, opts.threads, opts.seconds, opts.rounds)
+        )
     sync_best = {name: max(rates) for name, rates in sync_rounds.items()}
 
     print(f"fenced SET writes/s, TCP loopback, best of {opts.rounds} rounds x {opts.seconds:g} s")
+    if opts.pin:
+        print(f"client and server pinned to CPUs {opts.pin}")
     print("(ratio to redis-py / redis.asyncio EVALSHA of the same script, same run)\n")
     cols = [*engines, "redis-py"]
     header = f"{'case':<38}" + "".join(f"{c:>22}" for c in cols)
@@ -213,17 +320,20 @@ def main() -> None:
         print(f"{case:<38}{cells}")
 
     for count in (opts.tasks, 1):
-        rates = {c: aio_best[c][count] for c in engines}
-        rates["redis-py"] = aio_best["redis.asyncio"][count]
+        rates = {c: max(aio_every[c][count]) for c in engines}
+        rates["redis-py"] = max(aio_every["redis.asyncio"][count])
         tasks = f"{count} task{'s' if count > 1 else ''}"
         row(f"asyncio, {tasks} on one loop", rates, rates["redis-py"])
-    row(f"sync, {opts.threads} threads sharing one Elector", sync_best, sync_best["redis-py"])
+    if sync_best:
+        row(f"sync, {opts.threads} threads sharing one Elector", sync_best, sync_best["redis-py"])
     if NATIVE_4 in sync_best:
         row(
             f"sync, {opts.threads} threads, native, 4 write conns",
             {"native": sync_best[NATIVE_4]},
             sync_best["redis-py"],
         )
+    print_rounds(aio_every, engines, (opts.tasks, 1))
+    if NATIVE_4 in sync_best:
         print(
             "\nsync rounds in turn, writes/s (native 8 conns | native 4 conns | redis-py), "
             "and native (8 conns) / redis-py in that round:"

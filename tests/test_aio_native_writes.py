@@ -122,6 +122,82 @@ def test_ten_thousand_concurrent_writes_with_cancellations_each_get_their_own_re
     assert client.get(f"{NAME}:after") == b"after"
 
 
+def test_one_elector_writes_from_one_loop_then_another_each_on_its_own_connection(
+    redis_server: RedisServer, client: redis.Redis, engine: str
+) -> None:
+    client.set(f"{NAME}:fence", 100)
+    e = redlease.aio.Elector(async_client(redis_server), NAME, ttl=5.0, engine=engine)
+
+    async def writes(tag: str) -> tuple[list[bool], Any]:
+        applied = [await e.fence_set(101, f"{NAME}:{tag}{i}", i) for i in range(3)]
+        applied.append(await e.fence_set(99, f"{NAME}:{tag}-stale", "x"))
+        return applied, loop_writer(e)
+
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        applied_a, writer_a = first.run_until_complete(writes("a"))
+        applied_b, writer_b = second.run_until_complete(writes("b"))
+        applied_c, writer_c = first.run_until_complete(writes("c"))  # the first loop again
+    finally:
+        second.close()
+        first.close()
+    gc.collect()
+    third = asyncio.new_event_loop()  # a new loop after both are gone
+    try:
+        applied_d, writer_d = third.run_until_complete(writes("d"))
+    finally:
+        third.close()
+    for applied in (applied_a, applied_b, applied_c, applied_d):
+        assert applied == [True, True, True, False]
+    assert writer_a is writer_c
+    assert len({id(writer_a), id(writer_b), id(writer_d)}) == 3
+    for tag in "abcd":
+        assert client.mget([f"{NAME}:{tag}{i}" for i in range(3)]) == [b"0", b"1", b"2"]
+        assert client.get(f"{NAME}:{tag}-stale") is None
+    e._core.engine.close()
+
+
+class _ShiftedClockLoop(asyncio.SelectorEventLoop):
+    """A loop with its own clock and futures, as a third-party loop may have."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.futures_made = 0
+
+    def time(self) -> float:
+        return super().time() + 1e6
+
+    def create_future(self) -> asyncio.Future[Any]:
+        self.futures_made += 1
+        return super().create_future()
+
+
+def test_writes_on_a_loop_with_its_own_clock_and_futures_use_them(
+    redis_server: RedisServer, client: redis.Redis, engine: str
+) -> None:
+    client.set(f"{NAME}:fence", 100)
+    e = redlease.aio.Elector(async_client(redis_server), NAME, ttl=5.0, engine=engine)
+    loop = _ShiftedClockLoop()
+
+    async def writes() -> list[bool]:
+        # A deadline taken on another clock than the loop's would have passed
+        # long ago on it: every write would fail with TimeoutError.
+        return list(
+            await asyncio.gather(*(e.fence_set(101, f"{NAME}:own{i}", i) for i in range(50)))
+        )
+
+    try:
+        applied = loop.run_until_complete(writes())
+        assert applied == [True] * 50
+        assert loop.futures_made >= 50
+    finally:
+        loop.close()
+        e._core.engine.close()
+    assert client.mget([f"{NAME}:own{i}" for i in range(50)]) == [
+        str(i).encode() for i in range(50)
+    ]
+
+
 def test_a_cancelled_write_reply_is_dropped_not_given_to_the_next_write(
     redis_server: RedisServer, engine: str
 ) -> None:

@@ -147,6 +147,25 @@ def test_fenced_writes_accept_str_bytes_int_and_float_values(
     assert client.hgetall("h") == {b"n": b"7", b"raw": b"\x01"}
 
 
+class _Name(str):
+    """A str subclass: not one of the exact types a fenced SET takes without a closer look."""
+
+
+@pytest.mark.parametrize("bad", [True, None, [1], {"v": 1}])
+def test_fenced_set_checks_values_of_any_type_and_takes_subclasses_of_plain_ones(
+    client: redis.Redis, engine: str, bad: object
+) -> None:
+    e = make_elector(client, engine)
+    with pytest.raises(TypeError, match="value must be str, bytes, int or float"):
+        e.fence_set(1, "k", bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="key must be str or bytes"):
+        e.fence_set(1, bad, "v")  # type: ignore[arg-type]
+    assert client.exists("k") == 0
+    assert mark(client) is None
+    assert e.fence_set(1, _Name("k"), _Name("v"))
+    assert client.get("k") == b"v"
+
+
 def test_all_fenced_writes_share_one_mark(client: redis.Redis, engine: str) -> None:
     e = make_elector(client, engine)
     assert e.fence_set(10, "k", "v10")

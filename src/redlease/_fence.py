@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -36,6 +37,7 @@ from ._log import Events
 
 if TYPE_CHECKING:
     from ._elector import Elector
+    from ._engine.aiowriter import LoopWriter
     from ._scripts import Script
 
 MAX_EVAL_BODIES = 256
@@ -49,6 +51,15 @@ _FENCE_HSET = _scripts.fenced_file("fence_hset")
 
 FenceRequest = tuple["Script", tuple["str | bytes", ...], tuple[EncodableT, ...]]
 """What one fenced write sends: the script, its keys and its args."""
+
+_KEY_TYPES = frozenset((str, bytes))
+_VALUE_TYPES = frozenset((str, bytes, int, float))
+"""The exact types of keys and values that need no further check (bool is not an int here)."""
+
+
+def _no_loop() -> asyncio.AbstractEventLoop | None:
+    """The loop of a Fence's cached loop writer before any loop wrote: none."""
+    return None
 
 
 def check_token(token: object) -> int:
@@ -114,8 +125,21 @@ class Fence:
         self._mutex = threading.Lock()
         self._eval_scripts: dict[str, Script] = {}
         self._events = events  # its Election's: fenced-write results are reported there
+        # The engine's loop writer for the loop that wrote last, so a loop's
+        # writes look it up once (weak: a loop must stay collectable).
+        self._loop_writer: tuple[
+            Callable[[], asyncio.AbstractEventLoop | None], LoopWriter | None
+        ] = (_no_loop, None)
 
     def set_request(self, token: object, key: object, value: object) -> FenceRequest | None:
+        if (
+            type(token) is int
+            and 0 < token < MAX_TOKEN
+            and type(key) in _KEY_TYPES
+            and type(value) in _VALUE_TYPES
+        ):
+            # Exact types and a live token (the common case): nothing to check one by one.
+            return self.bind(str(token), _FENCE_SET, (key,), (value,))  # type: ignore[arg-type]
         return self._request(token, _FENCE_SET, (_check_key(key),), (_check_value(value),))
 
     def hset_request(
@@ -178,11 +202,14 @@ class Fence:
         """
         if request is None:
             return False
+        loop = asyncio.get_running_loop()
         if self._guard.enabled:
             # WAIT must follow on the write's own connection: the blocking path.
-            return await asyncio.get_running_loop().run_in_executor(None, self.write, request)
-        loop = asyncio.get_running_loop()
-        writer = self._engine.loop_writer(loop)
+            return await loop.run_in_executor(None, self.write, request)
+        loop_ref, writer = self._loop_writer
+        if loop_ref() is not loop:
+            writer = self._engine.loop_writer(loop)
+            self._loop_writer = (weakref.ref(loop), writer)
         try:
             if writer is None:
                 reply = await loop.run_in_executor(None, self._engine.write, *request)

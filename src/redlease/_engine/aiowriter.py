@@ -42,6 +42,7 @@ import contextlib
 import socket
 import ssl
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -107,6 +108,9 @@ Put = Callable[[Script, Sequence["str | bytes"], Sequence[EncodableT], bool], No
 """Queue one script call on the connection (EVAL instead of EVALSHA when the flag is set)."""
 
 
+_Future = asyncio.Future
+_monotonic = time.monotonic
+
 _RAN_ELSEWHERE = (ReadOnlyError, BusyLoadingError, ClusterDownError, AskError, TryAgainError)
 """Error replies of a call that did not run on this server (MOVED is an AskError,
 MASTERDOWN a ClusterDownError)."""
@@ -132,6 +136,12 @@ class LoopWriter:
         fallback: Callable[[Script, Sequence[str | bytes], Sequence[EncodableT]], Any],
     ) -> None:
         self._loop_ref = weakref.ref(loop)
+        # asyncio's own loop: its futures and clock are made without a
+        # Python-level call (the same Future class, the same monotonic time).
+        self._plain_loop = (
+            type(loop).create_future is asyncio.BaseEventLoop.create_future
+            and type(loop).time is asyncio.BaseEventLoop.time
+        )
         self._fallback = fallback
         self._reroute = False  # a call ran elsewhere: reconnect once nothing is in flight
         self._thread = threading.get_ident()
@@ -158,15 +168,23 @@ class LoopWriter:
         self, script: Script, keys: Sequence[str | bytes], args: Sequence[EncodableT]
     ) -> asyncio.Future[Any]:
         """Queue one call of ``script``; the future gets its reply (or its error)."""
-        loop = self._loop()
+        loop = self._loop_ref()
+        if loop is None:
+            raise RuntimeError("the event loop of this writer is gone")
         if self._closed:
             raise ConnectionError("redlease: the engine was closed")
-        if not self._pending and self._fd >= 0 and (self._reroute or self._conn.outdated):
+        pending = self._pending
+        if not pending and self._fd >= 0 and (self._reroute or self._conn.outdated):
             self._disconnect()  # nothing in flight: reconnect to the server named now
         self._put(script, keys, args, False)  # bad input raises here, before anything is sent
-        fut: asyncio.Future[Any] = loop.create_future()
-        pending = self._pending
-        pending.append((fut, script, keys, args, loop.time() + self._timeout))
+        fut: asyncio.Future[Any]
+        if self._plain_loop:
+            fut = _Future(loop=loop)
+            deadline = _monotonic() + self._timeout
+        else:
+            fut = loop.create_future()
+            deadline = loop.time() + self._timeout
+        pending.append((fut, script, keys, args, deadline))
         if not self._timer:
             self._timer = True
             loop.call_at(pending[0][4], self._on_timer)

@@ -126,19 +126,8 @@ class NativeEngine:
         """The pipelined writer on ``loop`` (made on first use), or None where unserved."""
         writer = self._loop_writers.get(loop)
         if writer is None:
-            conn = _native.LoopConn(self._target)
-            refs = self._refs
-            conn_put = conn.put
-
-            def put(
-                script: Script,
-                keys: Sequence[str | bytes],
-                args: Sequence[EncodableT],
-                load: bool,
-            ) -> None:
-                conn_put(refs.get(script.sha) or self._ref(script), keys, args, load)
-
-            writer = LoopWriter(loop, conn, put, self.write_timeout, self.write)
+            conn = _native.LoopConn(self._target, self._refs, self._ref)
+            writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self.write)
             self._loop_writers[loop] = writer
         return writer
 

@@ -1,8 +1,10 @@
 """Type stubs for the Cython core (``_core.pyx`` and the ``.pxi`` files it includes)."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Protocol, TypeAlias, overload
+
+from redlease._scripts import Script
 
 _Encodable: TypeAlias = str | bytes | bytearray | memoryview | int | float
 
@@ -130,12 +132,17 @@ class LoopConn:
     def unsent(self) -> int: ...
     @property
     def outdated(self) -> bool: ...
-    def __init__(self, target: Target) -> None: ...
+    def __init__(
+        self,
+        target: Target,
+        refs: dict[str, ScriptRef],
+        make_ref: Callable[[Script], ScriptRef],
+    ) -> None: ...
     def connect(self, timeout: float) -> None: ...
     def fileno(self) -> int: ...
     def put(
         self,
-        ref: ScriptRef,
+        script: Script,
         keys: Sequence[str | bytes],
         args: Sequence[_Encodable],
         load: bool = False,

@@ -43,6 +43,8 @@ cdef class LoopConn:
     cdef size_t sent         # how much of ``out`` the socket took
     cdef int want_slot       # cluster: the slot of the latest call queued (-1: none)
     cdef readonly Target target
+    cdef dict refs           # a script's SHA1 -> its ScriptRef (the engine's table)
+    cdef object make_ref     # makes (and enters) the ScriptRef of a script not in ``refs``
     cdef object __weakref__
 
     def __cinit__(self):
@@ -53,8 +55,10 @@ cdef class LoopConn:
         self.sent = 0
         self.want_slot = -1
 
-    def __init__(self, Target target not None):
+    def __init__(self, Target target not None, dict refs not None, make_ref not None):
         self.target = target
+        self.refs = refs
+        self.make_ref = make_ref
         target.init_conn(&self.conn)
         _live.add(self)
 
@@ -116,10 +120,16 @@ cdef class LoopConn:
         """Bytes queued and not yet taken by the socket."""
         return self.out.len - self.sent
 
-    def put(self, ScriptRef ref not None, keys, args, bint load=False):
-        """Queue ``EVALSHA`` (or with ``load``, ``EVAL``) of ``ref`` with ``keys`` and ``args``."""
+    def put(self, script, keys, args, bint load=False):
+        """Queue ``EVALSHA`` (or with ``load``, ``EVAL``) of ``script`` with ``keys`` and ``args``.
+
+        ``script`` is a ``redlease._scripts.Script``; its ``ScriptRef`` comes
+        from ``refs`` (made by ``make_ref`` the first time).
+        """
         cdef rl_script_cmd cmd
         cdef rl_conn* c = &self.conn
+        cdef object found = self.refs.get(script.sha)
+        cdef ScriptRef ref = <ScriptRef>(found if found is not None else self.make_ref(script))
         put_evalsha(&c.w, ref.sha, ref.source, keys, args, &cmd)
         if c.disco != NULL and (<rl_disco*>c.disco).kind == DISCO_CLUSTER:
             self.want_slot = disco_slot_for(c.disco, keys)
