@@ -13,12 +13,16 @@ notice lost to a dropped connection (reconnected with backoff, every waiter
 woken once when it comes back), to a server that does not publish (another
 language's contender) or to a failover costs one poll interval, not safety.
 
-Each engine picks its listener (``Engine.notices``). On the Python engine,
-and for a Redis Cluster on either engine, it is the Python thread here
-(``PythonNotices``). On the native engine it is a native thread per server
-that never takes the GIL (``NativeNotices``, the core's ``NoticeHub``): it
-wakes a waiter through an eventfd the waiter sleeps on with the GIL
-released, so a notice reaches a follower while another thread holds the GIL.
+Each engine picks its listener (``Engine.notices``). On the Python engine
+it is the Python thread here (``PythonNotices``). On the native engine it
+is a native thread per server that never takes the GIL (``NativeNotices``,
+the core's ``NoticeHub``): it wakes a waiter through an eventfd the waiter
+sleeps on with the GIL released, so a notice reaches a follower while
+another thread holds the GIL. On a Redis Cluster that is one hub per node
+that owns a listened-to name's slot (SSUBSCRIBE there); when the node stops
+carrying the channel (the slot moved, the node is gone) the hub tells the
+channel's waiters to look again, and each re-homes its subscription, in
+Python, to the slot's owner in a refreshed slot map.
 A run the process's driver steps (``Elector.start()``, the asyncio
 elector) has no thread to sleep on: its subscription rings the driver's
 doorbell instead (``DriverNotices``), and the driver wakes just the runs
@@ -37,6 +41,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError, ResponseError
@@ -417,7 +422,7 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 class PythonNotices:
-    """Notices heard by the Python listener thread (the Python engine; a Cluster on any)."""
+    """Notices heard by the Python listener thread (the Python engine)."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
@@ -454,10 +459,28 @@ class NativeSubscription:
     runs on its own thread, in ``deliver()`` (``wait()`` delivers too).
     """
 
-    __slots__ = ("_router", "_sub", "_tag", "_wake", "channel")
+    __slots__ = (
+        "_cancelled",
+        "_fd",
+        "_home",
+        "_resubscribed",
+        "_router",
+        "_sub",
+        "_tag",
+        "_wake",
+        "channel",
+    )
 
     def __init__(
-        self, sub: Any, channel: str, wake: Wake, router: DriverNotices | None = None, tag: int = 0
+        self,
+        sub: Any,
+        channel: str,
+        wake: Wake,
+        router: DriverNotices | None = None,
+        tag: int = 0,
+        *,
+        home: NativeNotices | None = None,
+        fd: int = -1,
     ) -> None:
         self._sub = sub
         self._wake = wake
@@ -465,6 +488,12 @@ class NativeSubscription:
         # A driven run's: where it is routed from, under ``tag`` (left on cancel).
         self._router = router
         self._tag = tag
+        # On a cluster: who finds the node of the channel's slot when it moves,
+        # and the signal fd a subscription there writes too.
+        self._home = home
+        self._fd = fd
+        self._cancelled = False
+        self._resubscribed = 0.0
 
     @property
     def notices(self) -> int:
@@ -485,21 +514,90 @@ class NativeSubscription:
 
     def deliver(self) -> None:
         """Run the wake-up for every notice queued since the last call, on this thread."""
-        for payload in self._sub.take():
+        sub = self._sub
+        payloads = sub.take()
+        if self._home is not None and sub.take_moved():
+            # Rare: its cluster node stopped carrying the channel (one of
+            # the payloads is a "look again"). Listen where the slot is now.
+            self._home.rehome(self)
+        for payload in payloads:
             self._wake(payload)
 
     def cancel(self) -> None:
-        self._sub.cancel()
+        if self._home is not None:
+            with _registry_lock:  # not while rehome() swaps the subscription
+                self._cancelled = True
+                sub = self._sub
+        else:
+            sub = self._sub
+        sub.cancel()
         router, self._router = self._router, None
         if router is not None:
             router.forget(self._tag)
 
 
 class NativeNotices:
-    """Notices heard by a native thread: one ``NoticeHub`` per server per process."""
+    """Notices heard by a native thread: one ``NoticeHub`` per server per process.
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    ``cluster``: the user's ``RedisCluster`` client, for a cluster
+    ``endpoint``: a channel is heard on the node that owns its slot, found
+    in the client's slot map (refreshed when a node stops carrying it).
+    """
+
+    def __init__(self, endpoint: Endpoint, cluster: Any = None) -> None:
         self._endpoint = endpoint
+        self._cluster = cluster
+
+    def _hub(self, channel: str) -> Any:
+        """The hub that hears ``channel``. Under ``_registry_lock``."""
+        if self._cluster is None:
+            return native_hub(self._endpoint)
+        node = self._cluster.get_node_from_key(channel)
+        direct = replace(self._endpoint, host=str(node.host), port=int(node.port), cluster_nodes=())
+        return native_hub(direct, sharded=True)
+
+    def rehome(self, sub: NativeSubscription) -> None:
+        """Move ``sub`` to the hub of the node that owns its channel's slot now.
+
+        On the waiter's thread (or the driver's), after its node stopped
+        carrying the channel. The slot map is refreshed first (once for all
+        the waiters that ask at the same moment); a cluster that does not
+        answer yet leaves it where it is: its hub tells it to look again at
+        its next failed reconnect.
+        """
+        from ._engine._native import _core
+
+        asked = time.monotonic()
+        _refresh_slots(self._cluster, asked)
+        channel = sub.channel
+        old = None
+        with _registry_lock:
+            if sub._cancelled:
+                return
+            try:
+                hub = self._hub(channel)
+            except Exception as exc:
+                logger.debug("release notices on %s: no owner of the slot yet: %r", channel, exc)
+                return
+            current = sub._sub
+            if hub is current.hub:
+                # The map names the same node still: subscribe again on its
+                # session (if the slot did leave, its MOVED answer comes back
+                # here), at most twice a second.
+                if hub.subscribed and asked - sub._resubscribed >= _RESUBSCRIBE_EVERY:
+                    sub._resubscribed = asked
+                    hub.resubscribe(channel.encode("utf-8"))
+                return
+            router = sub._router
+            bell = router.bell if router is not None else None
+            try:
+                sub._sub = _core.NoticeSub(hub, channel.encode("utf-8"), sub._fd, bell, sub._tag)
+            except Exception as exc:
+                logger.debug("release notices on %s cannot move: %r", channel, exc)
+                return
+            old = current
+        logger.debug("release notices on %s move to %s", channel, hub.target)
+        old.cancel()
 
     def listen(
         self,
@@ -518,16 +616,34 @@ class NativeNotices:
 
         channel = channel_of(lease_key)
         fd = signal.fileno() if signal is not None else -1
+        home = self if self._cluster is not None else None
         try:
             with _registry_lock:
-                hub = native_hub(self._endpoint)
+                hub = self._hub(channel)
                 if driven:
-                    return driver_notices().listen(hub, channel, wake, fd)
+                    return driver_notices().listen(hub, channel, wake, fd, home)
                 sub = _core.NoticeSub(hub, channel.encode("utf-8"), fd)
         except Exception as exc:  # no thread, no descriptor left: no notices, polling only
             logger.debug("release notices on %s unavailable: %r", channel, exc)
             return NativeSubscription(_Unheard(), channel, wake)
-        return NativeSubscription(sub, channel, wake)
+        return NativeSubscription(sub, channel, wake, home=home, fd=fd)
+
+
+_RESUBSCRIBE_EVERY = 0.5  # a channel's node named again by the slot map: how often to resubscribe
+_refresh_lock = threading.Lock()
+_refreshed: dict[int, float] = {}  # id(cluster client) -> when its last slot-map refresh began
+
+
+def _refresh_slots(client: Any, asked: float) -> None:
+    """Refresh ``client``'s slot map, unless a refresh began after ``asked`` already."""
+    with _refresh_lock:
+        if _refreshed.get(id(client), 0.0) >= asked:
+            return
+        _refreshed[id(client)] = time.monotonic()
+        try:
+            client.nodes_manager.initialize()
+        except Exception as exc:  # the cluster is not answering: the lookup uses the old map
+            logger.debug("the cluster's slot map could not be refreshed: %r", exc)
 
 
 class DriverNotices:
@@ -551,14 +667,23 @@ class DriverNotices:
         self.bell = _core.NoticeBell(drv.doorbell())
         drv.on_ring(self.deliver)
 
-    def listen(self, hub: Any, channel: str, wake: Wake, signal_fd: int) -> NativeSubscription:
+    def listen(
+        self,
+        hub: Any,
+        channel: str,
+        wake: Wake,
+        signal_fd: int,
+        home: NativeNotices | None = None,
+    ) -> NativeSubscription:
         from ._engine._native import _core
 
         tag = next(self._tags)
         # Under the lock until routed: a notice that comes first waits for it in deliver().
         with self._lock:
             sub = _core.NoticeSub(hub, channel.encode("utf-8"), signal_fd, self.bell, tag)
-            routed = self._subs[tag] = NativeSubscription(sub, channel, wake, self, tag)
+            routed = self._subs[tag] = NativeSubscription(
+                sub, channel, wake, self, tag, home=home, fd=signal_fd
+            )
         return routed
 
     def forget(self, tag: int) -> None:
@@ -614,14 +739,15 @@ _native_hubs: dict[Any, Any] = {}
 _inherited_hubs: list[Any] = []
 
 
-def native_hub(endpoint: Endpoint) -> Any:
-    """The process's ``NoticeHub`` for ``endpoint``'s server (made on first use). Under the lock."""
-    from dataclasses import replace
+def native_hub(endpoint: Endpoint, *, sharded: bool = False) -> Any:
+    """The process's ``NoticeHub`` for ``endpoint``'s server (made on first use). Under the lock.
 
+    ``sharded``: the server is a cluster node (``endpoint`` its direct address).
+    """
     from ._engine._native import _core
 
     # Pub/sub ignores the database, and the connection needs no name of its own.
-    key = replace(endpoint, db=0, client_name=None)
+    key = (replace(endpoint, db=0, client_name=None), sharded)
     for other, idle in list(_native_hubs.items()):
         if other != key and idle.idle:
             # Nobody listened there for a while and its thread has ended:
@@ -630,7 +756,7 @@ def native_hub(endpoint: Endpoint) -> Any:
             del _native_hubs[other]
     hub = _native_hubs.get(key)
     if hub is None or hub.closed:
-        hub = _native_hubs[key] = _core.NoticeHub(_core.Target(key))
+        hub = _native_hubs[key] = _core.NoticeHub(_core.Target(key[0]), sharded)
     return hub
 
 
