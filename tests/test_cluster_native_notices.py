@@ -10,6 +10,7 @@ engines share on a cluster is specified in test_notices.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -273,15 +274,38 @@ def test_a_native_cluster_lock_waiter_hears_the_release_natively(cluster_set: Cl
     assert got[0] - released_at < PUSHED
 
 
-def _follows_the_slot(cluster: ClusterSet, name: str, move: Any) -> float:
-    """Handover time after ``move(slot)`` moved the slot elsewhere (returning its new owner)."""
+@contextlib.contextmanager
+def _following(elector: redlease.Elector, threaded: bool) -> Iterator[None]:
+    """``elector`` runs meanwhile: on a thread of its own (``run()``) or started."""
+    if not threaded:
+        with elector:
+            yield
+        return
+    stop = threading.Event()
+    runner = threading.Thread(target=elector.run, kwargs={"stop": stop}, daemon=True)
+    runner.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        runner.join(10)
+    assert not runner.is_alive(), "the run did not end"
+
+
+def _follows_the_slot(
+    cluster: ClusterSet, name: str, move: Any, *, threaded: bool = False
+) -> float:
+    """Handover time after ``move(slot)`` moved the slot elsewhere (returning its new owner).
+
+    ``threaded``: the follower runs ``run()`` on a thread, else it is started.
+    """
     client = cluster.client(socket_timeout=2)
     slot = client.keyslot(name)
     channel = f"{name}:leader:released"
     a, b, events = _pair(client, name)
     with a:
         elected_token(a)
-        with b:
+        with _following(b, threaded):
             wait_until(lambda: events.count("follower") >= 1, timeout=5, what="the follower")
             wait_until(
                 lambda: listeners_on(cluster, slot, channel) >= 1, timeout=5, what="a listener"
@@ -305,8 +329,9 @@ def _follows_the_slot(cluster: ClusterSet, name: str, move: Any) -> float:
     return took
 
 
+@pytest.mark.parametrize("follower", ["started", "threaded"])
 def test_a_native_cluster_notice_arrives_after_the_slot_migrates(
-    cluster_set_fresh: ClusterSet,
+    cluster_set_fresh: ClusterSet, follower: str
 ) -> None:
     def migrate(slot: int) -> Any:
         owner = cluster_set_fresh.master_for_slot(slot)
@@ -314,7 +339,9 @@ def test_a_native_cluster_notice_arrives_after_the_slot_migrates(
         cluster_set_fresh.migrate_slot(slot, target)
         return target
 
-    took = _follows_the_slot(cluster_set_fresh, "{migrating}", migrate)
+    took = _follows_the_slot(
+        cluster_set_fresh, "{migrating}", migrate, threaded=follower == "threaded"
+    )
     assert took < PUSHED, f"handover after the migration took {took:.3f} s"
 
 

@@ -407,9 +407,11 @@ def _forget_after_fork() -> None:
     # The native hubs are inert in a child (the core sees to it); they are
     # kept referenced so that none is torn down here. The driver's notices
     # go with the parent's driver.
-    global _registry_lock, _driver_notices
+    global _registry_lock, _driver_notices, _refresh_lock
     _inherited_hubs.extend(_native_hubs.values())
     _registry_lock = threading.Lock()
+    _refresh_lock = threading.Lock()
+    _rehomer.after_fork()
     _hubs.clear()
     _native_hubs.clear()
     _driver_notices = None
@@ -518,8 +520,14 @@ class NativeSubscription:
         payloads = sub.take()
         if self._home is not None and sub.take_moved():
             # Rare: its cluster node stopped carrying the channel (one of
-            # the payloads is a "look again"). Listen where the slot is now.
-            self._home.rehome(self)
+            # the payloads is a "look again"). Listen where the slot is now:
+            # here, for a waiter on its own thread; a driven run's move
+            # (a slot-map refresh, a round trip) is left to a thread of its
+            # own, never the driver's.
+            if self._router is None:
+                self._home.rehome(self, time.monotonic())
+            else:
+                _rehomer.submit(self)
         for payload in payloads:
             self._wake(payload)
 
@@ -556,18 +564,18 @@ class NativeNotices:
         direct = replace(self._endpoint, host=str(node.host), port=int(node.port), cluster_nodes=())
         return native_hub(direct, sharded=True)
 
-    def rehome(self, sub: NativeSubscription) -> None:
+    def rehome(self, sub: NativeSubscription, asked: float) -> None:
         """Move ``sub`` to the hub of the node that owns its channel's slot now.
 
-        On the waiter's thread (or the driver's), after its node stopped
-        carrying the channel. The slot map is refreshed first (once for all
-        the waiters that ask at the same moment); a cluster that does not
-        answer yet leaves it where it is: its hub tells it to look again at
-        its next failed reconnect.
+        On the waiter's thread (a driven run's: on the ``_Rehomer``'s),
+        after its node stopped carrying the channel, as seen at ``asked``.
+        The slot map is refreshed first, unless a refresh began after
+        ``asked`` (one for all the waiters that ask at the same moment); a
+        cluster that does not answer yet leaves it where it is: its hub
+        tells it to look again at its next failed reconnect.
         """
         from ._engine._native import _core
 
-        asked = time.monotonic()
         _refresh_slots(self._cluster, asked)
         channel = sub.channel
         old = None
@@ -629,6 +637,46 @@ class NativeNotices:
         return NativeSubscription(sub, channel, wake, home=home, fd=fd)
 
 
+class _Rehomer:
+    """The thread that re-homes driven runs' subscriptions (started on demand, ends when idle)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[int, tuple[NativeSubscription, float]] = {}
+        self._thread: threading.Thread | None = None
+
+    def submit(self, sub: NativeSubscription) -> None:
+        with self._lock:
+            self._pending.setdefault(id(sub), (sub, time.monotonic()))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._main, name="redlease-rehome", daemon=True
+                )
+                self._thread.start()
+
+    def _main(self) -> None:
+        while True:
+            with self._lock:
+                batch = list(self._pending.values())
+                self._pending.clear()
+                if not batch:
+                    self._thread = None
+                    return
+            for sub, asked in batch:
+                home = sub._home
+                try:
+                    if home is not None:
+                        home.rehome(sub, asked)
+                except Exception as exc:  # it stays where it was: it polls, and is told again
+                    logger.warning("release notices on %s could not move: %r", sub.channel, exc)
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self._pending.clear()
+        self._thread = None
+
+
+_rehomer = _Rehomer()
 _RESUBSCRIBE_EVERY = 0.5  # a channel's node named again by the slot map: how often to resubscribe
 _refresh_lock = threading.Lock()
 _refreshed: dict[int, float] = {}  # id(cluster client) -> when its last slot-map refresh began
