@@ -465,7 +465,6 @@ class NativeSubscription:
         "_cancelled",
         "_fd",
         "_home",
-        "_resubscribed",
         "_router",
         "_sub",
         "_tag",
@@ -495,7 +494,6 @@ class NativeSubscription:
         self._home = home
         self._fd = fd
         self._cancelled = False
-        self._resubscribed = 0.0
 
     @property
     def notices(self) -> int:
@@ -520,14 +518,11 @@ class NativeSubscription:
         payloads = sub.take()
         if self._home is not None and sub.take_moved():
             # Rare: its cluster node stopped carrying the channel (one of
-            # the payloads is a "look again"). Listen where the slot is now:
-            # here, for a waiter on its own thread; a driven run's move
-            # (a slot-map refresh, a round trip) is left to a thread of its
-            # own, never the driver's.
-            if self._router is None:
-                self._home.rehome(self, time.monotonic())
-            else:
-                _rehomer.submit(self)
+            # the payloads is a "look again"). Listen where the slot is now,
+            # found by a thread of its own (a slot-map refresh is a round
+            # trip, and the map may take a moment to name the new owner):
+            # neither the waiter's poll nor the driver waits for it.
+            _rehomer.submit(self)
         for payload in payloads:
             self._wake(payload)
 
@@ -564,15 +559,18 @@ class NativeNotices:
         direct = replace(self._endpoint, host=str(node.host), port=int(node.port), cluster_nodes=())
         return native_hub(direct, sharded=True)
 
-    def rehome(self, sub: NativeSubscription, asked: float) -> None:
+    def rehome(self, sub: NativeSubscription, asked: float, last: bool) -> bool:
         """Move ``sub`` to the hub of the node that owns its channel's slot now.
 
-        On the waiter's thread (a driven run's: on the ``_Rehomer``'s),
-        after its node stopped carrying the channel, as seen at ``asked``.
-        The slot map is refreshed first, unless a refresh began after
-        ``asked`` (one for all the waiters that ask at the same moment); a
-        cluster that does not answer yet leaves it where it is: its hub
-        tells it to look again at its next failed reconnect.
+        On the ``_Rehomer``'s thread, after its node stopped carrying the
+        channel, as seen at ``asked``. The slot map is refreshed first,
+        unless a refresh began after ``asked`` (one for all the waiters that
+        ask at the same moment). False: the map names the same node still
+        (it may not know of the move yet), ask again a little later; on the
+        ``last`` try the channel is subscribed again there instead (if the
+        slot did leave, the node's MOVED answer starts this over). A
+        cluster that does not answer leaves it where it is: its hub tells it
+        to look again at its next failed reconnect.
         """
         from ._engine._native import _core
 
@@ -581,31 +579,30 @@ class NativeNotices:
         old = None
         with _registry_lock:
             if sub._cancelled:
-                return
+                return True
             try:
                 hub = self._hub(channel)
             except Exception as exc:
                 logger.debug("release notices on %s: no owner of the slot yet: %r", channel, exc)
-                return
+                return True
             current = sub._sub
             if hub is current.hub:
-                # The map names the same node still: subscribe again on its
-                # session (if the slot did leave, its MOVED answer comes back
-                # here), at most twice a second.
-                if hub.subscribed and asked - sub._resubscribed >= _RESUBSCRIBE_EVERY:
-                    sub._resubscribed = asked
+                if not last:
+                    return False
+                if hub.subscribed:
                     hub.resubscribe(channel.encode("utf-8"))
-                return
+                return True
             router = sub._router
             bell = router.bell if router is not None else None
             try:
                 sub._sub = _core.NoticeSub(hub, channel.encode("utf-8"), sub._fd, bell, sub._tag)
             except Exception as exc:
                 logger.debug("release notices on %s cannot move: %r", channel, exc)
-                return
+                return True
             old = current
         logger.debug("release notices on %s move to %s", channel, hub.target)
         old.cancel()
+        return True
 
     def listen(
         self,
@@ -637,47 +634,67 @@ class NativeNotices:
         return NativeSubscription(sub, channel, wake, home=home, fd=fd)
 
 
+_REHOME_TRIES = 12  # a slot map naming the old node still is asked again this often ...
+_REHOME_EVERY = 0.25  # ... this many seconds apart
+
+
 class _Rehomer:
-    """The thread that re-homes driven runs' subscriptions (started on demand, ends when idle)."""
+    """The thread that re-homes cluster subscriptions (started on demand, ends when idle)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pending: dict[int, tuple[NativeSubscription, float]] = {}
+        self._cond = threading.Condition(threading.Lock())
+        # id(sub) -> (sub, when its move was seen, tries so far, when to try next)
+        self._pending: dict[int, tuple[NativeSubscription, float, int, float]] = {}
         self._thread: threading.Thread | None = None
 
     def submit(self, sub: NativeSubscription) -> None:
-        with self._lock:
-            self._pending.setdefault(id(sub), (sub, time.monotonic()))
+        now = time.monotonic()
+        with self._cond:
+            # A move seen again restarts its tries (the node may be gone now).
+            self._pending[id(sub)] = (sub, now, 0, now)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._main, name="redlease-rehome", daemon=True
                 )
                 self._thread.start()
+            self._cond.notify()
 
     def _main(self) -> None:
         while True:
-            with self._lock:
-                batch = list(self._pending.values())
-                self._pending.clear()
-                if not batch:
+            with self._cond:
+                if not self._pending:
                     self._thread = None
                     return
-            for sub, asked in batch:
-                home = sub._home
-                try:
-                    if home is not None:
-                        home.rehome(sub, asked)
-                except Exception as exc:  # it stays where it was: it polls, and is told again
-                    logger.warning("release notices on %s could not move: %r", sub.channel, exc)
+                now = time.monotonic()
+                due = [entry for entry in self._pending.values() if entry[3] <= now]
+                if not due:
+                    self._cond.wait(min(entry[3] for entry in self._pending.values()) - now)
+                    continue
+                for entry in due:
+                    del self._pending[id(entry[0])]
+            for sub, asked, tries, _ in due:
+                self._try(sub, asked, tries)
+
+    def _try(self, sub: NativeSubscription, asked: float, tries: int) -> None:
+        home = sub._home
+        try:
+            if home is None or home.rehome(sub, asked, last=tries + 1 >= _REHOME_TRIES):
+                return
+        except Exception as exc:  # it stays where it was: it polls, and is told again
+            logger.warning("release notices on %s could not move: %r", sub.channel, exc)
+            return
+        now = time.monotonic()
+        with self._cond:
+            # Unless seen moving again meanwhile (that entry starts over).
+            self._pending.setdefault(id(sub), (sub, now, tries + 1, now + _REHOME_EVERY))
 
     def after_fork(self) -> None:
-        self._lock = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())
         self._pending.clear()
         self._thread = None
 
 
 _rehomer = _Rehomer()
-_RESUBSCRIBE_EVERY = 0.5  # a channel's node named again by the slot map: how often to resubscribe
 _refresh_lock = threading.Lock()
 _refreshed: dict[int, float] = {}  # id(cluster client) -> when its last slot-map refresh began
 
