@@ -27,6 +27,7 @@ import redlease
 from helpers import Events, elected_token, gil_call_size, hold_gil, require_native, wait_until
 from redlease import _notices
 from redlease._testing import ClusterSet
+from tls_helpers import require_native_tls
 from topology_helpers import close_all_engines
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "eventfd"), reason="needs os.eventfd (Linux)")
@@ -229,7 +230,14 @@ def _pair(client: RedisCluster, name: str) -> tuple[redlease.Elector, redlease.E
     return a, b, events
 
 
-def test_a_native_cluster_handover_after_resign_is_pushed(cluster_set: ClusterSet) -> None:
+@pytest.mark.parametrize("topology", ["cluster_set", "tls_cluster_set"])
+def test_a_native_cluster_handover_after_resign_is_pushed(
+    topology: str, request: pytest.FixtureRequest
+) -> None:
+    if topology.startswith("tls"):
+        require_native_tls()
+    # On a TLS cluster the reader connects to the slot's master over TLS too.
+    cluster_set: ClusterSet = request.getfixturevalue(topology)
     client = cluster_set.client(socket_timeout=2)
     name = "{native-pushed}"
     slot = client.keyslot(name)
