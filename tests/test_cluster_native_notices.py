@@ -252,6 +252,10 @@ def test_a_native_cluster_handover_after_resign_is_pushed(
                 what="a listener on the slot's master",
             )
             assert native_cluster_hubs() and not _notices._hubs
+            # SSUBSCRIBE on Redis 7+; SUBSCRIBE after "unknown command" before.
+            expected = sharded(cluster_set)
+            for hub in native_cluster_hubs():
+                wait_until(lambda hub=hub: hub.sharded == expected, 5, what="the subscribe command")
             took = timed_handover(a.resign, b)
     client.close()
     assert took < PUSHED, f"handover took {took:.3f} s; polling alone waits up to 2.5 s"

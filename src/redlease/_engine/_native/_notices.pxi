@@ -271,6 +271,12 @@ cdef bint error_has(rl_conn* c, rl_node* n, const char* text) noexcept nogil:
     return False
 
 
+cdef bint error_starts(rl_conn* c, rl_node* n, const char* text) noexcept nogil:
+    """Whether the error reply ``n`` begins with ``text``."""
+    cdef size_t k = strlen(text)
+    return n.kind == c'-' and n.ival >= 0 and <size_t>n.ival >= k and memcmp(c.r.data + n.off, text, k) == 0
+
+
 cdef enum:
     HUB_RESUBSCRIBE = 1      # hub_dispatch: subscribe every channel again, with SUBSCRIBE
 
@@ -291,16 +297,19 @@ cdef int hub_dispatch(rl_hub* h) noexcept nogil:
     cdef rl_node* ch
     cdef rl_node* payload
     cdef rl_nsub* s
-    cdef int i
+    cdef int i, rc
     if top.kind == c'-':
         if not h.cluster:
             return 0
         if error_has(c, top, b"unknown command"):
+            # Once: what was queued after the switch is plain SUBSCRIBE, and
+            # what was sent before it is in the SUBSCRIBE of them all.
             pthread_mutex_lock(&h.mu)
+            rc = HUB_RESUBSCRIBE if h.sharded else 0
             h.sharded = 0
             pthread_mutex_unlock(&h.mu)
-            return HUB_RESUBSCRIBE
-        if error_has(c, top, b"MOVED") or error_has(c, top, b"ASK"):
+            return rc
+        if error_starts(c, top, b"MOVED ") or error_starts(c, top, b"ASK "):
             hub_moved(h, NULL, 0)
         return 0
     if top.kind != c'*' or top.ival != 3 or c.nodes.len < 4:
@@ -321,6 +330,25 @@ cdef int hub_dispatch(rl_hub* h) noexcept nogil:
         if s.channel_len == <size_t>ch.ival and memcmp(s.channel, c.r.data + ch.off, s.channel_len) == 0:
             sub_push(s, c.r.data + payload.off, <size_t>payload.ival, False)
     pthread_mutex_unlock(&h.mu)
+    return 0
+
+
+cdef int hub_queue(rl_hub* h, bint unsubscribe, const char* channel, size_t n) noexcept nogil:
+    """Under mu: queue (UN)SUBSCRIBE, or SSUBSCRIBE / SUNSUBSCRIBE, of ``channel`` in ``out``.
+
+    Chosen under the lock, as the thread turns a hub from sharded to plain
+    under it: whatever reaches the server after the switch is plain.
+    """
+    cdef size_t before = h.out.len
+    cdef const char* name
+    if unsubscribe:
+        name = b"SUNSUBSCRIBE" if h.sharded else b"UNSUBSCRIBE"
+    else:
+        name = b"SSUBSCRIBE" if h.sharded else b"SUBSCRIBE"
+    if (buf_put_prefix(&h.out, c'*', 2) < 0 or buf_put_bulk(&h.out, name, strlen(name)) < 0
+            or buf_put_bulk(&h.out, channel, n) < 0):
+        h.out.len = before
+        return -1
     return 0
 
 
@@ -669,7 +697,6 @@ cdef class NoticeHub:
     cdef int add(self, rl_nsub* s) except -1:
         cdef rl_hub* h = self.h
         cdef rl_nsub** grown
-        cdef rl_buf cmd
         cdef int rc = 0
         cdef pthread_t old
         cdef bint joining = False
@@ -677,77 +704,63 @@ cdef class NoticeHub:
         cdef Py_ssize_t wanted
         if h == NULL or self._closed or self.inherited():
             raise RuntimeError("NoticeHub is closed")
-        memset(&cmd, 0, sizeof(cmd))
-        try:
-            channel = PyBytes_FromStringAndSize(s.channel, <Py_ssize_t>s.channel_len)
-            # Read without the lock: the thread only ever turns it off, and a
-            # SSUBSCRIBE that meets "unknown command" then subscribes them all again.
-            put_command(&cmd, [b"SSUBSCRIBE" if h.sharded else b"SUBSCRIBE", channel])
-            pthread_mutex_lock(&h.mu)
-            # Under mu with the GIL held and nothing in between that could let
-            # it go: the count and the order of the queued commands agree.
-            wanted = self._counts.get(channel, 0)
-            if h.nsubs == h.cap:
-                grown = <rl_nsub**>realloc(h.subs, <size_t>(h.cap * 2 + 4) * sizeof(rl_nsub*))
-                if grown == NULL:
-                    pthread_mutex_unlock(&h.mu)
-                    raise MemoryError()
-                h.subs = grown
-                h.cap = h.cap * 2 + 4
-            s.index = h.nsubs
-            h.subs[h.nsubs] = s
-            h.nsubs += 1
-            if h.subscribed_at != 0 and wanted == 0:
-                # Else subscribed already (or by the session's SUBSCRIBE to come).
-                rc = buf_put(&h.out, cmd.data, cmd.len)
-            if h.thread_started and h.exited:
-                # The last one ended for want of waiters: start another, and
-                # join the old one once the lock is let go.
-                old = h.thread
-                h.thread_started = 0
-                h.exited = 0
-                joining = True
-            if not h.thread_started:
-                rc = rl_spawn(&h.thread, hub_main, h)
-                if rc != 0:
-                    h.nsubs -= 1
-                    pthread_mutex_unlock(&h.mu)
-                    if joining:
-                        with nogil:
-                            pthread_join(old, NULL)
-                    raise OSError(rc, "cannot start the notice thread: " + strerror(rc).decode())
-                h.thread_started = 1
-            self._counts[channel] = wanted + 1
-            pthread_mutex_unlock(&h.mu)
-            if wanted == 0:
-                fd_signal(h.cmd_fd)
-            if joining:
-                with nogil:
-                    pthread_join(old, NULL)
-        finally:
-            buf_free(&cmd)
+        channel = PyBytes_FromStringAndSize(s.channel, <Py_ssize_t>s.channel_len)
+        pthread_mutex_lock(&h.mu)
+        # Under mu with the GIL held and nothing in between that could let
+        # it go: the count and the order of the queued commands agree.
+        wanted = self._counts.get(channel, 0)
+        if h.nsubs == h.cap:
+            grown = <rl_nsub**>realloc(h.subs, <size_t>(h.cap * 2 + 4) * sizeof(rl_nsub*))
+            if grown == NULL:
+                pthread_mutex_unlock(&h.mu)
+                raise MemoryError()
+            h.subs = grown
+            h.cap = h.cap * 2 + 4
+        s.index = h.nsubs
+        h.subs[h.nsubs] = s
+        h.nsubs += 1
+        if h.subscribed_at != 0 and wanted == 0:
+            # Else subscribed already (or by the session's SUBSCRIBE to come).
+            rc = hub_queue(h, False, s.channel, s.channel_len)
+        if h.thread_started and h.exited:
+            # The last one ended for want of waiters: start another, and
+            # join the old one once the lock is let go.
+            old = h.thread
+            h.thread_started = 0
+            h.exited = 0
+            joining = True
+        if not h.thread_started:
+            rc = rl_spawn(&h.thread, hub_main, h)
+            if rc != 0:
+                h.nsubs -= 1
+                pthread_mutex_unlock(&h.mu)
+                if joining:
+                    with nogil:
+                        pthread_join(old, NULL)
+                raise OSError(rc, "cannot start the notice thread: " + strerror(rc).decode())
+            h.thread_started = 1
+        self._counts[channel] = wanted + 1
+        pthread_mutex_unlock(&h.mu)
+        if wanted == 0:
+            fd_signal(h.cmd_fd)
+        if joining:
+            with nogil:
+                pthread_join(old, NULL)
         return 0
 
     cdef void remove(self, rl_nsub* s) noexcept:
         """Take ``s`` off the hub (in constant time: thousands of runs stop together)."""
         cdef rl_hub* h = self.h
-        cdef rl_buf cmd
         cdef int j
         cdef bint others = False
         cdef bint found = False
         cdef bytes channel
         cdef Py_ssize_t wanted
+        cdef bint inherited
         if h == NULL:
             return
         channel = PyBytes_FromStringAndSize(s.channel, <Py_ssize_t>s.channel_len)
-        memset(&cmd, 0, sizeof(cmd))
-        if not self.inherited():
-            buf_put_prefix(&cmd, c'*', 2)
-            if h.sharded:
-                buf_put_bulk(&cmd, b"SUNSUBSCRIBE", 12)
-            else:
-                buf_put_bulk(&cmd, b"UNSUBSCRIBE", 11)
-            buf_put_bulk(&cmd, s.channel, s.channel_len)
+        inherited = self.inherited()
         pthread_mutex_lock(&h.mu)
         j = s.index
         if 0 <= j < h.nsubs and h.subs[j] == s:
@@ -762,10 +775,9 @@ cdef class NoticeHub:
                 self._counts[channel] = wanted - 1
             else:
                 self._counts.pop(channel, None)
-                if h.subscribed_at != 0 and cmd.len:
-                    buf_put(&h.out, cmd.data, cmd.len)
+                if h.subscribed_at != 0 and not inherited:
+                    hub_queue(h, True, s.channel, s.channel_len)
         pthread_mutex_unlock(&h.mu)
-        buf_free(&cmd)
         if found and not others and not self._forked:
             fd_signal(h.cmd_fd)
 
@@ -775,22 +787,16 @@ cdef class NoticeHub:
         Nothing when no session is up: the next one subscribes every channel.
         """
         cdef rl_hub* h = self.h
-        cdef rl_buf cmd
         cdef int rc = 0
         if h == NULL or self._closed or self.inherited():
             return
-        memset(&cmd, 0, sizeof(cmd))
-        try:
-            put_command(&cmd, [b"SSUBSCRIBE" if h.sharded else b"SUBSCRIBE", channel])
-            pthread_mutex_lock(&h.mu)
-            if h.subscribed_at != 0:
-                rc = buf_put(&h.out, cmd.data, cmd.len)
-            pthread_mutex_unlock(&h.mu)
-            if rc < 0:
-                raise MemoryError()
-            fd_signal(h.cmd_fd)
-        finally:
-            buf_free(&cmd)
+        pthread_mutex_lock(&h.mu)
+        if h.subscribed_at != 0:
+            rc = hub_queue(h, False, channel, <size_t>len(channel))
+        pthread_mutex_unlock(&h.mu)
+        if rc < 0:
+            raise MemoryError()
+        fd_signal(h.cmd_fd)
 
     def close(self):
         """Stop and join the thread, close the connection. Idempotent. Waiters then only poll."""
