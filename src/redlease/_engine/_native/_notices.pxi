@@ -12,8 +12,11 @@
 # lock discipline in _core.pyx), so a thread holding the GIL may block on it.
 #
 # What the thread does, as redlease._notices' Python listener does: connect
-# (a fixed address, or the master the sentinels name, TLS as the Target
-# says), SUBSCRIBE every channel wanted, read; ping a silent connection and
+# (a fixed address, or the master the sentinels name, or one node of a
+# Redis Cluster; TLS as the Target says), SUBSCRIBE every channel wanted
+# (SSUBSCRIBE each on a cluster node with sharded pub/sub), read; on a
+# cluster node, mark the waiters of a channel the node no longer carries
+# (``hub_moved``) so that Python re-homes them; ping a silent connection and
 # drop one silent for too long; reconnect with backoff after any failure and
 # then wake every waiter once (notices may have been lost meanwhile); close
 # the connection and end when no waiter is left for a while (the next
