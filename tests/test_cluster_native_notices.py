@@ -375,7 +375,9 @@ def test_a_lost_native_cluster_subscription_still_hands_over(cluster_set: Cluste
         with b:
             wait_until(lambda: events.count("follower") >= 1, timeout=5, what="the follower")
             wait_until(lambda: listeners_on(cluster_set, slot, channel) >= 1, 5, what="listening")
-            (hub,) = native_cluster_hubs()
+            run = b._election.run
+            assert run is not None and run.driven is not None
+            hub = run.driven.notices._sub.hub  # the reader on the slot's master
             connects = hub.connects
             owner = cluster_set.master_for_slot(slot).client()
             owner.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
