@@ -13,12 +13,16 @@ notice lost to a dropped connection (reconnected with backoff, every waiter
 woken once when it comes back), to a server that does not publish (another
 language's contender) or to a failover costs one poll interval, not safety.
 
-Each engine picks its listener (``Engine.notices``). On the Python engine,
-and for a Redis Cluster on either engine, it is the Python thread here
-(``PythonNotices``). On the native engine it is a native thread per server
-that never takes the GIL (``NativeNotices``, the core's ``NoticeHub``): it
-wakes a waiter through an eventfd the waiter sleeps on with the GIL
-released, so a notice reaches a follower while another thread holds the GIL.
+Each engine picks its listener (``Engine.notices``). On the Python engine
+it is the Python thread here (``PythonNotices``). On the native engine it
+is a native thread per server that never takes the GIL (``NativeNotices``,
+the core's ``NoticeHub``): it wakes a waiter through an eventfd the waiter
+sleeps on with the GIL released, so a notice reaches a follower while
+another thread holds the GIL. On a Redis Cluster that is one hub per node
+that owns a listened-to name's slot (SSUBSCRIBE there); when the node stops
+carrying the channel (the slot moved, the node is gone) the hub tells the
+channel's waiters to look again, and each re-homes its subscription, in
+Python, to the slot's owner in a refreshed slot map.
 A run the process's driver steps (``Elector.start()``, the asyncio
 elector) has no thread to sleep on: its subscription rings the driver's
 doorbell instead (``DriverNotices``), and the driver wakes just the runs
@@ -37,6 +41,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError, ResponseError
@@ -402,9 +407,11 @@ def _forget_after_fork() -> None:
     # The native hubs are inert in a child (the core sees to it); they are
     # kept referenced so that none is torn down here. The driver's notices
     # go with the parent's driver.
-    global _registry_lock, _driver_notices
+    global _registry_lock, _driver_notices, _refresh_lock
     _inherited_hubs.extend(_native_hubs.values())
     _registry_lock = threading.Lock()
+    _refresh_lock = threading.Lock()
+    _rehomer.after_fork()
     _hubs.clear()
     _native_hubs.clear()
     _driver_notices = None
@@ -417,7 +424,7 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 class PythonNotices:
-    """Notices heard by the Python listener thread (the Python engine; a Cluster on any)."""
+    """Notices heard by the Python listener thread (the Python engine)."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
@@ -454,10 +461,27 @@ class NativeSubscription:
     runs on its own thread, in ``deliver()`` (``wait()`` delivers too).
     """
 
-    __slots__ = ("_router", "_sub", "_tag", "_wake", "channel")
+    __slots__ = (
+        "_cancelled",
+        "_fd",
+        "_home",
+        "_router",
+        "_sub",
+        "_tag",
+        "_wake",
+        "channel",
+    )
 
     def __init__(
-        self, sub: Any, channel: str, wake: Wake, router: DriverNotices | None = None, tag: int = 0
+        self,
+        sub: Any,
+        channel: str,
+        wake: Wake,
+        router: DriverNotices | None = None,
+        tag: int = 0,
+        *,
+        home: NativeNotices | None = None,
+        fd: int = -1,
     ) -> None:
         self._sub = sub
         self._wake = wake
@@ -465,6 +489,11 @@ class NativeSubscription:
         # A driven run's: where it is routed from, under ``tag`` (left on cancel).
         self._router = router
         self._tag = tag
+        # On a cluster: who finds the node of the channel's slot when it moves,
+        # and the signal fd a subscription there writes too.
+        self._home = home
+        self._fd = fd
+        self._cancelled = False
 
     @property
     def notices(self) -> int:
@@ -485,21 +514,95 @@ class NativeSubscription:
 
     def deliver(self) -> None:
         """Run the wake-up for every notice queued since the last call, on this thread."""
-        for payload in self._sub.take():
+        sub = self._sub
+        payloads = sub.take()
+        if self._home is not None and sub.take_moved():
+            # Rare: its cluster node stopped carrying the channel (one of
+            # the payloads is a "look again"). Listen where the slot is now,
+            # found by a thread of its own (a slot-map refresh is a round
+            # trip, and the map may take a moment to name the new owner):
+            # neither the waiter's poll nor the driver waits for it.
+            _rehomer.submit(self)
+        for payload in payloads:
             self._wake(payload)
 
     def cancel(self) -> None:
-        self._sub.cancel()
+        if self._home is not None:
+            with _registry_lock:  # not while rehome() swaps the subscription
+                self._cancelled = True
+                sub = self._sub
+        else:
+            sub = self._sub
+        sub.cancel()
         router, self._router = self._router, None
         if router is not None:
             router.forget(self._tag)
 
 
 class NativeNotices:
-    """Notices heard by a native thread: one ``NoticeHub`` per server per process."""
+    """Notices heard by a native thread: one ``NoticeHub`` per server per process.
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    ``cluster``: the user's ``RedisCluster`` client, for a cluster
+    ``endpoint``: a channel is heard on the node that owns its slot, found
+    in the client's slot map (refreshed when a node stops carrying it).
+    """
+
+    def __init__(self, endpoint: Endpoint, cluster: Any = None) -> None:
         self._endpoint = endpoint
+        self._cluster = cluster
+
+    def _hub(self, channel: str) -> Any:
+        """The hub that hears ``channel``. Under ``_registry_lock``."""
+        if self._cluster is None:
+            return native_hub(self._endpoint)
+        node = self._cluster.get_node_from_key(channel)
+        direct = replace(self._endpoint, host=str(node.host), port=int(node.port), cluster_nodes=())
+        return native_hub(direct, sharded=True)
+
+    def rehome(self, sub: NativeSubscription, asked: float, last: bool) -> bool:
+        """Move ``sub`` to the hub of the node that owns its channel's slot now.
+
+        On the ``_Rehomer``'s thread, after its node stopped carrying the
+        channel, as seen at ``asked``. The slot map is refreshed first,
+        unless a refresh began after ``asked`` (one for all the waiters that
+        ask at the same moment). False: the map names the same node still
+        (it may not know of the move yet), ask again a little later; on the
+        ``last`` try the channel is subscribed again there instead (if the
+        slot did leave, the node's MOVED answer starts this over). A
+        cluster that does not answer leaves it where it is: its hub tells it
+        to look again at its next failed reconnect.
+        """
+        from ._engine._native import _core
+
+        _refresh_slots(self._cluster, asked)
+        channel = sub.channel
+        old = None
+        with _registry_lock:
+            if sub._cancelled:
+                return True
+            try:
+                hub = self._hub(channel)
+            except Exception as exc:
+                logger.debug("release notices on %s: no owner of the slot yet: %r", channel, exc)
+                return True
+            current = sub._sub
+            if hub is current.hub:
+                if not last:
+                    return False
+                if hub.subscribed:
+                    hub.resubscribe(channel.encode("utf-8"))
+                return True
+            router = sub._router
+            bell = router.bell if router is not None else None
+            try:
+                sub._sub = _core.NoticeSub(hub, channel.encode("utf-8"), sub._fd, bell, sub._tag)
+            except Exception as exc:
+                logger.debug("release notices on %s cannot move: %r", channel, exc)
+                return True
+            old = current
+        logger.debug("release notices on %s move to %s", channel, hub.target)
+        old.cancel()
+        return True
 
     def listen(
         self,
@@ -518,16 +621,94 @@ class NativeNotices:
 
         channel = channel_of(lease_key)
         fd = signal.fileno() if signal is not None else -1
+        home = self if self._cluster is not None else None
         try:
             with _registry_lock:
-                hub = native_hub(self._endpoint)
+                hub = self._hub(channel)
                 if driven:
-                    return driver_notices().listen(hub, channel, wake, fd)
+                    return driver_notices().listen(hub, channel, wake, fd, home)
                 sub = _core.NoticeSub(hub, channel.encode("utf-8"), fd)
         except Exception as exc:  # no thread, no descriptor left: no notices, polling only
             logger.debug("release notices on %s unavailable: %r", channel, exc)
             return NativeSubscription(_Unheard(), channel, wake)
-        return NativeSubscription(sub, channel, wake)
+        return NativeSubscription(sub, channel, wake, home=home, fd=fd)
+
+
+_REHOME_TRIES = 12  # a slot map naming the old node still is asked again this often ...
+_REHOME_EVERY = 0.25  # ... this many seconds apart
+
+
+class _Rehomer:
+    """The thread that re-homes cluster subscriptions (started on demand, ends when idle)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        # id(sub) -> (sub, when its move was seen, tries so far, when to try next)
+        self._pending: dict[int, tuple[NativeSubscription, float, int, float]] = {}
+        self._thread: threading.Thread | None = None
+
+    def submit(self, sub: NativeSubscription) -> None:
+        now = time.monotonic()
+        with self._cond:
+            # A move seen again restarts its tries (the node may be gone now).
+            self._pending[id(sub)] = (sub, now, 0, now)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._main, name="redlease-rehome", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def _main(self) -> None:
+        while True:
+            with self._cond:
+                if not self._pending:
+                    self._thread = None
+                    return
+                now = time.monotonic()
+                due = [entry for entry in self._pending.values() if entry[3] <= now]
+                if not due:
+                    self._cond.wait(min(entry[3] for entry in self._pending.values()) - now)
+                    continue
+                for entry in due:
+                    del self._pending[id(entry[0])]
+            for sub, asked, tries, _ in due:
+                self._try(sub, asked, tries)
+
+    def _try(self, sub: NativeSubscription, asked: float, tries: int) -> None:
+        home = sub._home
+        try:
+            if home is None or home.rehome(sub, asked, last=tries + 1 >= _REHOME_TRIES):
+                return
+        except Exception as exc:  # it stays where it was: it polls, and is told again
+            logger.warning("release notices on %s could not move: %r", sub.channel, exc)
+            return
+        now = time.monotonic()
+        with self._cond:
+            # Unless seen moving again meanwhile (that entry starts over).
+            self._pending.setdefault(id(sub), (sub, now, tries + 1, now + _REHOME_EVERY))
+
+    def after_fork(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._pending.clear()
+        self._thread = None
+
+
+_rehomer = _Rehomer()
+_refresh_lock = threading.Lock()
+_refreshed: dict[int, float] = {}  # id(cluster client) -> when its last slot-map refresh began
+
+
+def _refresh_slots(client: Any, asked: float) -> None:
+    """Refresh ``client``'s slot map, unless a refresh began after ``asked`` already."""
+    with _refresh_lock:
+        if _refreshed.get(id(client), 0.0) >= asked:
+            return
+        _refreshed[id(client)] = time.monotonic()
+        try:
+            client.nodes_manager.initialize()
+        except Exception as exc:  # the cluster is not answering: the lookup uses the old map
+            logger.debug("the cluster's slot map could not be refreshed: %r", exc)
 
 
 class DriverNotices:
@@ -551,14 +732,23 @@ class DriverNotices:
         self.bell = _core.NoticeBell(drv.doorbell())
         drv.on_ring(self.deliver)
 
-    def listen(self, hub: Any, channel: str, wake: Wake, signal_fd: int) -> NativeSubscription:
+    def listen(
+        self,
+        hub: Any,
+        channel: str,
+        wake: Wake,
+        signal_fd: int,
+        home: NativeNotices | None = None,
+    ) -> NativeSubscription:
         from ._engine._native import _core
 
         tag = next(self._tags)
         # Under the lock until routed: a notice that comes first waits for it in deliver().
         with self._lock:
             sub = _core.NoticeSub(hub, channel.encode("utf-8"), signal_fd, self.bell, tag)
-            routed = self._subs[tag] = NativeSubscription(sub, channel, wake, self, tag)
+            routed = self._subs[tag] = NativeSubscription(
+                sub, channel, wake, self, tag, home=home, fd=signal_fd
+            )
         return routed
 
     def forget(self, tag: int) -> None:
@@ -614,14 +804,15 @@ _native_hubs: dict[Any, Any] = {}
 _inherited_hubs: list[Any] = []
 
 
-def native_hub(endpoint: Endpoint) -> Any:
-    """The process's ``NoticeHub`` for ``endpoint``'s server (made on first use). Under the lock."""
-    from dataclasses import replace
+def native_hub(endpoint: Endpoint, *, sharded: bool = False) -> Any:
+    """The process's ``NoticeHub`` for ``endpoint``'s server (made on first use). Under the lock.
 
+    ``sharded``: the server is a cluster node (``endpoint`` its direct address).
+    """
     from ._engine._native import _core
 
     # Pub/sub ignores the database, and the connection needs no name of its own.
-    key = replace(endpoint, db=0, client_name=None)
+    key = (replace(endpoint, db=0, client_name=None), sharded)
     for other, idle in list(_native_hubs.items()):
         if other != key and idle.idle:
             # Nobody listened there for a while and its thread has ended:
@@ -630,7 +821,7 @@ def native_hub(endpoint: Endpoint) -> Any:
             del _native_hubs[other]
     hub = _native_hubs.get(key)
     if hub is None or hub.closed:
-        hub = _native_hubs[key] = _core.NoticeHub(_core.Target(key))
+        hub = _native_hubs[key] = _core.NoticeHub(_core.Target(key[0]), sharded)
     return hub
 
 

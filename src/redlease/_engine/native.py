@@ -231,15 +231,16 @@ class NativeEngine:
         self._switches.confirm(timeout, release)
 
     def notices(self, client: Any) -> Notices:
-        """The native listener; a Cluster's notices stay with the Python listener.
+        """The native listener.
 
         A cluster's notice travels in its name's slot, whose owner moves with
-        failovers and migrations: the Python listener re-homes it per node.
+        failovers and migrations: it is heard on a hub per node, and re-homed
+        after the slot map of the user's cluster ``client``.
         """
         from .. import _notices
 
         if self.endpoint.kind == "cluster":
-            return _notices.PythonNotices(client)
+            return _notices.NativeNotices(self.endpoint, cluster=client)
         return _notices.NativeNotices(self.endpoint)
 
     def close(self) -> None:

@@ -12,8 +12,11 @@
 # lock discipline in _core.pyx), so a thread holding the GIL may block on it.
 #
 # What the thread does, as redlease._notices' Python listener does: connect
-# (a fixed address, or the master the sentinels name, TLS as the Target
-# says), SUBSCRIBE every channel wanted, read; ping a silent connection and
+# (a fixed address, or the master the sentinels name, or one node of a
+# Redis Cluster; TLS as the Target says), SUBSCRIBE every channel wanted
+# (SSUBSCRIBE each on a cluster node with sharded pub/sub), read; on a
+# cluster node, mark the waiters of a channel the node no longer carries
+# (``hub_moved``) so that Python re-homes them; ping a silent connection and
 # drop one silent for too long; reconnect with backoff after any failure and
 # then wake every waiter once (notices may have been lost meanwhile); close
 # the connection and end when no waiter is left for a while (the next
@@ -72,6 +75,7 @@ cdef struct rl_nsub:
     int signal_fd            # another eventfd to write on a notice (a keeper's), or -1
     int npending
     bint unkept              # a notice came that could not be kept (no memory): "look again"
+    bint moved               # a cluster node stopped serving its channel: re-home it (take_moved)
     int64_t notices          # how many notices reached it (a test hook)
     int64_t last_ns          # when the latest one did (rl_now_ns; a test hook)
     # NOTICE_PENDING slots, allocated by the first notice and freed by take():
@@ -137,6 +141,8 @@ cdef struct rl_hub:
     int stop
     int exited
     int detached             # the Python object is gone: the thread frees this struct
+    int cluster              # a cluster node's hub: channels live in slots that move (fixed)
+    int sharded              # SSUBSCRIBE (a cluster node with sharded pub/sub), else SUBSCRIBE
     int64_t connects         # sessions established so far
     int64_t subscribed_at    # when the current session sent its SUBSCRIBE (0: none)
     rl_buf out               # SUBSCRIBE / UNSUBSCRIBE queued by Python for the thread
@@ -193,6 +199,24 @@ cdef void hub_wake_all(rl_hub* h) noexcept nogil:
     pthread_mutex_unlock(&h.mu)
 
 
+cdef void hub_moved(rl_hub* h, const char* channel, size_t n) noexcept nogil:
+    """A cluster node no longer carries ``channel`` (NULL: maybe none of its channels).
+
+    Its waiters are told to look again (a poll now instead of at their next
+    one) and marked moved: their subscriptions are re-homed, in Python, to
+    the node that owns the slot now.
+    """
+    cdef rl_nsub* s
+    cdef int i
+    pthread_mutex_lock(&h.mu)
+    for i in range(h.nsubs):
+        s = h.subs[i]
+        if channel == NULL or (s.channel_len == n and memcmp(s.channel, channel, n) == 0):
+            s.moved = True
+            sub_push(s, NULL, 0, True)
+    pthread_mutex_unlock(&h.mu)
+
+
 cdef int hub_read_some(rl_conn* c) noexcept nogil:
     """Read what the socket has now, without waiting: 1 read, 0 nothing yet, -1 failed (dropped)."""
     cdef char msg[300]
@@ -230,10 +254,45 @@ cdef bint node_is(rl_conn* c, rl_node* n, const char* text) noexcept nogil:
     return n.kind == c'$' and <size_t>n.ival == k and memcmp(c.r.data + n.off, text, k) == 0
 
 
-cdef void hub_dispatch(rl_hub* h) noexcept nogil:
-    """One buffered reply: a message wakes its channel's waiters; anything else is ignored.
+cdef inline char ascii_lower(char ch) noexcept nogil:
+    return ch + 32 if c'A' <= ch <= c'Z' else ch
 
-    Subscribe confirmations, PONGs and error replies (a user not allowed to
+
+cdef bint error_has(rl_conn* c, rl_node* n, const char* text) noexcept nogil:
+    """Whether the error reply ``n`` contains ``text`` (ASCII, any case)."""
+    cdef size_t k = strlen(text)
+    cdef size_t i, j
+    cdef const char* p = c.r.data + n.off
+    if n.kind != c'-' or n.ival < 0 or <size_t>n.ival < k:
+        return False
+    for i in range(<size_t>n.ival - k + 1):
+        j = 0
+        while j < k and ascii_lower(p[i + j]) == ascii_lower(text[j]):
+            j += 1
+        if j == k:
+            return True
+    return False
+
+
+cdef bint error_starts(rl_conn* c, rl_node* n, const char* text) noexcept nogil:
+    """Whether the error reply ``n`` begins with ``text``."""
+    cdef size_t k = strlen(text)
+    return n.kind == c'-' and n.ival >= 0 and <size_t>n.ival >= k and memcmp(c.r.data + n.off, text, k) == 0
+
+
+cdef enum:
+    HUB_RESUBSCRIBE = 1      # hub_dispatch: subscribe every channel again, with SUBSCRIBE
+
+
+cdef int hub_dispatch(rl_hub* h) noexcept nogil:
+    """One buffered reply: a message wakes its channel's waiters.
+
+    On a cluster node, a ``sunsubscribe`` the hub did not ask for (the slot
+    moved away) or a MOVED error (its owner changed before the subscription
+    came) re-homes the channel's waiters (``hub_moved``); "unknown command"
+    (a server without sharded pub/sub, whose releases PUBLISH) turns the hub
+    to SUBSCRIBE: the answer is HUB_RESUBSCRIBE, else 0. Subscribe
+    confirmations, PONGs and other error replies (a user not allowed to
     subscribe) change nothing: the waiters poll as the fallback.
     """
     cdef rl_conn* c = &h.conn
@@ -241,30 +300,77 @@ cdef void hub_dispatch(rl_hub* h) noexcept nogil:
     cdef rl_node* ch
     cdef rl_node* payload
     cdef rl_nsub* s
-    cdef int i
+    cdef int i, rc
+    if top.kind == c'-':
+        if not h.cluster:
+            return 0
+        if error_has(c, top, b"unknown command"):
+            # Once: what was queued after the switch is plain SUBSCRIBE, and
+            # what was sent before it is in the SUBSCRIBE of them all.
+            pthread_mutex_lock(&h.mu)
+            rc = HUB_RESUBSCRIBE if h.sharded else 0
+            h.sharded = 0
+            pthread_mutex_unlock(&h.mu)
+            return rc
+        if error_starts(c, top, b"MOVED ") or error_starts(c, top, b"ASK "):
+            hub_moved(h, NULL, 0)
+        return 0
     if top.kind != c'*' or top.ival != 3 or c.nodes.len < 4:
-        return
-    if not node_is(c, &c.nodes.items[1], b"message"):
-        return
+        return 0
     ch = &c.nodes.items[2]
+    if h.cluster and ch.kind == c'$' and node_is(c, &c.nodes.items[1], b"sunsubscribe"):
+        # Wanted still (else the hub asked for it): the node gave the slot up.
+        hub_moved(h, c.r.data + ch.off, <size_t>ch.ival)
+        return 0
+    if not (node_is(c, &c.nodes.items[1], b"message") or node_is(c, &c.nodes.items[1], b"smessage")):
+        return 0
     payload = &c.nodes.items[3]
     if ch.kind != c'$' or payload.kind != c'$' or payload.ival < 0:
-        return
+        return 0
     pthread_mutex_lock(&h.mu)
     for i in range(h.nsubs):
         s = h.subs[i]
         if s.channel_len == <size_t>ch.ival and memcmp(s.channel, c.r.data + ch.off, s.channel_len) == 0:
             sub_push(s, c.r.data + payload.off, <size_t>payload.ival, False)
     pthread_mutex_unlock(&h.mu)
+    return 0
 
 
-cdef int hub_build_subscribe(rl_hub* h) noexcept nogil:
-    """Under mu: ``SUBSCRIBE`` every wanted channel into ``conn.w``; what ``out`` had is moot."""
-    cdef rl_buf* w = &h.conn.w
+cdef int hub_queue(rl_hub* h, bint unsubscribe, const char* channel, size_t n) noexcept nogil:
+    """Under mu: queue (UN)SUBSCRIBE, or SSUBSCRIBE / SUNSUBSCRIBE, of ``channel`` in ``out``.
+
+    Chosen under the lock, as the thread turns a hub from sharded to plain
+    under it: whatever reaches the server after the switch is plain.
+    """
+    cdef size_t before = h.out.len
+    cdef const char* name
+    if unsubscribe:
+        name = b"SUNSUBSCRIBE" if h.sharded else b"UNSUBSCRIBE"
+    else:
+        name = b"SSUBSCRIBE" if h.sharded else b"SUBSCRIBE"
+    if (buf_put_prefix(&h.out, c'*', 2) < 0 or buf_put_bulk(&h.out, name, strlen(name)) < 0
+            or buf_put_bulk(&h.out, channel, n) < 0):
+        h.out.len = before
+        return -1
+    return 0
+
+
+cdef int hub_build_subscribe(rl_hub* h, rl_buf* w) noexcept nogil:
+    """Under mu: subscribe every wanted channel, into ``w``; what ``out`` had is moot.
+
+    ``SUBSCRIBE`` takes them all at once; ``SSUBSCRIBE`` one at a time (its
+    channels must share a slot).
+    """
     cdef int i
     w.len = 0
     h.out.len = 0
     if h.nsubs == 0:
+        return 0
+    if h.sharded:
+        for i in range(h.nsubs):
+            if (buf_put_prefix(w, c'*', 2) < 0 or buf_put_bulk(w, b"SSUBSCRIBE", 10) < 0
+                    or buf_put_bulk(w, h.subs[i].channel, h.subs[i].channel_len) < 0):
+                return -1
         return 0
     if buf_put_prefix(w, c'*', h.nsubs + 1) < 0 or buf_put_bulk(w, b"SUBSCRIBE", 9) < 0:
         return -1
@@ -291,7 +397,7 @@ cdef int hub_session(rl_hub* h, bint reconnect) noexcept nogil:
     cdef Py_ssize_t parsed
     now = rl_now_ns()
     if c.disco != NULL and (<rl_disco*>c.disco).kind != DISCO_SENTINEL:
-        return conn_fail(c, RL_EUNEXPECTED, "a cluster's notices are read per node in Python")
+        return conn_fail(c, RL_EUNEXPECTED, "a cluster's notices are read per node, by its own hub")
     if c.disco != NULL:
         rc = sentinel_prepare(c, <rl_disco*>c.disco, now + NOTICE_CONNECT_NS)
     else:
@@ -300,7 +406,7 @@ cdef int hub_session(rl_hub* h, bint reconnect) noexcept nogil:
         return -1
     pthread_mutex_lock(&h.mu)
     drain_fd(h.cmd_fd)
-    rc = hub_build_subscribe(h)
+    rc = hub_build_subscribe(h, &c.w)
     h.connects += 1
     h.subscribed_at = rl_now_ns()
     pthread_mutex_unlock(&h.mu)
@@ -319,8 +425,16 @@ cdef int hub_session(rl_hub* h, bint reconnect) noexcept nogil:
             if parsed > 0:
                 c.reply_len = <size_t>parsed
                 heard = rl_now_ns()
-                hub_dispatch(h)
+                rc = hub_dispatch(h)
                 conn_consume(c)
+                if rc == HUB_RESUBSCRIBE:
+                    pthread_mutex_lock(&h.mu)
+                    rc = hub_build_subscribe(h, &c.e)
+                    pthread_mutex_unlock(&h.mu)
+                    if rc < 0:
+                        return conn_fail(c, RL_ENOMEM, "out of memory encoding SUBSCRIBE")
+                    if c.e.len and conn_send(c, c.e.data, c.e.len, rl_now_ns() + NOTICE_CONNECT_NS) < 0:
+                        return -1
                 continue
             if parsed < 0:
                 conn_fail(c, RL_EPROTO, "Protocol error: the server sent a malformed reply")
@@ -419,6 +533,10 @@ cdef void* hub_main(void* arg) noexcept nogil:
         h.subscribed_at = 0
         pthread_mutex_unlock(&h.mu)
         if rc < 0:
+            if h.cluster:
+                # The node may be gone for good (a failover): its waiters look
+                # again, and look up who owns their slots now.
+                hub_moved(h, NULL, 0)
             # Waiters poll meanwhile; the connection is tried again after a backoff.
             if hub_pause(h, backoff):
                 continue      # stopped: the top of the loop ends the thread
@@ -439,7 +557,13 @@ cdef class NoticeHub:
     """One subscription connection to one server and its native reader thread.
 
     Made from a Target (a fixed address, or a Sentinel-managed master; TLS
-    as the Target says). ``NoticeSub`` objects register with it; the thread
+    as the Target says). ``sharded``: the Target is one node of a Redis
+    Cluster, which carries each channel in its slot: it listens with
+    SSUBSCRIBE (SUBSCRIBE once the node answers that it has no sharded
+    pub/sub), and when the node stops carrying a channel (its slot moved
+    away, or the node cannot be reached) the channel's waiters are told to
+    look again and marked moved (``NoticeSub.take_moved()``), so that they
+    subscribe on the slot's new owner. ``NoticeSub`` objects register with it; the thread
     starts with the first, and ends (closing its connection) once no waiter
     has been left for a while, or at ``close()``. After ``os.fork()`` the child's copy
     is inert: no thread, its socket dropped unsent; a new hub is made there.
@@ -466,7 +590,7 @@ cdef class NoticeHub:
             self.after_fork_in_child()
         return self._forked
 
-    def __init__(self, Target target not None):
+    def __init__(self, Target target not None, bint sharded=False):
         cdef rl_hub* h
         if self.h != NULL:
             raise RuntimeError("NoticeHub already initialised")
@@ -474,6 +598,8 @@ cdef class NoticeHub:
         h = <rl_hub*>calloc(1, sizeof(rl_hub))
         if h == NULL:
             raise MemoryError()
+        h.cluster = sharded
+        h.sharded = sharded
         h.cmd_fd = -1
         h.stop_fd = -1
         pthread_mutex_init(&h.mu, NULL)
@@ -517,6 +643,28 @@ cdef class NoticeHub:
         return self._closed or self.inherited()
 
     @property
+    def sharded(self):
+        """True while it listens with SSUBSCRIBE (a cluster node with sharded pub/sub)."""
+        cdef bint on
+        if self.h == NULL or self.inherited():
+            return False
+        pthread_mutex_lock(&self.h.mu)
+        on = self.h.sharded
+        pthread_mutex_unlock(&self.h.mu)
+        return on
+
+    @property
+    def subscribed(self):
+        """True while a session is connected and has sent its subscriptions."""
+        cdef bint on
+        if self.h == NULL or self.inherited():
+            return False
+        pthread_mutex_lock(&self.h.mu)
+        on = self.h.subscribed_at != 0
+        pthread_mutex_unlock(&self.h.mu)
+        return on
+
+    @property
     def connects(self):
         """How many times a subscription connection was established."""
         cdef int64_t n
@@ -552,7 +700,6 @@ cdef class NoticeHub:
     cdef int add(self, rl_nsub* s) except -1:
         cdef rl_hub* h = self.h
         cdef rl_nsub** grown
-        cdef rl_buf cmd
         cdef int rc = 0
         cdef pthread_t old
         cdef bint joining = False
@@ -560,72 +707,63 @@ cdef class NoticeHub:
         cdef Py_ssize_t wanted
         if h == NULL or self._closed or self.inherited():
             raise RuntimeError("NoticeHub is closed")
-        memset(&cmd, 0, sizeof(cmd))
-        try:
-            channel = PyBytes_FromStringAndSize(s.channel, <Py_ssize_t>s.channel_len)
-            put_command(&cmd, [b"SUBSCRIBE", channel])
-            pthread_mutex_lock(&h.mu)
-            # Under mu with the GIL held and nothing in between that could let
-            # it go: the count and the order of the queued commands agree.
-            wanted = self._counts.get(channel, 0)
-            if h.nsubs == h.cap:
-                grown = <rl_nsub**>realloc(h.subs, <size_t>(h.cap * 2 + 4) * sizeof(rl_nsub*))
-                if grown == NULL:
-                    pthread_mutex_unlock(&h.mu)
-                    raise MemoryError()
-                h.subs = grown
-                h.cap = h.cap * 2 + 4
-            s.index = h.nsubs
-            h.subs[h.nsubs] = s
-            h.nsubs += 1
-            if h.subscribed_at != 0 and wanted == 0:
-                # Else subscribed already (or by the session's SUBSCRIBE to come).
-                rc = buf_put(&h.out, cmd.data, cmd.len)
-            if h.thread_started and h.exited:
-                # The last one ended for want of waiters: start another, and
-                # join the old one once the lock is let go.
-                old = h.thread
-                h.thread_started = 0
-                h.exited = 0
-                joining = True
-            if not h.thread_started:
-                rc = rl_spawn(&h.thread, hub_main, h)
-                if rc != 0:
-                    h.nsubs -= 1
-                    pthread_mutex_unlock(&h.mu)
-                    if joining:
-                        with nogil:
-                            pthread_join(old, NULL)
-                    raise OSError(rc, "cannot start the notice thread: " + strerror(rc).decode())
-                h.thread_started = 1
-            self._counts[channel] = wanted + 1
-            pthread_mutex_unlock(&h.mu)
-            if wanted == 0:
-                fd_signal(h.cmd_fd)
-            if joining:
-                with nogil:
-                    pthread_join(old, NULL)
-        finally:
-            buf_free(&cmd)
+        channel = PyBytes_FromStringAndSize(s.channel, <Py_ssize_t>s.channel_len)
+        pthread_mutex_lock(&h.mu)
+        # Under mu with the GIL held and nothing in between that could let
+        # it go: the count and the order of the queued commands agree.
+        wanted = self._counts.get(channel, 0)
+        if h.nsubs == h.cap:
+            grown = <rl_nsub**>realloc(h.subs, <size_t>(h.cap * 2 + 4) * sizeof(rl_nsub*))
+            if grown == NULL:
+                pthread_mutex_unlock(&h.mu)
+                raise MemoryError()
+            h.subs = grown
+            h.cap = h.cap * 2 + 4
+        s.index = h.nsubs
+        h.subs[h.nsubs] = s
+        h.nsubs += 1
+        if h.subscribed_at != 0 and wanted == 0:
+            # Else subscribed already (or by the session's SUBSCRIBE to come).
+            rc = hub_queue(h, False, s.channel, s.channel_len)
+        if h.thread_started and h.exited:
+            # The last one ended for want of waiters: start another, and
+            # join the old one once the lock is let go.
+            old = h.thread
+            h.thread_started = 0
+            h.exited = 0
+            joining = True
+        if not h.thread_started:
+            rc = rl_spawn(&h.thread, hub_main, h)
+            if rc != 0:
+                h.nsubs -= 1
+                pthread_mutex_unlock(&h.mu)
+                if joining:
+                    with nogil:
+                        pthread_join(old, NULL)
+                raise OSError(rc, "cannot start the notice thread: " + strerror(rc).decode())
+            h.thread_started = 1
+        self._counts[channel] = wanted + 1
+        pthread_mutex_unlock(&h.mu)
+        if wanted == 0:
+            fd_signal(h.cmd_fd)
+        if joining:
+            with nogil:
+                pthread_join(old, NULL)
         return 0
 
     cdef void remove(self, rl_nsub* s) noexcept:
         """Take ``s`` off the hub (in constant time: thousands of runs stop together)."""
         cdef rl_hub* h = self.h
-        cdef rl_buf cmd
         cdef int j
         cdef bint others = False
         cdef bint found = False
         cdef bytes channel
         cdef Py_ssize_t wanted
+        cdef bint inherited
         if h == NULL:
             return
         channel = PyBytes_FromStringAndSize(s.channel, <Py_ssize_t>s.channel_len)
-        memset(&cmd, 0, sizeof(cmd))
-        if not self.inherited():
-            buf_put_prefix(&cmd, c'*', 2)
-            buf_put_bulk(&cmd, b"UNSUBSCRIBE", 11)
-            buf_put_bulk(&cmd, s.channel, s.channel_len)
+        inherited = self.inherited()
         pthread_mutex_lock(&h.mu)
         j = s.index
         if 0 <= j < h.nsubs and h.subs[j] == s:
@@ -640,12 +778,28 @@ cdef class NoticeHub:
                 self._counts[channel] = wanted - 1
             else:
                 self._counts.pop(channel, None)
-                if h.subscribed_at != 0 and cmd.len:
-                    buf_put(&h.out, cmd.data, cmd.len)
+                if h.subscribed_at != 0 and not inherited:
+                    hub_queue(h, True, s.channel, s.channel_len)
         pthread_mutex_unlock(&h.mu)
-        buf_free(&cmd)
         if found and not others and not self._forked:
             fd_signal(h.cmd_fd)
+
+    def resubscribe(self, bytes channel not None):
+        """Subscribe ``channel`` once more on the current session (its server dropped it).
+
+        Nothing when no session is up: the next one subscribes every channel.
+        """
+        cdef rl_hub* h = self.h
+        cdef int rc = 0
+        if h == NULL or self._closed or self.inherited():
+            return
+        pthread_mutex_lock(&h.mu)
+        if h.subscribed_at != 0:
+            rc = hub_queue(h, False, channel, <size_t>len(channel))
+        pthread_mutex_unlock(&h.mu)
+        if rc < 0:
+            raise MemoryError()
+        fd_signal(h.cmd_fd)
 
     def close(self):
         """Stop and join the thread, close the connection. Idempotent. Waiters then only poll."""
@@ -803,7 +957,7 @@ cdef class NoticeSub:
     """
 
     cdef rl_nsub* s
-    cdef NoticeHub hub
+    cdef readonly NoticeHub hub
     cdef NoticeBell bell
     cdef bint _registered
     cdef object __weakref__
@@ -929,6 +1083,17 @@ cdef class NoticeSub:
         n = self.s.npending + (1 if self.s.unkept else 0)
         pthread_mutex_unlock(&self.hub.h.mu)
         return n
+
+    def take_moved(self):
+        """True once after its cluster node stopped carrying the channel (see ``NoticeHub``)."""
+        cdef bint moved
+        if self.s == NULL or not self._registered:
+            return False
+        self.hub.inherited()
+        pthread_mutex_lock(&self.hub.h.mu)
+        moved, self.s.moved = self.s.moved, False
+        pthread_mutex_unlock(&self.hub.h.mu)
+        return moved
 
     def take(self):
         """The queued notices' payloads, oldest first (None: look again); empties the queue."""
