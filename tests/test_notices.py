@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from redis.cluster import RedisCluster
+from redis.cluster import RedisCluster, key_slot
 
 import redlease
 import redlease.aio
@@ -523,3 +523,58 @@ def test_aio_lock_waiter_gets_a_released_lock_at_once(client: redis.Redis, engin
 
     took = asyncio.run(main())
     assert took < PUSHED, f"the aio waiter took {took:.3f} s; polling alone waits up to 5 s"
+
+
+def test_cluster_notices_of_names_in_different_slots_of_one_node_come_back_after_a_reconnect(
+    cluster7_set_fresh: ClusterSet, engine: str
+) -> None:
+    # On Redis 7 one SSUBSCRIBE may name channels of one slot only: a
+    # listener that subscribes again after a reconnect must ask per channel.
+    cluster = cluster7_set_fresh
+    client: RedisCluster = cluster.client(socket_timeout=2)
+    by_node: dict[int, list[str]] = {}
+    for i in range(200):
+        name = f"{{slots{i}}}"
+        port = cluster.master_for_slot(key_slot(name.encode())).port or 0
+        by_node.setdefault(port, []).append(name)
+        if len(by_node[port]) == 2:
+            names = by_node[port]
+            node = cluster.master_for_slot(key_slot(names[0].encode()))
+            break
+    assert key_slot(names[0].encode()) != key_slot(names[1].encode())
+    node_client = node.client()
+
+    def subscribed(channel: str) -> bool:
+        reply = node_client.execute_command("PUBSUB SHARDNUMSUB", channel)
+        counts = dict(zip(reply[0::2], reply[1::2], strict=True))
+        return int(counts.get(channel.encode(), 0)) >= 1
+
+    pairs = []
+    try:
+        for name in names:
+            leader = redlease.Elector(client, name, engine=engine, ttl=10.0)
+            events = Events()
+            follower = redlease.Elector(
+                client, name, engine=engine, ttl=10.0, observer=events.observer()
+            )
+            leader.start()
+            elected_token(leader)
+            follower.start()
+            wait_until(lambda e=events: e.count("follower") >= 1, timeout=5, what="a follower")
+            pairs.append((leader, follower))
+        channels = [f"{name}:leader:released" for name in names]
+        wait_until(lambda: all(subscribed(c) for c in channels), 5, what="both subscribed")
+        assert node_client.client_kill_filter(_type="pubsub") >= 1
+        wait_until(
+            lambda: all(subscribed(c) for c in channels), 10, what="both subscribed again"
+        )
+        for leader, follower in pairs:
+            took = timed_handover(leader.resign, follower)
+            # Polling alone would wait up to half the 10 s TTL.
+            assert took < PUSHED, f"handover took {took:.3f} s"
+    finally:
+        for leader, follower in pairs:
+            follower.stop()
+            leader.stop()
+        node_client.close()
+        client.close()

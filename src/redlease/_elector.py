@@ -202,6 +202,25 @@ class Run:
 class Election:
     """One name's election on one engine: the loop and what it needs (see the module doc)."""
 
+    # Thousands of elections in one process: no instance dict.
+    __slots__ = (
+        "__weakref__",
+        "_client",
+        "_fencer",
+        "_mutex",
+        "_observer",
+        "_sharded_notice",
+        "batchable",
+        "config",
+        "engine",
+        "events",
+        "fence",
+        "guard",
+        "keys",
+        "run",
+        "started",
+    )
+
     def __init__(
         self,
         client: Any,
@@ -266,6 +285,9 @@ class Election:
         self._fencer: Callable[[int], Any] = fencer or (lambda _token: None)
         self._mutex = threading.Lock()
         self.run: Run | None = None
+        # The run a shell started in the background (``Elector.start()``),
+        # kept until its end is collected by ``stop()``.
+        self.started: Run | None = None
         _live_elections.add(self)
 
     @property
@@ -491,6 +513,8 @@ class Elector:
     the term at once (reason ``"lost"``).
     """
 
+    __slots__ = ("__weakref__", "_election", "_fence", "config")
+
     def __init__(
         self,
         client: Any,
@@ -520,9 +544,6 @@ class Elector:
         )
         self.config: Config = self._election.config
         self._fence = self._election.fence
-        self._thread: threading.Thread | None = None
-        self._started: Run | None = None
-        _live_electors.add(self)
 
     # -- identity -----------------------------------------------------------
 
@@ -632,7 +653,7 @@ class Elector:
         check_leader_fn(fn)
         run = self._election.claim(_NEVER)
         assert run is not None
-        self._thread, self._started = None, run
+        self._election.started = run
         RunLoop(self._election, run, fn).start()
         return self
 
@@ -653,26 +674,21 @@ class Elector:
                 run.driven.stop(timeout)
             else:
                 run.request_stop()
-        thread, started = self._thread, self._started
+        election = self._election
+        started = election.started
         if started is None:
             if run is not None:
                 run.done.wait(timeout)
             return
-        if thread is not None:
-            if thread is threading.current_thread():
-                return
-            thread.join(timeout)
-            if thread.is_alive():
-                return
-        elif not started.done.wait(timeout):
+        if not started.done.wait(timeout):
             return
-        self._thread = self._started = None
+        election.started = None
         if started.error is not None:
             error, started.error = started.error, None
             raise error
 
     def __enter__(self) -> Elector:
-        if self._started is None:
+        if self._election.started is None:
             self.start(None)
         return self
 
@@ -735,7 +751,6 @@ class Elector:
 
 
 _live_elections: weakref.WeakSet[Election] = weakref.WeakSet()
-_live_electors: weakref.WeakSet[Elector] = weakref.WeakSet()
 
 
 def _forget_runs_after_fork() -> None:
@@ -743,9 +758,7 @@ def _forget_runs_after_fork() -> None:
     # the parent's lease: its elections are simply not running.
     for election in list(_live_elections):
         election._mutex = threading.Lock()
-        election.run = None
-    for elector in list(_live_electors):
-        elector._thread = elector._started = None
+        election.run = election.started = None
 
 
 os.register_at_fork(after_in_child=_forget_runs_after_fork)

@@ -102,6 +102,19 @@ class Fence:
     Fencer). ``write``/``write_async`` send a request and return ``applied``.
     """
 
+    __slots__ = (
+        "_applied_key",
+        "_engine",
+        "_eval_scripts",
+        "_events",
+        "_guard",
+        "_loop_writer",
+        "_mutex",
+        "_name",
+        "_on_failover",
+        "_slot",
+    )
+
     def __init__(
         self,
         engine: Engine,

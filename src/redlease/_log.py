@@ -52,6 +52,20 @@ class Events:
     writes and a lock's watchdog all report here.
     """
 
+    __slots__ = (
+        "_ended",
+        "_failing_since",
+        "_failures",
+        "_mutex",
+        "_renewals",
+        "_said_at",
+        "_token",
+        "instance",
+        "name",
+        "sinks",
+        "what",
+    )
+
     def __init__(self, what: str, name: str, instance: str = "", sinks: list[Sink] | None = None):
         self.what = what
         self.name = name

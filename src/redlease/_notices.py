@@ -283,7 +283,12 @@ class _Hub:
         with self._lock:
             self._conn, self._broken = conn, False
             channels = list(self._channels)
-            if channels:
+            if channels and self._subscribe == "SSUBSCRIBE":
+                # One SSUBSCRIBE per channel: a node's channels may be in
+                # different slots, and one command may only name one slot.
+                commands = [(self._subscribe, channel) for channel in channels]
+                conn.send_packed_command(conn.pack_commands(commands))
+            elif channels:
                 conn.send_command(self._subscribe, *channels)
             reconnect = self.connects > 0
             self.connects += 1

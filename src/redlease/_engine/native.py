@@ -33,12 +33,14 @@ from .failover import MasterSwitches
 class _Tracked:
     """Tells the engine's switch tracker where each term began (behind Sentinel)."""
 
-    switches: weakref.ReferenceType[MasterSwitches] | None = None
+    __slots__ = ()  # thousands of leases: no instance dict
+    switches: weakref.ReferenceType[MasterSwitches] | None  # a slot of each subclass
 
     def begin(self, token: int, acquired_at: float) -> None:
         # Before the token shows: a switch notice heard right after must
         # already know where this term began.
-        switches = self.switches() if self.switches is not None else None
+        ref = getattr(self, "switches", None)  # set only behind Sentinel
+        switches = ref() if ref is not None else None
         if switches is not None:
             switches.began(self, token)
         super().begin(token, acquired_at)  # type: ignore[misc]
@@ -47,9 +49,13 @@ class _Tracked:
 class _Keeper(_Tracked, _native.Keeper):
     """A lease with a native thread and connection of its own (on a cluster)."""
 
+    __slots__ = ("switches",)
+
 
 class _Lease(_Tracked, _native.Lease):
     """A lease renewed by the engine's one shared renewer."""
+
+    __slots__ = ("switches",)
 
 
 class NativeEngine:
