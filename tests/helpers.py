@@ -334,3 +334,45 @@ class ProcessContender:
             self.proc.kill()
             self.proc.wait()
         self._reader.join(5)
+
+
+def release_during_a_gil_hold(releaser: Any, seconds: float = 2.0) -> tuple[float, ...]:
+    """Tell ``releaser`` ("go" on its stdin) to release, holding the GIL meanwhile.
+
+    ``releaser`` is a process that answers with one line of floats (what it
+    saw: when it released, when the doorbell rang...). Returns
+    ``(hog_started, hog_ended, *its floats)``; no Python thread of this
+    process runs between the two.
+    """
+    n = gil_call_size(seconds)
+    releaser.stdin.write("go\n")
+    releaser.stdin.flush()
+    hog_started = time.monotonic()
+    held = hold_gil(n)
+    seen = tuple(map(float, releaser.stdout.readline().split()))
+    return (hog_started, hog_started + held, *seen)
+
+
+def lock_handover(locker: Any, name: str, waiting: Callable[[], Any]) -> float:
+    """Seconds from releasing ``name`` to a waiting ``acquire`` getting it.
+
+    The lock is held here, a thread waits for it (retrying only every 5 s,
+    so a quick take-over is the release notice's doing), ``waiting()``
+    returns once that waiter listens, then the lock is released.
+    """
+    held = locker.acquire(name, ttl=30)
+    got: list[float] = []
+
+    def waiter() -> None:
+        second = locker.acquire(name, ttl=30, wait=20, retry_interval=5)
+        got.append(time.monotonic())
+        second.release()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    waiting()
+    released_at = time.monotonic()
+    held.release()
+    thread.join(10)
+    assert got, "the waiter never got the lock"
+    return got[0] - released_at

@@ -24,7 +24,14 @@ import pytest
 from redis.cluster import RedisCluster
 
 import redlease
-from helpers import Events, elected_token, gil_call_size, hold_gil, require_native, wait_until
+from helpers import (
+    Events,
+    elected_token,
+    lock_handover,
+    release_during_a_gil_hold,
+    require_native,
+    wait_until,
+)
 from redlease import _notices
 from redlease._testing import ClusterSet
 from tls_helpers import require_native_tls
@@ -171,13 +178,7 @@ def _woken_during_a_gil_hold(
         assert isinstance(notices, _notices.NativeSubscription)
         assert not _notices._hubs
         assert native_cluster_hubs()
-        n = gil_call_size(2.0)
-        releaser.stdin.write("go\n")
-        releaser.stdin.flush()
-        hog_started = time.monotonic()
-        held = hold_gil(n)  # no Python thread runs until this returns
-        hog_ended = hog_started + held
-        before, released, rung = map(float, releaser.stdout.readline().split())
+        hog_started, hog_ended, before, released, rung = release_during_a_gil_hold(releaser)
         wait_until(lambda: elected, timeout=10, what="the follower's election")
         # Before it stops: its own release, when it stops, is a notice too.
         read = notices.last_notice
@@ -264,26 +265,16 @@ def test_a_native_cluster_handover_after_resign_is_pushed(
 def test_a_native_cluster_lock_waiter_hears_the_release_natively(cluster_set: ClusterSet) -> None:
     client = cluster_set.client(socket_timeout=2)
     locker = redlease.RedisLocker(client, prefix="{native-locks}:", engine="native")
-    held = locker.acquire("job", ttl=30)
-    got: list[float] = []
 
-    def waiter() -> None:
-        second = locker.acquire("job", ttl=30, wait=20, retry_interval=5)
-        got.append(time.monotonic())
-        second.release()
+    def listening() -> None:
+        wait_until(native_cluster_hubs, timeout=5, what="the waiter's native hub")
+        time.sleep(0.3)  # the waiter's first attempt failed and it listens
 
-    thread = threading.Thread(target=waiter)
-    thread.start()
-    wait_until(native_cluster_hubs, timeout=5, what="the waiter's native hub")
-    time.sleep(0.3)  # the waiter's first attempt failed and it listens
-    released_at = time.monotonic()
-    held.release()
-    thread.join(10)
+    took = lock_handover(locker, "job", listening)
     assert not _notices._hubs, "the lock waiter listened through the Python listener"
     locker.close()
     client.close()
-    assert got, "the waiter never got the lock"
-    assert got[0] - released_at < PUSHED
+    assert took < PUSHED
 
 
 @contextlib.contextmanager

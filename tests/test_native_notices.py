@@ -22,7 +22,7 @@ import pytest
 import redis
 
 import redlease
-from helpers import gil_call_size, hold_gil, require_native, wait_until
+from helpers import gil_call_size, hold_gil, release_during_a_gil_hold, require_native, wait_until
 from redlease import _notices
 from redlease._engine import make_engine
 from redlease._testing import RedisServer
@@ -324,13 +324,7 @@ def test_a_started_follower_hears_its_notice_natively_while_another_thread_holds
         # The started run listens through the native reader, not a Python listener.
         assert isinstance(notices, _notices.NativeSubscription)
         assert not _notices._hubs
-        n = gil_call_size(2.0)
-        releaser.stdin.write("go\n")
-        releaser.stdin.flush()
-        hog_started = time.monotonic()
-        held = hold_gil(n)  # no Python thread runs until this returns
-        hog_ended = hog_started + held
-        before, released, rung = map(float, releaser.stdout.readline().split())
+        hog_started, hog_ended, before, released, rung = release_during_a_gil_hold(releaser)
         wait_until(lambda: elected, timeout=10, what="the follower's election")
     finally:
         releaser.kill()
