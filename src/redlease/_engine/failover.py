@@ -51,6 +51,20 @@ def _tls_kwargs(tls: TLS | None) -> dict[str, Any]:
     }
 
 
+def sentinel_client(sentinels: Sentinels, address: tuple[str, int], timeout: float) -> Any:
+    """A ``redis.Redis`` for one sentinel: its credentials and TLS, no retries, ``timeout``."""
+    return redis.Redis(
+        host=address[0],
+        port=address[1],
+        username=sentinels.username,
+        password=sentinels.password,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+        **_tls_kwargs(sentinels.tls),
+    )
+
+
 def parse_switch(data: object) -> tuple[str, tuple[str, int], tuple[str, int]] | None:
     """``(service, old address, new address)`` from a ``+switch-master`` message, or None."""
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
@@ -126,17 +140,8 @@ class SwitchWatcher:
                 self._closed.wait(_RETRY)
 
     def _listen(self, host: str, port: int) -> None:
-        client = redis.Redis(
-            host=host,
-            port=port,
-            username=self._sentinels.username,
-            password=self._sentinels.password,
-            socket_timeout=_POLL * 5,
-            socket_connect_timeout=_POLL * 5,
-            retry=Retry(NoBackoff(), 0),
-            **_tls_kwargs(self._sentinels.tls),
-        )
-        pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        client = sentinel_client(self._sentinels, (host, port), _POLL * 5)
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
         try:
             pubsub.subscribe(SWITCH_CHANNEL)
             while self._wanted():
@@ -259,20 +264,12 @@ class SentinelProbes:
 
     def _ask(self, sentinels: Sentinels, sentinel: tuple[str, int], timeout: float) -> Any:
         # One client per sentinel, kept: a confirmation is one round trip on
-        # an open connection, bounded by ``timeout`` (connecting too).
+        # an open connection, bounded by ``timeout`` (connecting by the first
+        # caller's; each read below by its own).
         with self._lock:
             client = self._clients.get(sentinel)
             if client is None:
-                client = self._clients[sentinel] = redis.Redis(
-                    host=sentinel[0],
-                    port=sentinel[1],
-                    username=sentinels.username,
-                    password=sentinels.password,
-                    decode_responses=True,
-                    socket_connect_timeout=timeout,
-                    retry=Retry(NoBackoff(), 0),
-                    **_tls_kwargs(sentinels.tls),
-                )
+                client = self._clients[sentinel] = sentinel_client(sentinels, sentinel, timeout)
         pool = client.connection_pool
         conn = pool.get_connection()
         try:
@@ -297,12 +294,19 @@ class SentinelProbes:
                 client.close()
 
 
-def _pairs(reply: Any) -> dict[str, Any]:
+def _pairs(reply: Any) -> dict[str, str]:
+    """A ``SENTINEL MASTER`` reply (RESP2 pairs or a RESP3 map) as text fields."""
     if isinstance(reply, dict):
-        return {str(k): v for k, v in reply.items()}
-    if not isinstance(reply, list) or len(reply) % 2:
+        items = list(reply.items())
+    elif isinstance(reply, list) and len(reply) % 2 == 0:
+        items = list(zip(reply[0::2], reply[1::2], strict=True))
+    else:
         raise redis.exceptions.ResponseError(f"unexpected SENTINEL MASTER reply: {reply!r}")
-    return {str(reply[i]): reply[i + 1] for i in range(0, len(reply), 2)}
+    return {_text(key): _text(value) for key, value in items}
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 class MasterSwitches:

@@ -22,6 +22,7 @@ from redis.exceptions import (
     BusyLoadingError,
     ClusterDownError,
     ConnectionError,
+    MasterDownError,
     MovedError,
     NoScriptError,
     ReadOnlyError,
@@ -318,23 +319,28 @@ class BoundedConnection:
 _RETRY_PAUSE = 0.05
 """Seconds between two sends of a batch the server did not run (READONLY, LOADING...)."""
 
-_NOT_MASTER_PREFIXES = ("READONLY", "MASTERDOWN", "LOADING", "TRYAGAIN", "CLUSTERDOWN")
+# Error replies saying this server is not (or no longer) the one for the keys,
+# so the command did not run: by class where redis-py maps the code (and
+# strips it from the message), by prefix where it does not.
+_NOT_SERVING = (ReadOnlyError, MasterDownError, BusyLoadingError, ClusterDownError)
+_NOT_SERVING_PREFIXES = ("READONLY", "MASTERDOWN", "LOADING", "CLUSTERDOWN")
+
+
+def _server_changed(reply: object) -> bool:
+    """An error reply saying this server no longer serves the keys: ask where they are now."""
+    if isinstance(reply, _NOT_SERVING):
+        return True
+    return isinstance(reply, ResponseError) and str(reply).startswith(_NOT_SERVING_PREFIXES)
 
 
 def _not_run_here(reply: object, cluster: bool) -> bool:
     """Whether ``reply`` says its write did not run because this server is not the one."""
     if isinstance(reply, MovedError):
         return cluster
-    if isinstance(reply, (ReadOnlyError, BusyLoadingError)):
+    if _server_changed(reply):
         return True
-    return isinstance(reply, ResponseError) and str(reply).startswith(_NOT_MASTER_PREFIXES)
-
-
-def _server_changed(exc: ResponseError) -> bool:
-    """An error reply saying this server no longer serves the keys: ask where they are now."""
-    if isinstance(exc, (ReadOnlyError, ClusterDownError)):
-        return True
-    return str(exc).startswith(("READONLY", "MASTERDOWN", "LOADING", "CLUSTERDOWN"))
+    # TRYAGAIN: the keys are mid-migration; the same server may run it later.
+    return isinstance(reply, ResponseError) and str(reply).startswith("TRYAGAIN")
 
 
 def _asked(reply: object) -> bool:
