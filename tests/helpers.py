@@ -283,7 +283,45 @@ def hold_gil_at_least(n: int, seconds: float, attempts: int = 3) -> float:
     return held
 
 
-class ProcessContender:
+class ReportingProcess:
+    """A Python script in another process that prints "ready", then one line per event.
+
+    Its lines are collected as they come; closing its stdin tells it to stop.
+    """
+
+    def __init__(self, script: str, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", script, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.lines: list[str] = []
+        assert self.proc.stdout.readline().strip() == "ready"
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.strip())
+
+    def elections(self) -> list[str]:
+        return [line for line in self.lines if line.startswith("elected")]
+
+    def close(self, wait: float = 10) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(5)
+
+
+class ProcessContender(ReportingProcess):
     """An elector (Python engine) for ``name`` in another process, reporting each election.
 
     ``client_code`` is Python that binds ``client`` (redis, redis.sentinel and
@@ -305,35 +343,7 @@ class ProcessContender:
             e.run(None, stop=stop)
             """
         ).format(client_code=client_code, name=name, ttl=ttl)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", script],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        self.lines: list[str] = []
-        assert self.proc.stdout.readline().strip() == "ready"
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.strip())
-
-    def elections(self) -> list[str]:
-        return [line for line in self.lines if line.startswith("elected")]
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._reader.join(5)
+        super().__init__(script)
 
 
 def release_during_a_gil_hold(releaser: Any, seconds: float = 2.0) -> tuple[float, ...]:

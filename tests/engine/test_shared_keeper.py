@@ -12,10 +12,7 @@ from __future__ import annotations
 import gc
 import json
 import os
-import subprocess
-import sys
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 
@@ -23,7 +20,13 @@ import pytest
 import redis
 
 import redlease
-from helpers import gil_call_size, hold_gil_at_least, require_native, wait_until
+from helpers import (
+    ReportingProcess,
+    gil_call_size,
+    hold_gil_at_least,
+    require_native,
+    wait_until,
+)
 from redlease._testing import RedisServer
 
 pytestmark = pytest.mark.filterwarnings(
@@ -77,7 +80,7 @@ def stopper() -> Iterator[list[redlease.Elector]]:
     stop_all(made)
 
 
-class StealingProcess:
+class StealingProcess(ReportingProcess):
     """Python-engine electors for ``names`` in another process, printing every election."""
 
     def __init__(self, port: int, names: list[str], ttl: float) -> None:
@@ -100,33 +103,7 @@ class StealingProcess:
                 e.stop()
             """
         ).format(port=port, ttl=ttl)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", script, json.dumps(names)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        assert self.proc.stdout.readline().strip() == "ready"
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.strip())
-
-    def close(self) -> list[str]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._reader.join(5)
-        return [line for line in self.lines if line.startswith("elected")]
+        super().__init__(script, json.dumps(names))
 
 
 def test_2000_native_electors_renew_through_a_gil_hog_and_a_follower_steals_none(
@@ -144,8 +121,8 @@ def test_2000_native_electors_renew_through_a_gil_hog_and_a_follower_steals_none
         assert held >= 1.4  # longer than the TTL's renewal budget: only a native renewer keeps up
         time.sleep(0.3)
     finally:
-        stolen = thief.close()
-    assert stolen == []
+        thief.close(wait=20)
+    assert thief.elections() == []
     assert {e.config.name: e.token() for e in group} == tokens
     renewals = [e._election.run.keeper.renewals for e in group if e._election.run]  # type: ignore[attr-defined]
     assert len(renewals) == 2000 and min(renewals) >= 3
@@ -308,9 +285,7 @@ def test_followers_that_poll_together_share_a_round_trip_and_each_reads_its_own_
     from redlease._driver import driver
 
     client = redis_server.client()
-    holders = [
-        redlease.Elector(client, f"batched-{i}", ttl=2.0, engine=engine) for i in range(100)
-    ]
+    holders = [redlease.Elector(client, f"batched-{i}", ttl=2.0, engine=engine) for i in range(100)]
     for h in holders[:50]:
         h.start(None)  # the first half of the names have a leader already
     wait_until(lambda: all(h.token() for h in holders[:50]), timeout=10, what="50 leaders")
@@ -322,9 +297,7 @@ def test_followers_that_poll_together_share_a_round_trip_and_each_reads_its_own_
         for f in followers:
             f.start(None)
         # The free half is won by the followers; the held half stays with its leaders.
-        wait_until(
-            lambda: all(f.token() for f in followers[50:]), timeout=10, what="50 elections"
-        )
+        wait_until(lambda: all(f.token() for f in followers[50:]), timeout=10, what="50 elections")
         assert not any(f.token() for f in followers[:50])
         assert all(h.token() for h in holders[:50])
         leaders = {i: client.get(f"batched-{i}:leader") for i in range(100)}
