@@ -1,8 +1,10 @@
 """Fenced pipelines and the Python CPU of one fenced write, measured side by side in one run.
 
     python benchmarks/bench_fence_pipeline.py [--batch N] [--seconds S] [--rounds R] [--writes W]
+                                              [--unix]
 
-One private redis-server on loopback TCP. Three tables:
+One private redis-server on loopback TCP (``--unix``: on a unix socket,
+where the kernel's share of a round trip is much smaller). Three tables:
 
 1. Pipelines of ``--batch`` fenced SETs (default 100), built and executed
    back to back from one thread through the public API
@@ -22,6 +24,13 @@ One private redis-server on loopback TCP. Three tables:
    send/poll/recv (the table splits the two with ``getrusage``). The
    server's work is in its own process, not here.
 
+Tables 1 and 3 carry the host's limit, ``raw socket``: the same EVALSHAs
+encoded once before the round, written to a plain blocking socket and
+their replies counted by hiredis, nothing else. No client that sends these
+writes over a socket and reads their replies does less work than that, so
+what it measures is what this host's loopback, kernel and redis-server
+allow; the clients' figures are best read against it.
+
 Prints the tables; asserts nothing.
 """
 
@@ -30,9 +39,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import resource
+import socket
 import time
 from collections.abc import Awaitable, Callable
 
+import hiredis
 import redis
 import redis.utils
 
@@ -44,6 +55,7 @@ from redlease._testing import RedisServer
 
 NAME = "bench"
 TOKEN = 1
+RAW = "raw socket"
 
 
 def pipeline_op(e: redlease.Elector, batch: int) -> Callable[[], object]:
@@ -73,6 +85,45 @@ def redis_py_pipeline_op(client: redis.Redis, batch: int) -> Callable[[], object
     return op
 
 
+class RawSocket:
+    """The host's limit: pre-encoded EVALSHAs on a plain blocking socket, replies counted."""
+
+    def __init__(self, server: RedisServer, keys: list[str]) -> None:
+        sha = _scripts.fenced_file("fence_set").sha
+        applied = ElectionKeys(NAME).applied
+        self.requests = b"".join(
+            encode([b"EVALSHA", sha, b"2", applied, key, b"%d" % TOKEN, b"value"]) for key in keys
+        )
+        self.count = len(keys)
+        if server.unix_path is not None:
+            self.sock = socket.socket(socket.AF_UNIX)
+            self.sock.connect(server.unix_path)
+        else:
+            self.sock = socket.create_connection(server.address)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = hiredis.Reader()
+
+    def op(self) -> object:
+        self.sock.sendall(self.requests)
+        got = 0
+        while got < self.count:
+            self.reader.feed(self.sock.recv(65536))
+            while self.reader.gets() is not False:
+                got += 1
+        return got
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def encode(parts: list[str | bytes]) -> bytes:
+    out = [b"*%d\r\n" % len(parts)]
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
 def async_rates(
     server: RedisServer, engines: list[str], batch: int, seconds: float, rounds: int
 ) -> dict[str, float]:
@@ -86,7 +137,11 @@ def async_rates(
     keys = [f"{NAME}:value:{i}" for i in range(batch)]
 
     async def measure() -> dict[str, float]:
-        client = redis.asyncio.Redis(host="127.0.0.1", port=server.port)
+        client = (
+            redis.asyncio.Redis(unix_socket_path=server.unix_path)
+            if server.unix_path is not None
+            else redis.asyncio.Redis(host="127.0.0.1", port=server.port)
+        )
         await client.script_load(script.source)
         ops: dict[str, Callable[[], Awaitable[object]]] = {}
         for name in engines:
@@ -174,11 +229,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="length of one round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per contender")
     parser.add_argument("--writes", type=int, default=100_000, help="writes for the CPU table")
+    parser.add_argument("--unix", action="store_true", help="talk to redis-server on a unix socket")
     opts = parser.parse_args()
+    transport = "unix socket" if opts.unix else "TCP loopback"
 
     native_ok, why = native_engine_available()
     engines = ["native", "python"] if native_ok else ["python"]
-    with RedisServer() as server:
+    with RedisServer(unix=opts.unix) as server:
         client = server.client()
         electors = {name: redlease.Elector(client, NAME, engine=name) for name in engines}
 
@@ -189,6 +246,9 @@ def main() -> None:
         rates["redis-py"] = best_rate(
             redis_py_pipeline_op(client, opts.batch), opts.batch, opts.seconds, opts.rounds
         )
+        raw = RawSocket(server, [f"{NAME}:value:{i}" for i in range(opts.batch)])
+        rates[RAW] = best_rate(raw.op, opts.batch, opts.seconds, opts.rounds)
+        raw.close()
 
         arates = async_rates(server, engines, opts.batch, opts.seconds, opts.rounds)
 
@@ -204,12 +264,15 @@ def main() -> None:
             opts.writes,
             opts.rounds,
         )
+        raw = RawSocket(server, [f"{NAME}:one"])
+        cpu[RAW] = cpu_per_call_us(raw.op, opts.writes, opts.rounds)
+        raw.close()
         client.close()
 
     parser_name = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "pure-Python parser"
     if not native_ok:
         print(f"native engine unavailable: {why}")
-    print(f"pipelines of {opts.batch} fenced SETs, one thread, TCP loopback")
+    print(f"pipelines of {opts.batch} fenced SETs, one thread, {transport}")
     print(f"redis-py with {parser_name}")
     print(f"best of {opts.rounds} rounds x {opts.seconds:g} s\n")
     header = f"{'contender':<12}{'fenced writes/s':>17}{'vs redis-py':>13}"
@@ -223,7 +286,7 @@ def main() -> None:
     print("-" * len(header))
     for name, rate in arates.items():
         print(f"{name:<14}{rate:>17,.0f}{rate / arates['redis.asyncio']:>17.2f}x")
-    print("\nPython CPU per single fenced write")
+    print(f"\nPython CPU per single fenced write, {transport}")
     print(f"best of {opts.rounds} rounds x {opts.writes:,} writes, time.process_time()\n")
     header = f"{'contender':<12}{'CPU us/write':>14}{'user':>8}{'kernel':>8}"
     print(header)
