@@ -47,6 +47,7 @@ import redis.asyncio
 import redlease
 import redlease.aio
 from redlease._cli.bench import native_engine_available, percentile
+from redlease._cli.writers import async_rate
 from redlease._engine import native as native_engine
 from redlease._scripts import fenced_file
 from redlease._testing import RedisServer
@@ -93,23 +94,6 @@ class BareLoopSocket:
     def close(self) -> None:
         self.loop.remove_reader(self.sock.fileno())
         self.sock.close()
-
-
-async def async_rate(op: AsyncOp, tasks: int, seconds: float) -> float:
-    """Writes/s of ``tasks`` tasks each calling ``op`` back to back for ``seconds``."""
-    counts = [0] * tasks
-    stop = time.perf_counter() + seconds
-
-    async def worker(i: int) -> None:
-        n = 0
-        while time.perf_counter() < stop:
-            await op(n)
-            n += 1
-        counts[i] = n
-
-    start = time.perf_counter()
-    await asyncio.gather(*(worker(i) for i in range(tasks)))
-    return sum(counts) / (time.perf_counter() - start)
 
 
 def thread_rate(op: Callable[[int], object], threads: int, seconds: float) -> float:

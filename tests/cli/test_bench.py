@@ -152,3 +152,66 @@ def test_bench_refuses_a_url_for_a_topology_it_starts_itself() -> None:
     result = redlease_cli("bench", "--topology", "cluster", "--redis", "redis://127.0.0.1:1")
     assert result.returncode == 1
     assert result.stderr.strip().endswith("--redis is for plain")
+
+
+WRITER_ROWS = (
+    "sync, 1 thread",
+    "asyncio, 64 tasks",
+    "asyncio, 1 task",
+    "pipelines of 100, 1 thread",
+)
+
+
+def writer_cells(stdout: str, row: str) -> list[str]:
+    line = next(line for line in stdout.splitlines() if line.startswith(row))
+    return re.findall(r"([\d,]+) \(([\d.]+)x\)", line[len(row):])
+
+
+@pytest.mark.parametrize("topology", ["plain", pytest.param("tls", marks=pytest.mark.topology)])
+def test_bench_writers_compares_every_engine_with_redis_py_on_the_same_server(
+    topology: str,
+) -> None:
+    result = redlease_cli(
+        "bench", "--writers", "--topology", topology, "--seconds", "0.2", "--load", "idle",
+        timeout=180,
+    )
+
+    assert result.returncode == 0, result.stderr
+    engines = ["native", "python"] if native_engine_available()[0] else ["python"]
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("fenced writes/s by"))
+    assert header.split()[3:] == [*engines, "redis-py"]
+    for row in WRITER_ROWS:
+        cells = writer_cells(result.stdout, row)
+        assert len(cells) == len(engines) + 1, (row, result.stdout)
+        assert all(int(rate.replace(",", "")) > 0 for rate, _ratio in cells)
+        assert cells[-1][1] == "1.00"  # redis-py is the baseline of its own row
+    cpu = next(line for line in lines if line.startswith("CPU per sync write"))
+    assert len(re.findall(r"[\d.]+ us", cpu)) == len(engines) + 1
+
+
+def test_bench_writers_refuses_a_deployment_of_many_servers_before_starting_it() -> None:
+    result = redlease_cli("bench", "--writers", "--topology", "cluster", timeout=30)
+    line = assert_one_line_error(result, 1)
+    assert "--writers compares with redis-py on one server" in line and "not cluster" in line
+
+
+def test_bench_writers_fails_a_run_whose_writes_were_rejected(
+    redis_server: RedisServer, client: redis.Redis
+) -> None:
+    from redlease._cli import writers
+    from redlease._cli.redisurl import CliError, async_connect
+    from redlease._keys import ElectionKeys
+
+    taken = "someone-else"
+    client.set(ElectionKeys(taken).applied, 10)  # a newer writer's mark: token 1 is stale
+
+    with pytest.raises(CliError, match=r"fenced writes of the benchmark were rejected"):
+        writers.measure_writers(
+            redis_server.client,
+            lambda: async_connect(redis_server.url),
+            lambda _base: taken,
+            ["python"],
+            0.05,
+            lambda _text, _seconds: lambda _now: None,
+        )

@@ -132,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", metavar="FILE.png",
                        help="also draw the renew-lateness distributions and fenced writes/s "
                        "as a PNG (needs the plot extra: matplotlib)")
+    bench.add_argument("--writers", action="store_true",
+                       help="also compare fenced writers with redis-py on the same script: "
+                       "one thread, asyncio (64 tasks, 1 task), pipelines of 100, and the "
+                       "CPU per write (plain or tls topology)")
     return parser
 
 
@@ -169,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
             seconds=args.seconds,
             topology=args.topology,
             plot=args.plot,
+            writers=args.writers,
         )
     raise CliError(f"unknown command {args.command!r}")  # pragma: no cover - argparse stops it
 

@@ -26,6 +26,7 @@ import redlease
 
 from .. import _scripts
 from .._keys import ElectionKeys
+from . import writers as _writers
 from .redisurl import CliError, one_line
 from .topology import BenchServer, bench_server
 
@@ -411,6 +412,9 @@ def _ms(value: float | None) -> str:
     return f"{ms:.3f} ms" if ms < 10 else f"{ms:.1f} ms"
 
 
+WRITER_TOPOLOGIES = ("plain", "tls")
+"""Where ``--writers`` runs: one server, which a ``redis.asyncio`` client reaches as well."""
+
 LOADS = ("idle", "python", "gil")
 """Every load, in the order ``--load all`` runs them."""
 
@@ -423,8 +427,12 @@ def main(
     seconds: float,
     topology: str = "plain",
     plot: str | None = None,
+    writers: bool = False,
 ) -> int:
-    """Run the benchmark and print a table per load (and draw ``plot``); the exit status."""
+    """Run the benchmark and print a table per load (and draw ``plot``); the exit status.
+
+    With ``writers`` the fenced writers' table follows (``_cli.writers``).
+    """
     if plot is not None:
         from . import plot as _plot
 
@@ -435,9 +443,17 @@ def main(
     if engine == "native" and not ok:
         raise CliError(f"the native engine is unavailable: {why}; try --engine python")
     runnable = [e for e in wanted if e == "python" or ok]
-    progress = Progress(total_phases=2 * len(runnable) * len(loads), seconds_per_phase=seconds)
+    phases = 2 * len(runnable) * len(loads)
+    if writers:
+        phases += len(_writers.CASES) * (len(runnable) + 1)
+    progress = Progress(total_phases=phases, seconds_per_phase=seconds)
     gil_n = gil_call_size() if "gil" in loads and runnable else 0
     by_load: dict[str, list[Result]] = {}
+    if writers and topology not in WRITER_TOPOLOGIES:
+        raise CliError(
+            f"--writers compares with redis-py on one server: use --topology plain or tls, "
+            f"not {topology}"
+        )
     with bench_server(topology, url) as target:
         for this_load in loads:
             results = by_load.setdefault(this_load, [])
@@ -454,8 +470,26 @@ def main(
                     raise CliError(
                         f"Redis failed during the {name} benchmark: {one_line(exc)}"
                     ) from None
+        writer_results = None
+        if writers:
+            assert target.make_async_client is not None  # every WRITER_TOPOLOGIES has one
+            try:
+                writer_results = _writers.measure_writers(
+                    target.client,
+                    target.make_async_client,
+                    target.name,
+                    runnable,
+                    seconds,
+                    progress.phase,
+                )
+            except redis.RedisError as exc:
+                raise CliError(
+                    f"Redis failed during the fenced writers' benchmark: {one_line(exc)}"
+                ) from None
         progress.finish()
         tables = [render(by_load[this_load], this_load, seconds, target) for this_load in loads]
+        if writer_results is not None:
+            tables.append(_writers.render_writers(writer_results, seconds, target.description))
         sys.stdout.write("\n\n".join(tables) + "\n")
         if plot is not None:
             draw_plot(plot, by_load, seconds, target)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+import redis.asyncio
 
 DEFAULT_STATUS_URL = "redis://127.0.0.1:6379/0"
 """What ``redlease status`` inspects when neither ``--redis`` nor ``REDIS_URL`` is given."""
@@ -90,12 +91,20 @@ def check_url(url: str) -> None:
         raise CliError(f"invalid Redis URL {redact(url)!r}: {exc}") from None
 
 
+TIMEOUTS: dict[str, Any] = {"socket_connect_timeout": 3.0, "socket_timeout": 5.0}
+"""Every client the command line makes is bounded by these."""
+
+
 def connect(url: str, **kwargs: Any) -> redis.Redis:
     """A client for ``url`` with bounded timeouts; CliError for a URL that is not one."""
     check_url(url)
-    options: dict[str, Any] = {"socket_connect_timeout": 3.0, "socket_timeout": 5.0}
-    options.update(kwargs)
-    return redis.Redis.from_url(url, **options)
+    return redis.Redis.from_url(url, **{**TIMEOUTS, **kwargs})
+
+
+def async_connect(url: str) -> redis.asyncio.Redis:
+    """``connect``'s ``redis.asyncio`` twin."""
+    check_url(url)
+    return redis.asyncio.Redis.from_url(url, **TIMEOUTS)
 
 
 @contextmanager

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+import redis.asyncio
 
-from .redisurl import CliError, one_line, redis_target
+from .redisurl import TIMEOUTS, CliError, async_connect, one_line, redis_target
 
 TOPOLOGIES = ("plain", "tls", "sentinel", "cluster", "tls-sentinel", "tls-cluster")
 
@@ -31,6 +32,8 @@ class BenchServer:
     make_monitor: Callable[[str], redis.Redis]
     tagged: bool = False
     """Names need a hash tag (Cluster)."""
+    make_async_client: Callable[[], Any] | None = None
+    """A ``redis.asyncio`` client of the same server (one-server deployments only)."""
 
     def client(self, **kwargs: Any) -> Any:
         """A new client of the kind this deployment's users have."""
@@ -54,6 +57,7 @@ def bench_server(topology: str, url: str | None) -> Iterator[BenchServer]:
                 description=target.description,
                 make_client=target.client,
                 make_monitor=lambda _name: target.client(),
+                make_async_client=lambda: async_connect(target.url),
             )
         return
     if url is not None:
@@ -68,6 +72,7 @@ def bench_server(topology: str, url: str | None) -> Iterator[BenchServer]:
                     description="a private redis-server over TLS on loopback",
                     make_client=tls.client,
                     make_monitor=lambda _name: tls.client(),
+                    make_async_client=lambda: tls_async_client(tls),
                 )
         elif topology == "sentinel":
             with _testing.SentinelSet() as sentinels:
@@ -106,3 +111,9 @@ def bench_server(topology: str, url: str | None) -> Iterator[BenchServer]:
             raise CliError(f"unknown topology {topology!r}; choose one of {', '.join(TOPOLOGIES)}")
     except (_testing.RedisServerError, OSError) as exc:
         raise CliError(f"could not start the {topology} servers: {one_line(exc)}") from None
+
+
+def tls_async_client(server: Any) -> redis.asyncio.Redis:
+    """A ``redis.asyncio`` client of a test TLS server, verifying it as ``server.client()`` does."""
+    host, port = server.address
+    return redis.asyncio.Redis(host=host, port=port, **TIMEOUTS, **server.tls.client_kwargs())

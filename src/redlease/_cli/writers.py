@@ -1,0 +1,303 @@
+"""``redlease bench --writers``: fenced writers of each engine against redis-py, in one run.
+
+Every contender runs the same fenced SET script on the same server, one
+after the other, each for the measurement's length:
+
+- sync, one thread: ``Elector.fence_set`` against ``redis.Redis.evalsha``;
+  the same loop's ``time.process_time()`` gives the CPU per write;
+- asyncio, many tasks on one loop and one task: ``aio.Fencer.set`` against
+  ``redis.asyncio.Redis.evalsha`` (its pool: a connection per busy task);
+- pipelines: ``Elector.fence_pipeline(token)`` of ``BATCH`` SETs against
+  redis-py's pipeline (``transaction=False``) of the same EVALSHAs.
+
+Each engine writes under a name of its own that nobody has elected, with
+token 1, so every write applies (a rejected write would be measured as a
+cheaper one: the run counts them and fails if any was rejected).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+import redlease
+import redlease.aio
+
+from .. import _scripts
+from .._keys import ElectionKeys
+from .redisurl import CliError
+
+TASKS = 64
+"""Concurrent asyncio tasks of the many-task case."""
+
+BATCH = 100
+"""Fenced writes per pipeline."""
+
+TOKEN = 1
+BASELINE = "redis-py"
+
+CASES = (
+    ("sync", "sync, 1 thread"),
+    ("tasks", f"asyncio, {TASKS} tasks"),
+    ("task", "asyncio, 1 task"),
+    ("pipeline", f"pipelines of {BATCH}, 1 thread"),
+)
+
+
+@dataclass
+class WriterResults:
+    """Fenced writes per second per case and contender, and CPU per sync write."""
+
+    contenders: list[str]
+    rates: dict[str, dict[str, float]] = field(default_factory=dict)
+    cpu_us: dict[str, float] = field(default_factory=dict)
+
+    def add(self, case: str, contender: str, rate: float) -> None:
+        self.rates.setdefault(case, {})[contender] = rate
+
+
+def loop_rate(op: Callable[[int], object], seconds: float) -> tuple[float, float]:
+    """``(calls/s, CPU µs per call)`` of ``op`` called back to back for ``seconds``."""
+    calls = 0
+    cpu = time.process_time()
+    start = time.perf_counter()
+    stop = start + seconds
+    while time.perf_counter() < stop:
+        for _ in range(50):
+            op(calls)
+            calls += 1
+    elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    return calls / elapsed, cpu / calls * 1e6
+
+
+async def async_rate(op: Callable[[int], Awaitable[object]], tasks: int, seconds: float) -> float:
+    """Calls/s of ``tasks`` tasks each awaiting ``op`` back to back for ``seconds``."""
+    counts = [0] * tasks
+    stop = time.perf_counter() + seconds
+
+    async def worker(i: int) -> None:
+        n = 0
+        while time.perf_counter() < stop:
+            await op(n)
+            n += 1
+        counts[i] = n
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(i) for i in range(tasks)))
+    return sum(counts) / (time.perf_counter() - start)
+
+
+class _Applied:
+    """Counts fenced writes that were rejected; any is a broken measurement."""
+
+    def __init__(self) -> None:
+        self.rejected = 0
+
+    def check(self, applied: object) -> None:
+        if applied is not True and applied != 1:
+            self.rejected += 1
+
+
+def measure_writers(
+    make_client: Callable[[], Any],
+    make_async_client: Callable[[], Any],
+    name_for: Callable[[str], str],
+    engines: Sequence[str],
+    seconds: float,
+    phase: Callable[[str, float], Callable[[float], None]],
+) -> WriterResults:
+    """Every case for every engine in ``engines`` and for redis-py, one after the other.
+
+    ``name_for`` turns a base name into one that works on the deployment;
+    ``phase`` announces a measurement (the CLI's progress lines).
+    """
+    results = WriterResults(contenders=[*engines, BASELINE])
+    script = _scripts.fenced_file("fence_set")
+    run = secrets.token_hex(3)
+    client = make_client()
+    applied = _Applied()
+    names: list[str] = []
+    try:
+        client.script_load(script.source)
+        for engine in [*engines, BASELINE]:
+            name = name_for(f"redlease-writers-{run}-{engine}")
+            names.append(name)
+            if engine == BASELINE:
+                _measure_redis_py(client, make_async_client, name, script, seconds, phase,
+                                  results, applied)
+            else:
+                _measure_engine(client, make_async_client, name, engine, seconds, phase,
+                                results, applied)
+    finally:
+        with contextlib.suppress(redis.RedisError):
+            for name in names:
+                keys = [*ElectionKeys(name).all(), *_value_keys(name)]
+                client.delete(*keys)
+        client.close()
+    if applied.rejected:
+        raise CliError(
+            f"{applied.rejected} fenced writes of the benchmark were rejected; another writer "
+            "is using its names, the numbers would be wrong"
+        )
+    return results
+
+
+def _value_keys(name: str) -> list[str]:
+    return [f"{name}:value", *(f"{name}:value:{i}" for i in range(BATCH))]
+
+
+def _measure_engine(
+    client: Any,
+    make_async_client: Callable[[], Any],
+    name: str,
+    engine: str,
+    seconds: float,
+    phase: Callable[[str, float], Callable[[float], None]],
+    results: WriterResults,
+    applied: _Applied,
+) -> None:
+    elector = redlease.Elector(client, name, engine=engine)
+    key = f"{name}:value"
+
+    def sync_op(n: int) -> None:
+        applied.check(elector.fence_set(TOKEN, key, n))
+
+    phase(f"{engine}: fenced writes, one thread", seconds)
+    sync_op(0)  # connect
+    rate, cpu = loop_rate(sync_op, seconds)
+    results.add("sync", engine, rate)
+    results.cpu_us[engine] = cpu
+
+    keys = _value_keys(name)[1:]
+
+    def pipeline_op(n: int) -> None:
+        pipe = elector.fence_pipeline(TOKEN)
+        for k in keys:
+            pipe.set(k, n)
+        for one in pipe.execute():
+            applied.check(one)
+
+    phase(f"{engine}: fenced pipelines of {BATCH}", seconds)
+    pipeline_op(0)
+    rate, _cpu = loop_rate(pipeline_op, seconds)
+    results.add("pipeline", engine, rate * BATCH)
+
+    async def in_loop() -> None:
+        aclient = make_async_client()
+        e = redlease.aio.Elector(aclient, name, engine=engine)
+        fencer = redlease.aio.Fencer(e, TOKEN)
+
+        async def op(n: int) -> None:
+            applied.check(await fencer.set(key, n))
+
+        try:
+            for case, tasks in (("tasks", TASKS), ("task", 1)):
+                phase(f"{engine}: asyncio fenced writes, {tasks} task(s)", seconds)
+                await async_rate(op, tasks, min(0.05, seconds))  # connect, warm up
+                results.add(case, engine, await async_rate(op, tasks, seconds))
+        finally:
+            await e.stop()
+            await aclient.aclose()
+
+    asyncio.run(in_loop())
+
+
+def _measure_redis_py(
+    client: Any,
+    make_async_client: Callable[[], Any],
+    name: str,
+    script: _scripts.Script,
+    seconds: float,
+    phase: Callable[[str, float], Callable[[float], None]],
+    results: WriterResults,
+    applied: _Applied,
+) -> None:
+    mark = ElectionKeys(name).applied
+    key = f"{name}:value"
+
+    def sync_op(n: int) -> None:
+        applied.check(client.evalsha(script.sha, 2, mark, key, TOKEN, n))
+
+    phase("redis-py: EVALSHA of the same script, one thread", seconds)
+    sync_op(0)
+    rate, cpu = loop_rate(sync_op, seconds)
+    results.add("sync", BASELINE, rate)
+    results.cpu_us[BASELINE] = cpu
+
+    keys = _value_keys(name)[1:]
+
+    def pipeline_op(n: int) -> None:
+        pipe = client.pipeline(transaction=False)
+        for k in keys:
+            pipe.evalsha(script.sha, 2, mark, k, TOKEN, n)
+        for one in pipe.execute():
+            applied.check(one)
+
+    phase(f"redis-py: pipelines of {BATCH} EVALSHAs", seconds)
+    pipeline_op(0)
+    rate, _cpu = loop_rate(pipeline_op, seconds)
+    results.add("pipeline", BASELINE, rate * BATCH)
+
+    async def in_loop() -> None:
+        aclient = make_async_client()
+
+        async def op(n: int) -> None:
+            applied.check(await aclient.evalsha(script.sha, 2, mark, key, TOKEN, n))
+
+        try:
+            for case, tasks in (("tasks", TASKS), ("task", 1)):
+                phase(f"redis.asyncio: EVALSHA, {tasks} task(s)", seconds)
+                await async_rate(op, tasks, min(0.05, seconds))
+                results.add(case, BASELINE, await async_rate(op, tasks, seconds))
+        finally:
+            await aclient.aclose()
+
+    asyncio.run(in_loop())
+
+
+def render_writers(results: WriterResults, seconds: float, description: str) -> str:
+    """The writers table: writes/s with the ratio to redis-py, then CPU per sync write."""
+    width = 20
+    lines = [
+        f"fenced writers: {seconds:g} s per measurement, the same fenced SET script for "
+        "every contender",
+        f"server: {description}",
+        "(in brackets: the ratio to redis-py / redis.asyncio in this run)",
+        "",
+        f"{'fenced writes/s by':<28}" + "".join(f"{c:>{width}}" for c in results.contenders),
+    ]
+    for case, label in CASES:
+        rates = results.rates.get(case, {})
+        base = rates.get(BASELINE)
+        cells = []
+        for contender in results.contenders:
+            rate = rates.get(contender)
+            if rate is None:
+                cells.append("-")
+            elif base:
+                cells.append(f"{rate:,.0f} ({rate / base:.2f}x)")
+            else:
+                cells.append(f"{rate:,.0f}")
+        lines.append(f"{label:<28}" + "".join(f"{c:>{width}}" for c in cells))
+    lines.append(
+        f"{'CPU per sync write':<28}"
+        + "".join(
+            f"{(f'{results.cpu_us[c]:.1f} us' if c in results.cpu_us else '-'):>{width}}"
+            for c in results.contenders
+        )
+    )
+    lines.append("")
+    lines.append(
+        "CPU per sync write: this process's time.process_time() (user and kernel, every "
+        "thread) over the one-thread loop, divided by its writes; the server's work is "
+        "not in it."
+    )
+    return "\n".join(line.rstrip() for line in lines)
