@@ -3,6 +3,7 @@
     python benchmarks/chaos.py [--duration 60] [--seed 1] [--contenders 4] [--ttl 1.0]
                                [--engine both|native|python] [--mode elector|lock]
                                [--topology plain|sentinel] [--weights kind=w,...]
+                               [--min-replicas N]
     python benchmarks/chaos.py --self-test
 
 K contender processes (engines alternating native / python) contend for one
@@ -20,12 +21,23 @@ to a file. Meanwhile faults are injected one at a time with random gaps:
   this script puts between each contender and Redis, hold every byte both
   ways (delivered late, as TCP would, when the partition heals) or reset
   every connection, for 0.3-3 TTLs;
-- ``failover`` (``--topology sentinel``): ``SENTINEL FAILOVER``.
+- ``failover`` (``--topology sentinel``): ``SENTINEL FAILOVER``;
+- ``kill-master`` (sentinel): SIGKILL the master; once the sentinels have
+  promoted the replica, start the killed node again (empty) and let the
+  sentinels make it a replica;
+- ``freeze-master`` (sentinel): SIGSTOP the master until the sentinels have
+  promoted the replica, then SIGCONT it: for a few seconds the old master
+  still says it is one, to whoever is still connected to it, until the
+  sentinels demote it;
+- ``freeze-replica`` (sentinel): SIGSTOP the replica for 0.3-3 TTLs.
 
-Checked continuously (a sampler reading Redis directly): the list's tokens
-never decrease, the fence counter and the applied mark never go backwards,
-the list never shrinks; after every fault heals a leader writes again within
-3 TTLs; no contender dies unasked. Checked at the end, from the list and the
+Checked continuously (a sampler reading Redis directly; on Sentinel, the
+master most sentinels name at each sample): the list's tokens never
+decrease, the fence counter and the applied mark never go backwards, the
+list never shrinks, on any one master (what a newly named master lacks of
+the old one's is asynchronous replication's loss: counted and printed);
+after every fault heals a leader writes again within 3 TTLs; no contender
+dies unasked. Checked at the end, from the list and the
 logs: no token claimed by two contenders, the applied mark >= every elected
 token, no write landed twice, every write reported applied is in the list and
 no write reported rejected is, every write carries a token its writer was
@@ -114,6 +126,9 @@ SENTINEL_KINDS = (
     "kill-contender",
     "stop-contender",
     "failover",
+    "kill-master",
+    "freeze-master",
+    "freeze-replica",
 )
 DEFAULT_WEIGHTS = {
     "freeze-leader": 3.0,
@@ -126,6 +141,9 @@ DEFAULT_WEIGHTS = {
     "partition-blackhole": 2.0,
     "partition-reset": 1.0,
     "failover": 2.0,
+    "kill-master": 1.0,
+    "freeze-master": 1.0,
+    "freeze-replica": 1.0,
 }
 EXIT_GRACE = 10.0  # seconds a contender has to exit after SIGTERM
 HEAL_TTLS = 3.0  # a leader must write again within this many TTLs of a heal
@@ -205,6 +223,7 @@ def contender_elector(args: argparse.Namespace, log: EventLog, stop: threading.E
         instance_id=f"c{args.slot}-{pid}",
         observer=observer,
         engine=args.engine,
+        min_replicas=args.min_replicas,
     )
 
     def lead(term: redlease.Term, fencer: redlease.Fencer) -> None:
@@ -213,7 +232,8 @@ def contender_elector(args: argparse.Namespace, log: EventLog, stop: threading.E
             entry = f"{term.token}:{pid}:{n}"
             try:
                 applied = fencer.eval(APPEND_BODY, keys=[LIST_KEY], args=[entry])
-            except redis.RedisError as exc:
+            except (redis.RedisError, redlease.NotReplicated) as exc:
+                # NotReplicated: on the master (applied=True), not yet on enough replicas.
                 log.event("write", token=term.token, seq=n, r="e", **_write_error(exc))
             else:
                 log.event("write", token=term.token, seq=n, r="a" if applied else "r")
@@ -237,7 +257,9 @@ def contender_lock(args: argparse.Namespace, log: EventLog, stop: threading.Even
     # Our own script on a client that never retries: a write is sent at most once.
     writer = _contender_client(args, retry=Retry(NoBackoff(), 0))
     write = writer.register_script(LOCK_WRITE_SCRIPT)
-    locker = redlease.RedisLocker(client, prefix=LOCK_PREFIX, engine=args.engine)
+    locker = redlease.RedisLocker(
+        client, prefix=LOCK_PREFIX, engine=args.engine, min_replicas=args.min_replicas
+    )
     while not stop.is_set():
         try:
             held = locker.acquire(
@@ -249,7 +271,7 @@ def contender_lock(args: argparse.Namespace, log: EventLog, stop: threading.Even
             )
         except redlease.NotAcquired:
             continue
-        except redis.RedisError as exc:
+        except (redis.RedisError, redlease.NotReplicated) as exc:
             log.event("error", **_write_error(exc))
             stop.wait(args.ttl / 4)
             continue
@@ -440,6 +462,7 @@ class Evidence:
     live: list[Violation] = field(default_factory=list)  # found while running
     replicated: bool = False  # Sentinel: a failover may drop acknowledged writes
     lost_to_failover: int = 0  # set by check()
+    lost_unconfirmed: int = 0  # of those, writes that raised NotReplicated (the writer knew)
 
 
 def parse_entry(entry: str) -> tuple[int, int, int]:
@@ -544,7 +567,7 @@ def _check_writes(ev: Evidence, elected: dict[int, set[int]]) -> list[Violation]
             outcome = "a" if e["applied"] else "r"
         if (outcome == "a" and entry not in in_list) or (outcome == "r" and entry in in_list):
             missing[(e["token"], e["pid"], outcome)].append(e)
-    ev.lost_to_failover = 0
+    ev.lost_to_failover = ev.lost_unconfirmed = 0
     for (token, pid, outcome), writes in sorted(missing.items()):
         seqs = (
             f"seq {writes[0]['seq']}..{writes[-1]['seq']}"
@@ -556,6 +579,8 @@ def _check_writes(ev: Evidence, elected: dict[int, set[int]]) -> list[Violation]
                 # Asynchronous replication: a demoted master's acknowledged writes
                 # are gone (README, "Correctness boundary"). Counted, not a violation.
                 ev.lost_to_failover += len(writes)
+                # Those the replication guard had flagged (NotReplicated, applied).
+                ev.lost_unconfirmed += sum(1 for w in writes if w["r"] == "e")
                 continue
             what = "reported applied but missing from the list"
         else:
@@ -648,6 +673,8 @@ class Soak:
         self.samples = 0
         self.stops: dict[int, tuple[int | None, float]] = {}  # SIGTERMs during the run
         self.fence_seen: list[tuple[float, int]] = []  # (first seen at, counter)
+        # Sentinel: what a newly named master lacked of the old one's (sampled).
+        self.regressions_at_switch: list[str] = []
 
     # -- processes ---------------------------------------------------------------------------
 
@@ -679,6 +706,8 @@ class Soak:
             str(log),
             "--seed",
             str(self.rng.randrange(2**31)),
+            "--min-replicas",
+            str(self.args.min_replicas),
         ]
         if self.sentinel is not None:
             cmd += [
@@ -757,11 +786,38 @@ class Soak:
     # -- the continuous checks ------------------------------------------------------------------
 
     def sample(self) -> None:
-        client = self.direct(0.25)
+        """Read the fence, the mark and the list every 50 ms; what goes backwards is a violation.
+
+        On Sentinel every sample reads the master most sentinels name at that
+        moment. A demoted master's last writes (after the replica's
+        promotion, or never replicated before a kill) are lost by design of
+        asynchronous replication, so a regression seen exactly where the
+        named master changed is counted in ``regressions_at_switch``, and the
+        checks go on from the new master's values; on one and the same
+        master nothing may ever go backwards.
+        """
+        client: redis.Redis | None = None
+        address: Any = None
         last_fence = last_applied = 0
         seen = 0
         last_entry: str | None = None
         while not self._sampler_stop.wait(0.05):
+            switched = False
+            if self.sentinel is not None:
+                try:
+                    named = self.sentinel.master_address()
+                except Exception:  # no sentinel answers right now: sample later
+                    continue
+                if named != address:
+                    if client is not None:
+                        client.close()
+                    client, address = self.sentinel.node_at(named).client(
+                        socket_timeout=0.25, socket_connect_timeout=0.25, retry=None
+                    ), named
+                    switched = seen > 0 or last_fence > 0
+            elif client is None:
+                client = self.direct(0.25)
+            assert client is not None
             try:
                 fence, applied, length = (
                     client.pipeline(transaction=False)
@@ -776,6 +832,18 @@ class Soak:
             now = time.time()
             self.samples += 1
             fence_n, applied_n = int(fence or 0), int(applied or 0)
+            if switched and (fence_n < last_fence or applied_n < last_applied or length < seen):
+                self.regressions_at_switch.append(
+                    f"{time.strftime('%H:%M:%S', time.localtime(now))} master now {address}: "
+                    f"fence {last_fence} -> {fence_n}, mark {last_applied} -> {applied_n}, "
+                    f"list {seen} -> {length}"
+                )
+                last_fence, last_applied = fence_n, applied_n
+                if length < seen:
+                    seen = length
+                    tail = client.lindex(LIST_KEY, -1) if length else None
+                    last_entry = tail.decode() if tail is not None else None
+                    new = []
             if fence_n < last_fence:
                 self.live.append(
                     Violation(
@@ -810,7 +878,8 @@ class Soak:
                     )
                 last_entry = entry
                 seen += 1
-        client.close()
+        if client is not None:
+            client.close()
 
     # -- faults ----------------------------------------------------------------------------------
 
@@ -925,6 +994,42 @@ class Soak:
             except TopologyError as exc:
                 # The harness could not finish the failover; not the library's fault.
                 fault.target = f"master (failover incomplete: {str(exc)[:80]})"
+        elif kind == "kill-master":
+            from redlease._testing import TopologyError
+
+            fault.target = f"master {self.sentinel.master_address()}"
+            fault.start = time.time()
+            try:
+                self.sentinel.kill_master(restart=True)
+                self.sentinel.wait_settled()
+            except TopologyError as exc:
+                fault.target += f" (not settled: {str(exc)[:80]})"
+        elif kind == "freeze-master":
+            from redlease._testing import TopologyError
+
+            old = self.sentinel.master_address()
+            victim = self.sentinel.node_at(old)
+            fault.target = f"master {old}"
+            fault.start = time.time()
+            self.sentinel.freeze(victim)
+            try:
+                self.sentinel.wait_new_master(old, None)
+            except TopologyError as exc:
+                fault.target += f" (no failover: {str(exc)[:80]})"
+            finally:
+                self.sentinel.thaw(victim)
+            try:
+                self.sentinel.wait_settled()
+            except TopologyError as exc:
+                fault.target += f" (not settled: {str(exc)[:80]})"
+        elif kind == "freeze-replica":
+            seconds = rng.uniform(0.3, 3.0) * ttl
+            victim = self.sentinel.replicas()[0]
+            fault.target = f"replica {victim.address}"
+            fault.start = time.time()
+            self.sentinel.freeze(victim)
+            time.sleep(seconds)
+            self.sentinel.thaw(victim)
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
         fault.end = time.time()
@@ -1112,8 +1217,16 @@ class Soak:
         if ev.replicated:
             print(
                 f"acknowledged writes lost to failovers (asynchronous replication, "
-                f"README 'Correctness boundary'): {ev.lost_to_failover}"
+                f"README 'Correctness boundary'): {ev.lost_to_failover}, of which "
+                f"{ev.lost_unconfirmed} raised NotReplicated (the replication guard)"
             )
+        if ev.replicated:
+            print(
+                f"master switches where the new master lacked what the old one had (sampled; "
+                f"the same boundary): {len(self.regressions_at_switch)}"
+            )
+            for line in self.regressions_at_switch[:10]:
+                print(f"    {line}")
         report_unclaimed(ev, self.fence_seen)
         took = [seconds for rc, seconds in ev.exits.values() if rc is not None]
         if took:
@@ -1404,6 +1517,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.005,
         help="seconds between a leader's fenced writes (default 0.005)",
     )
+    p.add_argument(
+        "--min-replicas",
+        type=int,
+        default=0,
+        help="the replication guard of every contender's elector or locker (default 0: off; "
+        "Sentinel only)",
+    )
     p.add_argument("--workdir", help="where contender logs go (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the contender logs of a clean run")
     p.add_argument("--quiet", action="store_true", help="no line per fault")
@@ -1434,6 +1554,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.contenders < 2:
         raise SystemExit(
             f"--contenders must be at least 2 (a leader and a follower), got {args.contenders}"
+        )
+    if args.min_replicas and args.topology != "sentinel":
+        raise SystemExit(
+            f"--min-replicas {args.min_replicas} needs --topology sentinel (the plain server "
+            "has no replica)"
         )
     soak = Soak(args)
 
