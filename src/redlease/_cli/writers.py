@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,15 +127,15 @@ def measure_writers(
     names: list[str] = []
     try:
         client.script_load(script.source)
-        for engine in [*engines, BASELINE]:
-            name = name_for(f"redlease-writers-{run}-{engine}")
+        for contender in results.contenders:
+            name = name_for(f"redlease-writers-{run}-{contender}")
             names.append(name)
-            if engine == BASELINE:
-                _measure_redis_py(client, make_async_client, name, script, seconds, phase,
-                                  results, applied)
-            else:
-                _measure_engine(client, make_async_client, name, engine, seconds, phase,
-                                results, applied)
+            ops = (
+                _redis_py_ops(client, make_async_client, name, script)
+                if contender == BASELINE
+                else _engine_ops(client, make_async_client, name, contender)
+            )
+            _measure(contender, ops, seconds, phase, results, applied)
     finally:
         with contextlib.suppress(redis.RedisError):
             for name in names:
@@ -154,111 +154,103 @@ def _value_keys(name: str) -> list[str]:
     return [f"{name}:value", *(f"{name}:value:{i}" for i in range(BATCH))]
 
 
-def _measure_engine(
-    client: Any,
-    make_async_client: Callable[[], Any],
-    name: str,
-    engine: str,
-    seconds: float,
-    phase: Callable[[str, float], Callable[[float], None]],
-    results: WriterResults,
-    applied: _Applied,
-) -> None:
+AsyncWrite = Callable[[int], Awaitable[object]]
+
+
+@dataclass
+class _Ops:
+    """One contender's writes: one, a pipeline of ``BATCH``, and asyncio's (opened in a loop)."""
+
+    one: Callable[[int], object]
+    batch: Callable[[int], Sequence[object]]
+    open_async: Callable[[], contextlib.AbstractAsyncContextManager[AsyncWrite]]
+
+
+def _engine_ops(
+    client: Any, make_async_client: Callable[[], Any], name: str, engine: str
+) -> _Ops:
     elector = redlease.Elector(client, name, engine=engine)
-    key = f"{name}:value"
+    key, keys = f"{name}:value", _value_keys(name)[1:]
 
-    def sync_op(n: int) -> None:
-        applied.check(elector.fence_set(TOKEN, key, n))
-
-    phase(f"{engine}: fenced writes, one thread", seconds)
-    sync_op(0)  # connect
-    rate, cpu = loop_rate(sync_op, seconds)
-    results.add("sync", engine, rate)
-    results.cpu_us[engine] = cpu
-
-    keys = _value_keys(name)[1:]
-
-    def pipeline_op(n: int) -> None:
+    def batch(n: int) -> Sequence[object]:
         pipe = elector.fence_pipeline(TOKEN)
         for k in keys:
             pipe.set(k, n)
-        for one in pipe.execute():
-            applied.check(one)
+        return pipe.execute()
 
-    phase(f"{engine}: fenced pipelines of {BATCH}", seconds)
-    pipeline_op(0)
-    rate, _cpu = loop_rate(pipeline_op, seconds)
-    results.add("pipeline", engine, rate * BATCH)
-
-    async def in_loop() -> None:
+    @contextlib.asynccontextmanager
+    async def open_async() -> AsyncIterator[AsyncWrite]:
         aclient = make_async_client()
-        e = redlease.aio.Elector(aclient, name, engine=engine)
-        fencer = redlease.aio.Fencer(e, TOKEN)
-
-        async def op(n: int) -> None:
-            applied.check(await fencer.set(key, n))
-
+        fencer = redlease.aio.Fencer(redlease.aio.Elector(aclient, name, engine=engine), TOKEN)
         try:
-            for case, tasks in (("tasks", TASKS), ("task", 1)):
-                phase(f"{engine}: asyncio fenced writes, {tasks} task(s)", seconds)
-                await async_rate(op, tasks, min(0.05, seconds))  # connect, warm up
-                results.add(case, engine, await async_rate(op, tasks, seconds))
+            yield lambda n: fencer.set(key, n)
         finally:
-            await e.stop()
             await aclient.aclose()
 
-    asyncio.run(in_loop())
+    return _Ops(lambda n: elector.fence_set(TOKEN, key, n), batch, open_async)
 
 
-def _measure_redis_py(
-    client: Any,
-    make_async_client: Callable[[], Any],
-    name: str,
-    script: _scripts.Script,
+def _redis_py_ops(
+    client: Any, make_async_client: Callable[[], Any], name: str, script: _scripts.Script
+) -> _Ops:
+    mark = ElectionKeys(name).applied
+    key, keys = f"{name}:value", _value_keys(name)[1:]
+
+    def batch(n: int) -> Sequence[object]:
+        pipe = client.pipeline(transaction=False)
+        for k in keys:
+            pipe.evalsha(script.sha, 2, mark, k, TOKEN, n)
+        return pipe.execute()  # type: ignore[no-any-return]
+
+    @contextlib.asynccontextmanager
+    async def open_async() -> AsyncIterator[AsyncWrite]:
+        aclient = make_async_client()
+        try:
+            yield lambda n: aclient.evalsha(script.sha, 2, mark, key, TOKEN, n)
+        finally:
+            await aclient.aclose()
+
+    return _Ops(lambda n: client.evalsha(script.sha, 2, mark, key, TOKEN, n), batch, open_async)
+
+
+def _measure(
+    contender: str,
+    ops: _Ops,
     seconds: float,
     phase: Callable[[str, float], Callable[[float], None]],
     results: WriterResults,
     applied: _Applied,
 ) -> None:
-    mark = ElectionKeys(name).applied
-    key = f"{name}:value"
+    """Every case of ``CASES`` for one contender, in turn; each write's reply is checked."""
 
-    def sync_op(n: int) -> None:
-        applied.check(client.evalsha(script.sha, 2, mark, key, TOKEN, n))
+    def one(n: int) -> None:
+        applied.check(ops.one(n))
 
-    phase("redis-py: EVALSHA of the same script, one thread", seconds)
-    sync_op(0)
-    rate, cpu = loop_rate(sync_op, seconds)
-    results.add("sync", BASELINE, rate)
-    results.cpu_us[BASELINE] = cpu
+    def batch(n: int) -> None:
+        for reply in ops.batch(n):
+            applied.check(reply)
 
-    keys = _value_keys(name)[1:]
+    phase(f"{contender}: fenced writes, one thread", seconds)
+    one(0)  # connect
+    rate, cpu = loop_rate(one, seconds)
+    results.add("sync", contender, rate)
+    results.cpu_us[contender] = cpu
 
-    def pipeline_op(n: int) -> None:
-        pipe = client.pipeline(transaction=False)
-        for k in keys:
-            pipe.evalsha(script.sha, 2, mark, k, TOKEN, n)
-        for one in pipe.execute():
-            applied.check(one)
-
-    phase(f"redis-py: pipelines of {BATCH} EVALSHAs", seconds)
-    pipeline_op(0)
-    rate, _cpu = loop_rate(pipeline_op, seconds)
-    results.add("pipeline", BASELINE, rate * BATCH)
+    phase(f"{contender}: pipelines of {BATCH} fenced writes", seconds)
+    batch(0)
+    rate, _cpu = loop_rate(batch, seconds)
+    results.add("pipeline", contender, rate * BATCH)
 
     async def in_loop() -> None:
-        aclient = make_async_client()
+        async with ops.open_async() as write:
 
-        async def op(n: int) -> None:
-            applied.check(await aclient.evalsha(script.sha, 2, mark, key, TOKEN, n))
+            async def op(n: int) -> None:
+                applied.check(await write(n))
 
-        try:
             for case, tasks in (("tasks", TASKS), ("task", 1)):
-                phase(f"redis.asyncio: EVALSHA, {tasks} task(s)", seconds)
-                await async_rate(op, tasks, min(0.05, seconds))
-                results.add(case, BASELINE, await async_rate(op, tasks, seconds))
-        finally:
-            await aclient.aclose()
+                phase(f"{contender}: asyncio fenced writes, {tasks} task(s)", seconds)
+                await async_rate(op, tasks, min(0.05, seconds))  # connect, warm up
+                results.add(case, contender, await async_rate(op, tasks, seconds))
 
     asyncio.run(in_loop())
 
