@@ -195,6 +195,48 @@ def test_a_signal_handler_can_interrupt_a_call_waiting_on_the_server(
     assert pool.command(["ECHO", "in step"], 2.0) == b"in step"
 
 
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals")
+def test_a_restarting_signal_handler_still_interrupts_a_call_waiting_on_the_server(
+    server: Server, pool: Any
+) -> None:
+    # With SA_RESTART (siginterrupt False) the kernel restarts a plain blocking
+    # read after the handler; a call waiting for its reply must still let a
+    # raising handler end it, not sleep on until its timeout.
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Interrupted
+
+    assert pool.command(["PING"], 2.0) == b"PONG"
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.siginterrupt(signal.SIGALRM, False)
+    server.pause()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        t0 = time.monotonic()
+        with pytest.raises(_Interrupted):
+            pool.execute(lua("return 1"), [], [], 10.0)
+        assert time.monotonic() - t0 < 3.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        server.resume()
+    assert pool.command(["ECHO", "in step"], 2.0) == b"in step"
+
+
+def test_each_call_keeps_its_own_timeout_after_a_longer_one(server: Server, pool: Any) -> None:
+    # A long call first, then a short one on the same connection while the
+    # server is paused: the short one times out at its own bound.
+    assert pool.command(["PING"], 30.0) == b"PONG"
+    server.pause()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(rex.TimeoutError):
+            pool.execute(lua("return 1"), [], [], 0.3)
+        assert 0.25 <= time.monotonic() - t0 < 1.5
+    finally:
+        server.resume()
+    assert pool.command(["PING"], 30.0) == b"PONG"
+
+
 def test_a_signal_handler_may_close_the_pool_its_thread_is_calling(server: Server) -> None:
     # A cleanup handler (say, SIGTERM -> locker.close()) runs on the main
     # thread while that thread is inside a call holding a connection. close()

@@ -27,6 +27,10 @@ cdef enum:
 # ``timeout`` setting) is replaced instead of failing the next call.
 cdef int64_t IDLE_PROBE_NS = 1000000000
 
+# A blocking read may outlast its deadline by this much before SO_RCVTIMEO
+# is set again (setting it costs a system call; most calls share a timeout).
+cdef int64_t RCVTIMEO_SLACK_NS = 2000000
+
 
 cdef struct rl_conn:
     int fd
@@ -42,6 +46,9 @@ cdef struct rl_conn:
     int hello_replies
     int slot              # cluster slot of the command in ``w`` (-1: none); see _discovery.pxi
     int failover_is_final  # a keeper's: READONLY / MASTERDOWN are answers, not resent (_route.pxi)
+    int blocking_reads    # plain sockets: wait for a reply in recv itself (see conn_read_reply)
+    int fd_blocking       # this socket's reads block, bounded by SO_RCVTIMEO = rcvtimeo_ns
+    int64_t rcvtimeo_ns
     void* disco           # how the server is found (Sentinel, Cluster), or NULL: a fixed address
     int64_t last_used
     size_t hello_len
@@ -87,6 +94,8 @@ cdef void conn_drop(rl_conn* c) noexcept nogil:
     if c.fd >= 0:
         close(c.fd)
         c.fd = -1
+    c.fd_blocking = 0
+    c.rcvtimeo_ns = 0
     c.r.len = 0
     c.reply_len = 0
 
@@ -144,11 +153,7 @@ cdef int conn_wait(rl_conn* c, short events, int64_t deadline, const char* what)
         rc = rl_ppoll(fds, nfds, deadline - now)
         if rc < 0:
             if errno == EINTR:
-                if c.python_signals and run_signal_handlers() < 0:
-                    # The handler raised (KeyboardInterrupt...): the round trip
-                    # is abandoned, and with it the connection's place in the stream.
-                    conn_fail(c, RL_EINTERRUPTED, "interrupted")
-                    conn_drop(c)
+                if conn_interrupted(c) < 0:
                     return -1
                 continue
             return conn_io_error(c, errno, what)
@@ -160,6 +165,17 @@ cdef int conn_wait(rl_conn* c, short events, int64_t deadline, const char* what)
             return -1
         if fds[0].revents != 0:
             return 0
+
+
+cdef int conn_interrupted(rl_conn* c) noexcept nogil:
+    """After EINTR: let Python's signal handlers run; -1 (and dropped) when one raised."""
+    if c.python_signals and run_signal_handlers() < 0:
+        # The handler raised (KeyboardInterrupt...): the round trip is
+        # abandoned, and with it the connection's place in the stream.
+        conn_fail(c, RL_EINTERRUPTED, "interrupted")
+        conn_drop(c)
+        return -1
+    return 0
 
 
 cdef int run_signal_handlers() noexcept nogil:
@@ -175,7 +191,7 @@ cdef int conn_send(rl_conn* c, const char* data, size_t n, int64_t deadline) noe
     if c.ssl != NULL:
         return tls_send(c, data, n, deadline)
     while off < n:
-        k = send(c.fd, data + off, n - off, MSG_NOSIGNAL)
+        k = send(c.fd, data + off, n - off, MSG_NOSIGNAL | MSG_DONTWAIT)
         if k >= 0:
             off += <size_t>k
             continue
@@ -193,6 +209,7 @@ cdef int conn_read_reply(rl_conn* c, int64_t deadline) noexcept nogil:
     """Read until one whole reply is buffered; its nodes land in ``c.nodes``."""
     cdef Py_ssize_t rc
     cdef ssize_t k
+    cdef int64_t now
     while True:
         if c.r.len > 0:
             rc = resp_parse(c.r.data, c.r.len, &c.nodes)
@@ -211,7 +228,19 @@ cdef int conn_read_reply(rl_conn* c, int64_t deadline) noexcept nogil:
             if tls_read_more(c, deadline) < 0:
                 return -1
             continue
-        if conn_wait(c, POLLIN, deadline, "reading from") < 0:
+        if c.fd_blocking:
+            # The reply is waited for in recv itself, one system call instead
+            # of a poll and a read; SO_RCVTIMEO keeps it within the deadline
+            # (give or take RCVTIMEO_SLACK_NS and the kernel's tick).
+            now = rl_now_ns()
+            if now >= deadline:
+                return conn_timeout(c, "reading from")
+            if c.rcvtimeo_ns == 0 or c.rcvtimeo_ns > deadline - now + RCVTIMEO_SLACK_NS \
+                    or c.rcvtimeo_ns < (deadline - now) // 2:
+                if rl_set_rcvtimeo(c.fd, deadline - now) < 0:
+                    return conn_io_error(c, errno, "reading from")
+                c.rcvtimeo_ns = deadline - now
+        elif conn_wait(c, POLLIN, deadline, "reading from") < 0:
             return -1
         if buf_reserve(&c.r, READ_CHUNK) < 0:
             conn_fail(c, RL_ENOMEM, "out of memory reading a reply")
@@ -224,7 +253,10 @@ cdef int conn_read_reply(rl_conn* c, int64_t deadline) noexcept nogil:
             conn_fail(c, RL_ECONN, "Connection closed by server.")
             conn_drop(c)
             return -1
-        elif errno != EINTR and not rl_would_block(errno):
+        elif errno == EINTR:
+            if c.fd_blocking and conn_interrupted(c) < 0:
+                return -1
+        elif not rl_would_block(errno):
             return conn_io_error(c, errno, "reading from")
 
 
@@ -341,6 +373,8 @@ cdef int conn_connect(rl_conn* c, int64_t deadline) noexcept nogil:
             return -1
         if conn_handshake(c, deadline) < 0:
             return -1
+        if c.blocking_reads and c.ssl == NULL and rl_set_blocking(fd) == 0:
+            c.fd_blocking = 1
         c.last_used = rl_now_ns()
         return 0
     if not c.keep_addrs:

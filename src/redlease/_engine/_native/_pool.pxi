@@ -281,6 +281,8 @@ cdef class Pool:
             self.size = i + 1
             target.init_conn(&self.slots[i].conn)
             self.slots[i].conn.python_signals = 1
+            # One caller at a time, no cancel fd: its reply can be waited for in recv.
+            self.slots[i].conn.blocking_reads = 1
         _live.add(self)
 
     def __dealloc__(self):

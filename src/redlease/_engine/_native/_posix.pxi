@@ -20,11 +20,31 @@ cdef extern from *:
     #include <poll.h>
     #include <pthread.h>
     #include <errno.h>
+    #include <fcntl.h>
+    #include <sys/socket.h>
+    #include <sys/time.h>
 
     static inline int64_t rl_now_ns(void) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         return (int64_t)ts.tv_sec * 1000000000LL + (int64_t)ts.tv_nsec;
+    }
+
+    /* A socket whose reads block (its writes still pass MSG_DONTWAIT). */
+    static inline int rl_set_blocking(int fd) {
+        int flags = fcntl(fd, F_GETFL);
+        if (flags < 0) return -1;
+        return fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    }
+
+    /* How long a blocking read may wait; with it set, a signal always ends
+       the read with EINTR (never restarted, whatever SA_RESTART says). */
+    static inline int rl_set_rcvtimeo(int fd, int64_t ns) {
+        struct timeval tv;
+        if (ns < 1000) ns = 1000;
+        tv.tv_sec = (time_t)(ns / 1000000000LL);
+        tv.tv_usec = (suseconds_t)((ns % 1000000000LL) / 1000);
+        return setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     }
 
     static inline struct timespec rl_ts(int64_t ns) {
@@ -134,6 +154,8 @@ cdef extern from *:
     int rl_spawn(pthread_t* t, void* (*fn)(void*) noexcept nogil, void* arg) noexcept nogil
     int rl_ppoll(pollfd* fds, int n, int64_t timeout_ns) noexcept nogil
     bint rl_would_block(int e) noexcept nogil
+    int rl_set_blocking(int fd) noexcept nogil
+    int rl_set_rcvtimeo(int fd, int64_t ns) noexcept nogil
 
     int pthread_join(pthread_t t, void** ret) nogil
     int pthread_detach(pthread_t t) nogil
