@@ -173,31 +173,9 @@ class _Interrupted(Exception):
 
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals")
+@pytest.mark.parametrize("restarting", [False, True], ids=["interrupting", "sa_restart"])
 def test_a_signal_handler_can_interrupt_a_call_waiting_on_the_server(
-    server: Server, pool: Any
-) -> None:
-    def interrupt(signum: int, frame: object) -> None:
-        raise _Interrupted
-
-    assert pool.command(["PING"], 2.0) == b"PONG"
-    previous = signal.signal(signal.SIGALRM, interrupt)
-    server.pause()
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.2)
-        t0 = time.monotonic()
-        with pytest.raises(_Interrupted):
-            pool.command(["PING"], 10.0)
-        assert time.monotonic() - t0 < 3.0
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        server.resume()
-    assert pool.command(["ECHO", "in step"], 2.0) == b"in step"
-
-
-@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals")
-def test_a_restarting_signal_handler_still_interrupts_a_call_waiting_on_the_server(
-    server: Server, pool: Any
+    server: Server, pool: Any, restarting: bool
 ) -> None:
     # With SA_RESTART (siginterrupt False) the kernel restarts a plain blocking
     # read after the handler; a call waiting for its reply must still let a
@@ -207,7 +185,7 @@ def test_a_restarting_signal_handler_still_interrupts_a_call_waiting_on_the_serv
 
     assert pool.command(["PING"], 2.0) == b"PONG"
     previous = signal.signal(signal.SIGALRM, interrupt)
-    signal.siginterrupt(signal.SIGALRM, False)
+    signal.siginterrupt(signal.SIGALRM, not restarting)
     server.pause()
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.2)
