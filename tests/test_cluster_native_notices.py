@@ -171,7 +171,7 @@ def _woken_during_a_gil_hold(
             what="a listener on the slot's master",
         )
         time.sleep(0.2)  # its first acquire lost: the follower sleeps until the next poll
-        run = follower._election.run
+        run = follower._core.run
         assert run is not None
         notices = run.driven.notices if driven else run.notices
         # Heard by a native reader on the slot's master, not by a Python listener.
@@ -366,7 +366,7 @@ def test_a_lost_native_cluster_subscription_still_hands_over(cluster_set: Cluste
         with b:
             wait_until(lambda: events.count("follower") >= 1, timeout=5, what="the follower")
             wait_until(lambda: listeners_on(cluster_set, slot, channel) >= 1, 5, what="listening")
-            run = b._election.run
+            run = b._core.run
             assert run is not None and run.driven is not None
             hub = run.driven.notices._sub.hub  # the reader on the slot's master
             connects = hub.connects

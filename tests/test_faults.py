@@ -274,7 +274,7 @@ def test_an_unexpected_acquire_failure_is_reported_and_retried(
 ) -> None:
     errors: list[Exception] = []
     e = make_elector(client, engine, ttl=0.4, observer=redlease.Observer(on_error=errors.append))
-    real_call = e._election.engine.call
+    real_call = e._core.engine.run
     failures = [RuntimeError("malformed reply"), ValueError("bad value")]
 
     def flaky_call(*args: Any, **kwargs: Any) -> Any:
@@ -282,7 +282,7 @@ def test_an_unexpected_acquire_failure_is_reported_and_retried(
             raise failures.pop(0)
         return real_call(*args, **kwargs)
 
-    e._election.engine.call = flaky_call  # type: ignore[method-assign]
+    e._core.engine.run = flaky_call  # type: ignore[method-assign]
     with e:
         wait_until(e.token, timeout=10, what="election after the failures")
     assert [type(x) for x in errors[:2]] == [RuntimeError, ValueError]
@@ -306,7 +306,7 @@ def test_a_dying_python_renewer_ends_the_term_instead_of_leaving_it_unguarded(
 
     with e.start(lead):
         wait_until(lambda: terms, timeout=5, what="election")
-        run = e._election.run
+        run = e._core.run
         assert run is not None
 
         def crash(*args: Any, **kwargs: Any) -> Any:

@@ -105,7 +105,7 @@ def test_native_term_is_lost_at_its_deadline_while_the_gil_is_held(
     n = gil_call_size(1.5)
     e, terms = lead_with(client, "native")
     try:
-        run = e._election.run
+        run = e._core.run
         assert run is not None
         keeper = run.keeper
         redis_server.pause()

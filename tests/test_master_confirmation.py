@@ -54,7 +54,7 @@ def test_an_acquire_on_a_node_the_sentinels_no_longer_name_is_given_back_and_ref
     sset = sentinel_set_fresh
     elector = make_elector(sset.master_for(socket_timeout=2), engine, name="stale-master")
     assert elector.leader() is None  # connected: the engine knows its master
-    switches = elector._election.engine._switches  # type: ignore[attr-defined]
+    switches = elector._core.engine._switches  # type: ignore[attr-defined]
     master = sset.master_address()
     [replica] = [(master[0], node.port) for node in sset.replicas()]
     switches.confirm(2.0, lambda: pytest.fail("confirmed: nothing to give back"))

@@ -318,7 +318,7 @@ def test_a_started_follower_hears_its_notice_natively_while_another_thread_holds
         follower.start()
         wait_until(lambda: subscribed(client, "driven-held:leader:released"), 5, what="subscribed")
         time.sleep(0.2)  # its first acquire lost: the driver sleeps until the next poll
-        run = follower._election.run
+        run = follower._core.run
         assert run is not None and run.driven is not None
         notices = run.driven.notices
         # The started run listens through the native reader, not a Python listener.

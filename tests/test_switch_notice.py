@@ -38,7 +38,7 @@ def _close_engines() -> Iterator[None]:
 
 def _announce(elector: object, old: tuple[str, int], new: tuple[str, int]) -> None:
     # What the watcher calls when a sentinel publishes "+switch-master".
-    elector._election.engine._switches._switched(old, new)  # type: ignore[attr-defined]
+    elector._core.engine._switches._switched(old, new)  # type: ignore[attr-defined]
 
 
 def test_a_late_switch_notice_leaves_a_term_won_on_the_new_master(

@@ -54,10 +54,10 @@ def close_all_engines() -> None:
     that a finished test has stopped. Tests on topologies close them after
     each test so later tests see no such thread.
     """
-    from redlease import _elector
+    from redlease import _election
     from redlease._engine import failover
 
-    for election in list(_elector._live_elections):
+    for election in list(_election._live_elections):
         with contextlib.suppress(Exception):
             election.engine.close()
     # Engines of electors already collected: their watchers outlive them.

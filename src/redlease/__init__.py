@@ -13,7 +13,7 @@ asyncio.
 
 from . import aio
 from ._config import DEFAULT_TTL, Config
-from ._elector import Elector
+from ._elector import Elector, Fencer
 from ._errors import (
     AutoRenewTTLTooShort,
     ConfigError,
@@ -23,7 +23,7 @@ from ._errors import (
     RedleaseError,
     TooManyEvalBodies,
 )
-from ._fence import FencedPipeline, Fencer
+from ._fence import FencedPipeline
 from ._term import Leader, Observer, Term
 from ._version import __version__
 from .lock import (

@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from ._errors import ConfigError
+from ._errors import ConfigError, NotReplicated
 
 Duration = int | float | timedelta
 
@@ -76,6 +77,32 @@ class ReplicationGuard:
     @property
     def enabled(self) -> bool:
         return self.min_replicas > 0
+
+    @property
+    def wait(self) -> ReplicationGuard | None:
+        """What an engine's ``run`` takes as ``wait``: this guard when on, else None."""
+        return self if self.min_replicas > 0 else None
+
+    def require(
+        self, acked: int, what: str, then: str, give_back: Callable[[], object] | None = None
+    ) -> None:
+        """The replication guard, the one place that raises ``NotReplicated``.
+
+        Call it for something applied on the master that ``acked`` replicas
+        confirmed: with fewer than ``min_replicas``, ``give_back`` runs (an
+        acquire releases what it won) and ``NotReplicated`` is raised, saying
+        ``what`` was confirmed by how many and ``then`` what follows.
+        """
+        if acked >= self.min_replicas:
+            return
+        if give_back is not None:
+            give_back()
+        raise NotReplicated(
+            f"{what} confirmed by {acked} of the {self.min_replicas} replicas required "
+            f"within {self.timeout_ms} ms; {then}",
+            applied=True,
+            replicas=acked,
+        )
 
     @property
     def timeout_ms(self) -> int:

@@ -269,9 +269,9 @@ class Driver:
                     chunk = entries[start : start + BATCH]
                     sent = time.monotonic()
                     try:
-                        replies: list[Any] = engine.call_many(
-                            [request for _, request in chunk], BATCH_TIMEOUT
-                        )
+                        replies: list[Any] = engine.run(
+                            [request for _, request in chunk], timeout=BATCH_TIMEOUT
+                        )[0]
                         if len(replies) != len(chunk):
                             raise RuntimeError("a batched acquire lost replies")
                     except Exception as exc:  # each step reports it as its acquire's error

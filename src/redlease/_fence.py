@@ -3,9 +3,9 @@
 ``Fence`` is the fenced-write machinery of one elector name, shared by the
 threaded and the asyncio front ends: it validates a write into a request
 (script, keys, args) before anything is sent, caches ``fence_eval`` bodies,
-and sends every request through the engine's one write path (a pipeline's
-batch through its one batch path, ``write_many``), so the two front ends
-differ only in how they wait for the reply.
+and sends every request through the engine's one way to run scripts
+(``run``; coroutines' through the loop writer, pipelines included), so the
+two front ends differ only in how they wait for the reply.
 
 A fenced write is sent at most once. When its outcome is unknown (the
 connection broke or the deadline passed after the script may have reached
@@ -14,8 +14,9 @@ write may or may not have landed, and it is never sent again behind the
 caller's back — a resent script could apply twice, or be "rejected" by the
 mark its own first copy raised. The same holds for every write of a batch.
 
-``Fencer`` is the public handle of a term's token; ``FencedPipeline`` (and
-its asyncio twin) queues fenced writes with one token for one round trip.
+``FencedPipeline`` (and its asyncio twin) queues fenced writes with one
+token for one round trip; the public ``Fencer`` handles (threaded and
+asyncio) live beside their electors and hold a ``Fence``.
 """
 
 from __future__ import annotations
@@ -31,12 +32,11 @@ from redis.exceptions import RedisError, ResponseError
 
 from . import _scripts
 from ._config import ReplicationGuard
-from ._engine import EncodableT, Engine, is_failover_reply
-from ._errors import NotReplicated, TooManyEvalBodies
+from ._engine import EncodableT, Engine, is_failover_reply, run_one
+from ._errors import TooManyEvalBodies
 from ._log import Events
 
 if TYPE_CHECKING:
-    from ._elector import Elector
     from ._engine.aiowriter import LoopWriter
     from ._scripts import Script
 
@@ -194,14 +194,8 @@ class Fence:
         """
         if request is None:
             return False
-        guard = self._guard
         try:
-            if guard.enabled:
-                reply, acked = self._engine.write_replicated(
-                    *request, guard.min_replicas, guard.timeout_ms
-                )
-            else:
-                reply, acked = self._engine.write(*request), 0
+            reply, acked = run_one(self._engine, request, wait=self._guard.wait)
         except RedisError as exc:
             self._failover_seen(request, exc)
             raise
@@ -210,40 +204,42 @@ class Fence:
     async def write_async(self, request: FenceRequest | None) -> bool:
         """``write`` for a coroutine: pipelined on the engine's connection for this loop.
 
-        Where the engine has no loop writer (see ``Engine.loop_writer``) the
-        blocking write runs on the loop's default executor instead.
+        Where the engine has no loop writer (see ``Engine.loop_writer``), or
+        the replication guard is on (WAIT must follow on the write's own
+        connection), the blocking write runs on the loop's default executor.
         """
         if request is None:
             return False
         loop = asyncio.get_running_loop()
-        if self._guard.enabled:
-            # WAIT must follow on the write's own connection: the blocking path.
+        writer = self._writer(loop)
+        if writer is None:
             return await loop.run_in_executor(None, self.write, request)
-        loop_ref, writer = self._loop_writer
-        if loop_ref() is not loop:
-            writer = self._engine.loop_writer(loop)
-            self._loop_writer = (weakref.ref(loop), writer)
         try:
-            if writer is None:
-                reply = await loop.run_in_executor(None, self._engine.write, *request)
-            else:
-                reply = await writer.write(*request)
+            reply = await writer.write(*request)
         except RedisError as exc:
             self._failover_seen(request, exc)
             raise
         return self._outcome(reply, 0)
 
+    def _writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
+        """The engine's loop writer for ``loop``; None where writes go through ``run``."""
+        if self._guard.enabled:
+            return None
+        loop_ref, writer = self._loop_writer
+        if loop_ref() is not loop:
+            writer = self._engine.loop_writer(loop)
+            self._loop_writer = (weakref.ref(loop), writer)
+        return writer
+
     def _outcome(self, reply: object, acked: int) -> bool:
+        # The engine checked the reply: 0 or 1.
         applied = reply == 1
         self._events.fenced(applied)
-        guard = self._guard
-        if applied and guard.enabled and acked < guard.min_replicas:
-            raise NotReplicated(
-                f"fenced write on {self._name!r} was applied on the master but confirmed by "
-                f"{acked} of the {guard.min_replicas} replicas required within "
-                f"{guard.timeout_ms} ms; a failover now could lose it",
-                applied=True,
-                replicas=acked,
+        if applied and self._guard.enabled:
+            self._guard.require(
+                acked,
+                f"fenced write on {self._name!r} was applied on the master but",
+                "a failover now could lose it",
             )
         return applied
 
@@ -273,28 +269,57 @@ class Fence:
 
     def _write_batch(self, batch: list[FenceRequest]) -> list[bool]:
         guard = self._guard
-        if not guard.enabled:
-            return self._results(self._engine.write_many(batch))
         # With the guard, one WAIT follows the batch on its connection.
-        replies, acked = self._engine.write_many_replicated(
-            batch, guard.min_replicas, guard.timeout_ms
-        )
+        replies, acked = self._engine.run(batch, wait=guard.wait)
         applied = self._results(replies)
-        if any(applied) and acked < guard.min_replicas:
-            raise NotReplicated(
+        if guard.enabled and any(applied):
+            guard.require(
+                acked,
                 f"fenced pipeline on {self._name!r}: {sum(applied)} of {len(applied)} writes "
-                f"applied on the master but confirmed by {acked} of the {guard.min_replicas} "
-                f"replicas required within {guard.timeout_ms} ms; a failover now could lose them",
-                applied=True,
-                replicas=acked,
+                "applied on the master but",
+                "a failover now could lose them",
             )
         return applied
 
     async def write_many_async(self, requests: Sequence[FenceRequest | None]) -> list[bool]:
-        """``write_many`` for a coroutine: one trip off the event loop for the whole batch."""
+        """``write_many`` for a coroutine: pipelined on the engine's connection for this loop.
+
+        Every write of the batch is queued on the loop writer at once, in
+        order, so they travel together; where there is no loop writer the
+        blocking batch runs on the loop's default executor.
+        """
         if not requests:
             return []
-        return await asyncio.get_running_loop().run_in_executor(None, self.write_many, requests)
+        loop = asyncio.get_running_loop()
+        if requests[0] is None:
+            return self._rejected(len(requests))  # the inert token: nothing to send
+        writer = self._writer(loop)
+        if writer is None:
+            return await loop.run_in_executor(None, self.write_many, requests)
+        batch = cast(list[FenceRequest], requests)
+        futures = [writer.write(*request) for request in batch]
+        replies: list[Any] = []
+        lost: BaseException | None = None
+        try:
+            for future in futures:
+                try:
+                    replies.append(await future)
+                except ResponseError as exc:  # an error reply: in its place, as run() gives it
+                    replies.append(exc)
+                except RedisError as exc:
+                    # The connection failed: every write still in flight fails with it.
+                    lost = lost or exc
+        finally:
+            for future in futures:
+                if not future.done():
+                    future.add_done_callback(_retrieve)
+        try:
+            if lost is not None:
+                raise lost
+            return self._results(replies)
+        except RedisError as exc:
+            self._failover_seen(batch[0], exc)
+            raise
 
     def _rejected(self, n: int) -> list[bool]:
         applied = [False] * n
@@ -302,7 +327,11 @@ class Fence:
         return applied
 
     def _results(self, replies: list[Any]) -> list[bool]:
-        """One ``applied`` per reply; the first error reply raised once all are reported."""
+        """One ``applied`` per reply; the first error reply raised once all are reported.
+
+        The engine checked every reply: 0, 1, or an exception in its place
+        (an error reply, or a reply the script cannot give).
+        """
         applied = [reply == 1 for reply in replies]
         failures = [reply for reply in replies if isinstance(reply, Exception)]
         if not failures:
@@ -464,8 +493,8 @@ class FencedPipeline(_PipelineWrites):
 class AsyncFencedPipeline(_PipelineWrites):
     """``FencedPipeline`` for asyncio, as ``redlease.aio.FencedPipeline``.
 
-    ``await pipe.execute()`` sends the batch: one hop off the event loop for
-    the whole round trip.
+    ``await pipe.execute()`` sends the batch, pipelined on the engine's
+    connection for the running loop (no thread hop) where it has one.
     """
 
     __slots__ = ()
@@ -478,52 +507,10 @@ class AsyncFencedPipeline(_PipelineWrites):
         return f"<redlease.aio.FencedPipeline token={self.token} writes={len(self)}>"
 
 
-class Fencer:
-    """A term's fencing token bound to the Elector that minted it.
-
-    Every write applies only when the token is at least the fence high-water
-    mark, checked and written in one atomic script, and returns ``applied``:
-    False means the token is stale (a newer term was elected or has written)
-    and the caller should stop. All writes share one mark. A Fencer with token
-    0 is inert: falsy, and every write is rejected.
-    """
-
-    __slots__ = ("_elector", "token")
-
-    def __init__(self, elector: Elector, token: int) -> None:
-        from ._elector import Elector
-
-        if not isinstance(elector, Elector):
-            raise TypeError(f"elector must be a redlease.Elector, got {type(elector).__name__}")
-        self._elector = elector
-        self.token = check_token(token)
-
-    def set(self, key: str | bytes, value: EncodableT) -> bool:
-        """Fenced ``SET key value``; see ``Elector.fence_set``."""
-        return self._elector.fence_set(self.token, key, value)
-
-    def hset(self, key: str | bytes, field: str | bytes, value: EncodableT) -> bool:
-        """Fenced ``HSET key field value``; see ``Elector.fence_hset``."""
-        return self._elector.fence_hset(self.token, key, field, value)
-
-    def eval(
-        self,
-        body: str,
-        keys: Sequence[str | bytes] = (),
-        args: Sequence[EncodableT] = (),
-    ) -> bool:
-        """Fenced Lua write; see ``Elector.fence_eval``."""
-        return self._elector.fence_eval(self.token, body, keys, args)
-
-    def pipeline(self) -> FencedPipeline:
-        """A pipeline of fenced writes with this token; see ``Elector.fence_pipeline``."""
-        return self._elector.fence_pipeline(self.token)
-
-    def __bool__(self) -> bool:
-        return self.token > 0
-
-    def __repr__(self) -> str:
-        return f"<redlease.Fencer {self._elector.config.name!r} token={self.token}>"
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Take a dropped write's outcome, so asyncio does not report it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _slot(key: str | bytes) -> int:

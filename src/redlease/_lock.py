@@ -22,11 +22,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from ._config import Duration, to_seconds, whole_ms
 from ._driver import driver
-from ._engine import ENDED, LOST
+from ._engine import ENDED, LOST, Keeper
 from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
 from ._log import Events
 
@@ -102,28 +102,6 @@ def _add_note(exc: BaseException, note: str) -> None:
 # -- the lock --------------------------------------------------------------------
 
 
-class LockKeeper(Protocol):
-    """The part of ``_engine.Keeper`` a lock's watchdog uses."""
-
-    @property
-    def state(self) -> int: ...
-
-    def begin(self, token: int, acquired_at: float) -> None: ...
-
-    def end(self) -> None: ...
-
-    def wait(self, timeout: float | None) -> bool: ...
-
-    def notify(self) -> None: ...
-
-    def close(self) -> None: ...
-
-    def pop_errors(self) -> list[Exception]: ...
-
-    @property
-    def renewals(self) -> int: ...
-
-
 class _Watchdog:
     """Sets ``done`` the moment the keeper reports the lease LOST; logs the renewal errors.
 
@@ -133,7 +111,7 @@ class _Watchdog:
     """
 
     def __init__(
-        self, keeper: LockKeeper, done: threading.Event, stopping: threading.Event, events: Events
+        self, keeper: Keeper, done: threading.Event, stopping: threading.Event, events: Events
     ) -> None:
         self.keeper = keeper
         self._done = done
@@ -170,7 +148,7 @@ class _Watchdog:
         return None
 
 
-def _stop_renewing(keeper: LockKeeper, stopping: threading.Event, pid: int) -> None:
+def _stop_renewing(keeper: Keeper, stopping: threading.Event, pid: int) -> None:
     """Stop the watchdog of a lock dropped without release: the lease then expires on its own."""
     if os.getpid() != pid:
         return  # a forked child's copy: the keeper is the parent's business
@@ -211,12 +189,12 @@ class Lock:
         self._pid = os.getpid()
         self._mutex = threading.Lock()
         self._released = False
-        self._keeper: LockKeeper | None = None
+        self._keeper: Keeper | None = None
         self._auto_renew = False
         self._watcher: _Watchdog | None = None
         self._abandon: weakref.finalize[Any, Any] | None = None
         self._stopping = threading.Event()
-        self._events = locker._events.child("lock", name)
+        self._events = locker._core.events.child("lock", name)
         self._events.acquired(fencing_token)
         self.done = threading.Event()
         """Set once the lease is found lost while auto-renewed (never set without auto_renew).
@@ -307,7 +285,7 @@ class Lock:
                 f"lock {self._name!r} is held by process {self._pid}, not by this forked child"
             )
 
-    def _start_watchdog(self, keeper: LockKeeper, acquired_at: float) -> None:
+    def _start_watchdog(self, keeper: Keeper, acquired_at: float) -> None:
         self._keeper = keeper
         self._auto_renew = True
         keeper.begin(self._fencing_token, acquired_at)
@@ -342,6 +320,19 @@ class Lock:
 # -- lockers ---------------------------------------------------------------------
 
 
+class LockerCore:
+    """What a locker shares with its shells (``aio``) and ``metrics``: where its locks report.
+
+    Reached through the shells' one documented internal attribute, ``_core``
+    (an ``Election`` for electors, this for lockers).
+    """
+
+    __slots__ = ("events",)
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+
+
 class Locker(ABC):
     """What every locker offers: ``acquire``, ``try_acquire`` and ``hold``.
 
@@ -359,9 +350,9 @@ class Locker(ABC):
         """Which engine serves the locker: ``"native"``, ``"python"`` or ``"memory"``."""
 
     @functools.cached_property
-    def _events(self) -> Events:
-        """Where this locker's locks report (logging, and metrics once instrumented)."""
-        return Events("locker", getattr(self, "prefix", type(self).__name__))
+    def _core(self) -> LockerCore:
+        """The locker's core, the one internal attribute its shells and metrics use."""
+        return LockerCore(Events("locker", getattr(self, "prefix", type(self).__name__)))
 
     def acquire(
         self,
@@ -507,7 +498,7 @@ class Locker(ABC):
         """Delete ``owner``'s lease; False when it is not ``owner``'s."""
 
     @abstractmethod
-    def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> LockKeeper:
+    def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> Keeper:
         """A keeper that refreshes ``owner``'s lease every ``interval`` seconds."""
 
     def _pause(self, seconds: float) -> None:

@@ -31,12 +31,24 @@ def source(name: str) -> str:
     return (_lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
 
 
+# What each script answers, where it is not 0 or 1 (every fenced write, renew,
+# release and the lock's refresh and release answer 0 or 1). The shapes
+# themselves are checked in ``_engine.replies``.
+_REPLIES = {"acquire": "acquire", "lock_acquire": "lock_acquire", "leader": "leader"}
+
+
 @dataclass(frozen=True)
 class Script:
-    """One Lua script: its source and the SHA1 that EVALSHA names it by."""
+    """One Lua script: its source, the SHA1 that EVALSHA names it by, its reply shape.
+
+    ``reply`` names what the script can answer (``"flag"``: 0 or 1; see
+    ``_engine.replies``); any other reply is an error, never a result. Every
+    script of ours has one; ``"any"`` (a script made elsewhere) checks nothing.
+    """
 
     name: str
     source: str
+    reply: str = "any"
     sha: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -46,7 +58,7 @@ class Script:
 @cache
 def load(name: str) -> Script:
     """The script in ``lua/<name>.lua``, loaded and hashed once."""
-    return Script(name, source(name))
+    return Script(name, source(name), _REPLIES.get(name, "flag"))
 
 
 def fenced(name: str, body: str) -> Script:
@@ -55,7 +67,9 @@ def fenced(name: str, body: str) -> Script:
     KEYS[1]/ARGV[1] are the high-water mark key and the token; the body's own
     keys and arguments start at index 2.
     """
-    return Script(name, source("fence_guard") + "\n" + body + "\n" + source("fence_epilogue"))
+    return Script(
+        name, source("fence_guard") + "\n" + body + "\n" + source("fence_epilogue"), "flag"
+    )
 
 
 @cache

@@ -24,13 +24,14 @@ from typing import Any, TypeVar
 
 from . import lock
 from ._config import Config, Duration
-from ._elector import Election, Run, RunLoop, check_leader_fn
+from ._election import Election, Run, check_leader_fn
 from ._engine import EncodableT
 from ._engine.aioclient import sync_twin
 from ._errors import NotHeld
 from ._fence import AsyncFencedPipeline as FencedPipeline
 from ._fence import check_token
-from ._lock import release_after_failure
+from ._lock import LockerCore, release_after_failure
+from ._runloop import RunLoop
 from ._term import Leader, Observer, Term, when_ended
 
 __all__ = [
@@ -57,22 +58,24 @@ class Fencer:
     ``applied``. Token 0 is inert: falsy, every write rejected.
     """
 
-    __slots__ = ("_elector", "token")
+    __slots__ = ("_fence", "_name", "token")
 
     def __init__(self, elector: Elector, token: int) -> None:
         if not isinstance(elector, Elector):
             raise TypeError(f"elector must be a redlease.aio.Elector, got {type(elector).__name__}")
-        self._elector = elector
+        self._fence = elector._fence
+        self._name = elector.config.name
         self.token = check_token(token)
 
     async def set(self, key: str | bytes, value: EncodableT) -> bool:
         """Fenced ``SET``; see ``Elector.fence_set``."""
-        fence = self._elector._fence  # straight to it: one coroutine less per write
+        fence = self._fence
         return await fence.write_async(fence.set_request(self.token, key, value))
 
     async def hset(self, key: str | bytes, field: str | bytes, value: EncodableT) -> bool:
         """Fenced ``HSET``; see ``Elector.fence_hset``."""
-        return await self._elector.fence_hset(self.token, key, field, value)
+        fence = self._fence
+        return await fence.write_async(fence.hset_request(self.token, key, field, value))
 
     async def eval(
         self,
@@ -81,17 +84,18 @@ class Fencer:
         args: Sequence[EncodableT] = (),
     ) -> bool:
         """Fenced Lua write; see ``Elector.fence_eval``."""
-        return await self._elector.fence_eval(self.token, body, keys, args)
+        fence = self._fence
+        return await fence.write_async(fence.eval_request(self.token, body, keys, args))
 
     def pipeline(self) -> FencedPipeline:
         """A pipeline of fenced writes with this token; ``await pipe.execute()`` sends it."""
-        return self._elector.fence_pipeline(self.token)
+        return FencedPipeline(self._fence, self.token)
 
     def __bool__(self) -> bool:
         return self.token > 0
 
     def __repr__(self) -> str:
-        return f"<redlease.aio.Fencer {self._elector.config.name!r} token={self.token}>"
+        return f"<redlease.aio.Fencer {self._name!r} token={self.token}>"
 
 
 class Elector:
@@ -421,6 +425,11 @@ class _AsyncLocker:
 
     def __init__(self, inner: lock.Locker) -> None:
         self._inner = inner
+
+    @property
+    def _core(self) -> LockerCore:
+        """The threaded locker's core (what ``metrics`` attaches to)."""
+        return self._inner._core
 
     @property
     def engine(self) -> str:

@@ -26,14 +26,15 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from . import _notices
 from ._config import Duration, ReplicationGuard
-from ._engine import Engine, call_timeout, is_cluster, make_engine
-from ._engine.keeper import PythonKeeper
-from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld, NotReplicated
+from ._engine import Engine, Keeper, call_timeout, is_cluster, make_engine, run_one
+from ._engine.renewer import Lease, Renewer
+from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
 from ._keys import LockKeys, has_hash_tag
 from ._lock import (
     DEFAULT_RETRY_INTERVAL,
@@ -41,7 +42,6 @@ from ._lock import (
     MIN_AUTO_RENEW_TTL,
     Lock,
     Locker,
-    LockKeeper,
 )
 from ._memlock import MemoryStore
 from ._scripts import load
@@ -168,30 +168,21 @@ class RedisLocker(Locker):
     def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
         keys = (self.key(name), self._keys.fencing)
         guard = self._guard
-        if guard.enabled:
-            reply, acked = self._engine.call_replicated(
-                self._acquire_script,
-                keys,
-                (owner, ttl_ms),
-                self._timeout,
-                guard.min_replicas,
-                guard.timeout_ms,
-            )
-        else:
-            reply, acked = self._engine.call(
-                self._acquire_script, keys, (owner, ttl_ms), self._timeout
-            ), 0
-        token, pttl = int(reply[0]), int(reply[1])
-        if token > 0 and guard.enabled and acked < guard.min_replicas:
-            self._give_back(name, owner)
-            raise NotReplicated(
-                f"lock {name!r} was acquired on the master but confirmed by {acked} of the "
-                f"{guard.min_replicas} replicas required within {guard.timeout_ms} ms; "
-                "released again",
-                applied=True,
-                replicas=acked,
-            )
+        reply, acked = run_one(
+            self._engine,
+            (self._acquire_script, keys, (owner, ttl_ms)),
+            timeout=self._timeout,
+            wait=guard.wait,
+        )
+        token, pttl = reply[0], reply[1]
         if token > 0:
+            if guard.enabled:
+                guard.require(
+                    acked,
+                    f"lock {name!r} was acquired on the master but",
+                    "released again",
+                    give_back=lambda: self._give_back(name, owner),
+                )
             self._engine.confirm_master(self._timeout, lambda: self._give_back(name, owner))
         return (token, 0.0) if token > 0 else (0, max(pttl, 0) / 1000)
 
@@ -202,19 +193,24 @@ class RedisLocker(Locker):
             self._release(name, owner)
 
     def _refresh(self, name: str, owner: str, ttl_ms: int) -> bool:
-        reply = self._engine.call(
-            self._refresh_script, (self.key(name),), (owner, ttl_ms), self._timeout
+        reply, _ = run_one(
+            self._engine,
+            (self._refresh_script, (self.key(name),), (owner, ttl_ms)),
+            timeout=self._timeout,
         )
-        return int(reply) == 1
+        return bool(reply == 1)
 
     def _release(self, name: str, owner: str) -> bool:
-        reply = self._engine.call(
-            self._release_script,
-            (self.key(name), self._keys.ack(owner)),
-            (owner, self._ack_ttl_ms, self._sharded_notice),
-            self._timeout,
+        reply, _ = run_one(
+            self._engine,
+            (
+                self._release_script,
+                (self.key(name), self._keys.ack(owner)),
+                (owner, self._ack_ttl_ms, self._sharded_notice),
+            ),
+            timeout=self._timeout,
         )
-        return int(reply) == 1
+        return bool(reply == 1)
 
     @contextlib.contextmanager
     def _waiting(self, name: str) -> Iterator[Callable[[float], None]]:
@@ -233,7 +229,7 @@ class RedisLocker(Locker):
         finally:
             notices.cancel()
 
-    def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> LockKeeper:
+    def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> Keeper:
         return self._engine.keeper(
             self._refresh_script,
             (self.key(name),),
@@ -258,6 +254,9 @@ class MemoryLocker(Locker):
 
     def __init__(self) -> None:
         self._store = MemoryStore()
+        # One thread renews every auto-renewed lock of this locker, in memory.
+        self._renewer = Renewer()
+        weakref.finalize(self, self._renewer.stop, 1.0)
 
     @property
     def engine(self) -> str:
@@ -274,14 +273,14 @@ class MemoryLocker(Locker):
     def _release(self, name: str, owner: str) -> bool:
         return self._store.release(name, owner)
 
-    def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> LockKeeper:
+    def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> Keeper:
         store, ttl = self._store, ttl_ms / 1000
 
         def renew(_timeout: float) -> int:
             return 1 if store.refresh(name, owner, ttl) else 0
 
-        # The same keeper as the Python engine's, renewing in memory.
-        return PythonKeeper(renew, interval=interval, ttl=ttl)
+        # The same lease and renewer as the Python engine's, renewing in memory.
+        return Lease(self._renewer, renew, interval=interval, ttl=ttl)
 
     def _pause(self, seconds: float) -> None:
         # Wake as soon as any lock is released instead of sleeping the interval out.

@@ -41,7 +41,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry
@@ -57,11 +57,10 @@ except ImportError:  # pragma: no cover - exercised in a subprocess without the 
         "redlease.metrics needs prometheus_client: pip install 'redlease[metrics]'"
     ) from None
 
+from ._election import Election
 from ._engine import LATENESS_BUCKETS
+from ._lock import LockerCore
 from ._log import Events
-
-if TYPE_CHECKING:
-    from ._elector import Election
 
 __all__ = ["instrument"]
 
@@ -279,17 +278,10 @@ def _collector(registry: CollectorRegistry) -> _Collector:
         return collector
 
 
-# The shells keep their core private; this module is the one outside them
-# that reaches in, to attach to the core's events.
-def _election_of(target: object) -> Election | None:
-    from . import aio
-    from ._elector import Elector
-
-    if isinstance(target, Elector):
-        return target._election
-    if isinstance(target, aio.Elector):
-        return target._core
-    return None
+def _core_of(target: object) -> Election | LockerCore | None:
+    """The target's core: every public shell's one documented internal attribute, ``_core``."""
+    core = getattr(target, "_core", None)
+    return core if isinstance(core, (Election, LockerCore)) else None
 
 
 def instrument(target: T, registry: CollectorRegistry | None = None) -> T:
@@ -303,11 +295,9 @@ def instrument(target: T, registry: CollectorRegistry | None = None) -> T:
     Counting starts now: terms won before are not counted, but the renew
     lateness of a run already going is.
     """
-    from . import aio
-    from ._lock import Locker
-
     registry = REGISTRY if registry is None else registry
-    election = _election_of(target)
+    core = _core_of(target)
+    election = core if isinstance(core, Election) else None
     events: Events
     if election is not None:
 
@@ -320,13 +310,12 @@ def instrument(target: T, registry: CollectorRegistry | None = None) -> T:
         instruments = _Target(election.config.name, _ELECTOR_REASONS, leader, token, True)
         events = election.events
     else:
-        locker = target._inner if isinstance(target, aio._AsyncLocker) else target
-        if not isinstance(locker, Locker):
+        if core is None:
             raise TypeError(
                 "instrument() takes a redlease Elector or RedisLocker (threaded or asyncio), "
                 f"got {type(target).__name__}"
             )
-        events = locker._events
+        events = core.events
         instruments = _Target(events.name, _LOCK_REASONS, None, None, False)
     added = _collector(registry).add(target, instruments)
     if added is instruments:

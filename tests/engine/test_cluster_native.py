@@ -106,7 +106,7 @@ def test_a_fenced_write_with_a_key_in_another_slot_is_refused_before_sending(
     with e:
         token = elected_token(e)
         sent: list[object] = []
-        engine_obj = e._election.engine
+        engine_obj = e._core.engine
         real_write = engine_obj.write
         monkeypatch.setattr(engine_obj, "write", lambda *a: sent.append(a) or real_write(*a))
         with pytest.raises(redis.exceptions.ResponseError, match=r"^CROSSSLOT.*'elsewhere'"):

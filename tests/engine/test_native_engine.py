@@ -11,7 +11,7 @@ import redis.exceptions as rex
 
 from engine_helpers import RENEW, Server, endpoint_at, lua, wait_state
 from helpers import BlackHole, require_native
-from redlease._engine import ACTIVE, LOST
+from redlease._engine import ACTIVE, LOST, run_one
 from redlease._scripts import fenced_file, load
 
 native = require_native()
@@ -33,13 +33,13 @@ def test_engine_runs_fenced_writes_and_control_scripts(server: Server, rc: redis
         assert db2.get("applied") == b"5"
         acquire = load("acquire")
         keys = ["n:leader", "n:fence", "n:fence:applied"]
-        token, pttl, holder = engine.call(acquire, keys, ["me", 500], 2.0)
+        token, pttl, holder = run_one(engine, (acquire, keys, ["me", 500]), timeout=2.0)[0]
         assert token == 1 and pttl == 500 and holder == b"me"
         k = engine.keeper(RENEW, ["n:leader"], ["me", 500], interval=0.1, ttl=0.5)
         k.begin(token, time.monotonic())
         time.sleep(0.7)
         assert k.state == ACTIVE and db2.pttl("n:leader") > 0
-        assert engine.call(load("release"), ["n:leader"], ["me"], 2.0) == 1
+        assert run_one(engine, (load("release"), ["n:leader"], ["me"]), timeout=2.0)[0] == 1
         assert wait_state(k, LOST, 2.0) is not None
     finally:
         engine.close()
@@ -57,7 +57,7 @@ def test_engine_over_a_unix_socket_with_a_write_timeout(server: Server) -> None:
                 engine.write(fenced_file("fence_hset"), ["ap", "h"], [1, "f", 3])
             assert time.monotonic() - t0 < 1.5
             with pytest.raises(rex.TimeoutError):
-                engine.call(load("release"), ["n:leader"], ["me"], 0.2)
+                run_one(engine, (load("release"), ["n:leader"], ["me"]), timeout=0.2)[0]
         finally:
             server.resume()
         # A timed-out write may still have been applied: the outcome is unknown,
@@ -95,7 +95,7 @@ def test_no_repr_or_error_shows_the_password(
             pool.command(["PING"], 2.0)
         shown.append(refused.value)
         with pytest.raises(rex.AuthenticationError) as refused_call:
-            engine.call(load("release"), ["n:leader"], ["me"], 2.0)
+            run_one(engine, (load("release"), ["n:leader"], ["me"]), timeout=2.0)[0]
         shown.append(refused_call.value)
         keeper.begin(1, time.monotonic())
         assert wait_state(keeper, LOST, 3.0) is not None

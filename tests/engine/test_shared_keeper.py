@@ -124,7 +124,7 @@ def test_2000_native_electors_renew_through_a_gil_hog_and_a_follower_steals_none
         thief.close(wait=20)
     assert thief.elections() == []
     assert {e.config.name: e.token() for e in group} == tokens
-    renewals = [e._election.run.keeper.renewals for e in group if e._election.run]  # type: ignore[attr-defined]
+    renewals = [e._core.run.keeper.renewals for e in group if e._core.run]  # type: ignore[attr-defined]
     assert len(renewals) == 2000 and min(renewals) >= 3
 
 
@@ -138,7 +138,7 @@ def test_a_frozen_server_ends_only_the_leases_on_it_at_their_deadlines(
         stopper.extend(on_frozen + on_serving)
         start_all(on_frozen)
         tokens = start_all(on_serving)
-        renewed = [e._election.run.keeper.renewed_at for e in on_frozen]  # type: ignore[union-attr]
+        renewed = [e._core.run.keeper.renewed_at for e in on_frozen]  # type: ignore[union-attr]
         frozen_server.pause()
         paused_at = time.monotonic()
         try:
@@ -171,7 +171,7 @@ def test_a_lease_whose_renewal_answers_0_ends_alone(
     stopper.extend(group)
     tokens = start_all(group)
     victim = group[7]
-    run = victim._election.run
+    run = victim._core.run
     assert run is not None
     keeper = run.keeper
     # Somebody else's lease now: the victim's next renewal answers 0.

@@ -31,7 +31,7 @@ from helpers import (
     hold_gil_at_least,
     wait_until,
 )
-from redlease._engine import ACTIVE, LOST
+from redlease._engine import ACTIVE, LOST, run_one
 from redlease._testing import RedisServer, TLSMaterials
 from redlease.lock import DEFAULT_PREFIX, RedisLocker
 from tls_helpers import (
@@ -61,7 +61,7 @@ def test_auto_runs_a_tls_client_natively_and_it_elects_renews_fences_and_resigns
     assert (e.engine, e.engine_reason) == ("native", "")
     with e:
         token = elected_token(e)
-        run = e._election.run
+        run = e._core.run
         assert run is not None
         assert e.fence_set(token, "tls:state", "leader-wrote")
         assert client.get("tls:fence:applied") == str(token).encode()
@@ -381,7 +381,7 @@ def test_a_wrong_key_password_is_a_config_error_that_never_shows_it(
     # The right password builds; nothing shown of the elector or engine has it.
     client = redis.Redis(port=7, **base, **cert, ssl_password=SECRET_KEY_PASSWORD)
     e = redlease.Elector(client, "tls", engine="native")
-    engine = e._election.engine
+    engine = e._core.engine
     shown = "\n".join([repr(e), repr(engine), repr(getattr(engine, "endpoint", None))])
     assert SECRET_KEY_PASSWORD not in shown
 
@@ -407,7 +407,7 @@ def test_a_frozen_tls_server_costs_the_term_at_its_deadline_and_bounds_every_cal
     try:
         wait_until(lambda: terms, timeout=5, what="election")
         term = terms[0]
-        run = e._election.run
+        run = e._core.run
         assert run is not None
         keeper = run.keeper
         time.sleep(0.2)
@@ -600,7 +600,7 @@ def test_a_native_keeper_renews_over_tls_past_three_ttls(tls_endpoint: Any) -> N
     engine = NativeEngine(tls_endpoint, write_timeout=2.0)
     try:
         keys = ["k:leader", "k:fence", "k:fence:applied"]
-        token, _, _ = engine.call(load("acquire"), keys, ["me", 300], 2.0)
+        token, _, _ = run_one(engine, (load("acquire"), keys, ["me", 300]), timeout=2.0)[0]
         keeper = engine.keeper(load("renew"), ["k:leader"], ["me", 300], interval=0.1, ttl=0.3)
         # On a fixed address the engine's shared renewer keeps it, over TLS too.
         assert isinstance(keeper, core.Lease)
@@ -623,7 +623,7 @@ def test_a_forked_child_leaves_the_parents_tls_connections_alone(tls_endpoint: A
     pool = core.Pool(core.Target(tls_endpoint), 1)
     try:
         keys = ["f:leader", "f:fence", "f:fence:applied"]
-        token, _, _ = engine.call(load("acquire"), keys, ["me", 500], 2.0)
+        token, _, _ = run_one(engine, (load("acquire"), keys, ["me", 500]), timeout=2.0)[0]
         keeper = engine.keeper(load("renew"), ["f:leader"], ["me", 500], interval=0.02, ttl=0.5)
         keeper.begin(token, time.monotonic())
         parent_id = pool.command(["CLIENT", "ID"], 2.0)

@@ -1,6 +1,7 @@
 """Engines: what an Elector or a locker needs from Redis, and the two that provide it.
 
 ``base`` holds the Engine and Keeper protocols and the keeper states;
+``replies`` says what a reply means;
 ``select`` picks an engine for a client; ``keeper`` is the Python keeper
 (shared by the Python engine and ``MemoryLocker``); ``python`` and
 ``native`` are the engines; ``_native`` is the Cython core.
@@ -9,16 +10,17 @@
 from .base import (
     ACTIVE,
     ENDED,
-    FAILOVER_REPLIES,
     IDLE,
     LATENESS_BUCKETS,
     LOST,
     EncodableT,
     Engine,
     Keeper,
-    is_failover_reply,
+    ScriptRequest,
+    run_one,
 )
 from .client import call_timeout, is_cluster, socket_timeout, write_timeout
+from .replies import FAILOVER_REPLIES, UnexpectedReply, is_failover_reply
 from .select import make_engine, native_available, resolve_engine_name, shared_engine
 
 __all__ = [
@@ -31,12 +33,15 @@ __all__ = [
     "EncodableT",
     "Engine",
     "Keeper",
+    "ScriptRequest",
+    "UnexpectedReply",
     "call_timeout",
     "is_cluster",
     "is_failover_reply",
     "make_engine",
     "native_available",
     "resolve_engine_name",
+    "run_one",
     "shared_engine",
     "socket_timeout",
     "write_timeout",

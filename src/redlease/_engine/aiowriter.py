@@ -50,19 +50,25 @@ from typing import Any, Protocol
 
 import hiredis
 from redis.exceptions import (
-    AskError,
-    BusyLoadingError,
-    ClusterDownError,
     ConnectionError,
-    NoScriptError,
-    ReadOnlyError,
     RedisError,
     TimeoutError,
-    TryAgainError,
 )
 
 from .._scripts import Script
 from .base import EncodableT
+from .replies import (
+    ASK,
+    DONE,
+    FAILOVER,
+    MOVED,
+    NOSCRIPT,
+    RETRY,
+    TRYAGAIN,
+    UnexpectedReply,
+    check,
+    classify,
+)
 
 try:
     from redis._parsers import BaseParser as _BaseParser
@@ -111,9 +117,8 @@ Put = Callable[[Script, Sequence["str | bytes"], Sequence[EncodableT], bool], No
 _Future = asyncio.Future
 _monotonic = time.monotonic
 
-_RAN_ELSEWHERE = (ReadOnlyError, BusyLoadingError, ClusterDownError, AskError, TryAgainError)
-"""Error replies of a call that did not run on this server (MOVED is an AskError,
-MASTERDOWN a ClusterDownError)."""
+_RAN_ELSEWHERE = (MOVED, ASK, TRYAGAIN, RETRY, FAILOVER)
+"""Kinds of error reply (``replies.classify``) of a call that did not run on this server."""
 
 
 # One call in flight: its future, what to resend on NOSCRIPT, and its deadline.
@@ -257,23 +262,29 @@ class LoopWriter:
                 self._fail(ConnectionError("redlease: a reply nobody asked for; connection reset"))
                 return
             fut, script, keys, args, _deadline = pending.popleft()
-            if type(reply) is int:
-                if not fut.done():
+            kind = DONE if not isinstance(reply, Exception) else classify(reply)
+            if kind == DONE:
+                reply = check(script, reply)
+                if type(reply) is UnexpectedReply:
+                    # Not a result, and whatever follows on this stream is
+                    # suspect: every call still in flight fails unknown.
+                    if not fut.done():
+                        fut.set_exception(reply)
+                    self._fail(ConnectionError(f"redlease: connection reset after: {reply}"))
+                    return
+                if not fut.done():  # else the task was cancelled: the reply is dropped
                     fut.set_result(reply)
-            elif type(reply) is NoScriptError:
+            elif kind == NOSCRIPT:
                 # Not run: load the script with EVAL and wait for that reply instead.
                 self._put(script, keys, args, True)
                 pending.append((fut, script, keys, args, self._loop().time() + self._timeout))
                 resend = True
-            elif isinstance(reply, _RAN_ELSEWHERE):
+            elif kind in _RAN_ELSEWHERE:
                 self._reroute = True
                 if not fut.done():
                     self._send_blocking(fut, script, keys, args)
-            elif isinstance(reply, Exception):
-                if not fut.done():
-                    fut.set_exception(reply)
-            elif not fut.done():  # else the task was cancelled: the reply is dropped
-                fut.set_result(reply)
+            elif not fut.done():
+                fut.set_exception(reply)
         if self._reroute and not pending:
             self._reroute = False
             self._disconnect()

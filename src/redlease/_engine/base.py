@@ -1,18 +1,17 @@
 """The one small internal interface both engines implement.
 
-An engine owns three things for one Elector (or one RedisLocker):
+An engine owns three things for one Elector (or one locker):
 
-* ``call`` — the control path (acquire, release, lock scripts): one bounded
-  EVALSHA round trip on the engine's *own* connection, never on the user's
-  client, so a client configured with retries or no timeout can never stretch
-  it. NOSCRIPT is recovered by EVAL and one retry.
-* ``write`` — the fenced-write path that users drive (``fence_set`` & co).
-* ``loop_writer`` — the same fenced writes for coroutines, pipelined on a
-  connection the event loop drives.
-* ``keeper`` — a lease keeper that renews one lease on time. Every keeper of
-  an engine is renewed by the engine's one renewal thread (natively: one
-  native thread and one connection, pipelining the renewals due together);
-  each keeps its own deadline, token and state.
+* ``run`` — every script call: a batch of one or many, on the engine's *own*
+  connections, never on the user's client, so a client configured with
+  retries or no timeout can never stretch it; one deadline for the whole
+  round trip; replies checked against what each script can answer; with
+  the replication guard, the WAIT on the same connection.
+* ``loop_writer`` — fenced writes for coroutines, pipelined on a connection
+  the event loop drives.
+* ``keeper`` — a lease on the engine's one renewer, which renews every lease
+  of the engine on time (natively: one native thread, pipelining the
+  renewals due together); each lease keeps its own deadline, token and state.
 
 The native engine implements them in Cython with the GIL released; the
 pure-Python engine with redis-py connections and a Python thread. The
@@ -26,8 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from redis.exceptions import ConnectionError, MasterDownError, ReadOnlyError, ResponseError
-
+from .._config import ReplicationGuard
 from .._scripts import Script
 
 if TYPE_CHECKING:
@@ -95,35 +93,6 @@ ENDED = 3
 """The term was ended by the owner (``end()``); nothing is renewed any more."""
 
 
-FAILOVER_REPLIES = ("READONLY", "MASTERDOWN", "NOREPLICAS")
-"""Error replies saying the server is no longer the master a lease was granted on.
-
-A term answered with one of them ends at once: its lease lives on a server
-that is now a replica, cut off from its replicas, or refusing writes.
-"""
-
-
-_SENTINEL_DEMOTED = "The previous master is now a slave"
-
-
-def is_failover_reply(exc: BaseException) -> bool:
-    """Whether ``exc`` is a READONLY, MASTERDOWN or NOREPLICAS error reply."""
-    if isinstance(exc, (ReadOnlyError, MasterDownError)):
-        return True
-    if isinstance(exc, ConnectionError):
-        # What redis-py's Sentinel connections make of a READONLY reply.
-        return str(exc) == _SENTINEL_DEMOTED
-    if not isinstance(exc, ResponseError):
-        return False
-    # redis-py strips the error codes it knows and keeps the others. Inside a
-    # script, Redis 7 passes the command's error code on; Redis 6 wraps it:
-    # "Error running script (...): @user_script:1: -READONLY You can't...".
-    text = str(exc).lstrip()
-    return text.startswith(FAILOVER_REPLIES) or any(
-        f": -{code} " in text for code in FAILOVER_REPLIES
-    )
-
-
 class Keeper(Protocol):
     """Keeps one lease alive from a dedicated thread.
 
@@ -136,8 +105,9 @@ class Keeper(Protocol):
     tick: at the deadline the term is LOST even if a renewal is in flight.
     Every state change and every error wakes ``wait()`` and makes
     ``fileno()`` readable. A renewal answered READONLY, MASTERDOWN or
-    NOREPLICAS (``FAILOVER_REPLIES``) ends the term as LOST at once: the
-    server is no longer the master the lease was granted on.
+    NOREPLICAS (``replies.FAILOVER_REPLIES``) ends the term as LOST at once:
+    the server is no longer the master the lease was granted on. A reply the
+    script cannot give is an error like any other, never a loss.
     """
 
     @property
@@ -251,102 +221,53 @@ class Notices(Protocol):
 
 
 class Engine(Protocol):
-    """What an Elector or a RedisLocker needs from Redis."""
+    """What an Elector or a locker needs from Redis: one way to run scripts, and a renewer.
+
+    Every script call — acquire, release, a lock's scripts, a fenced write,
+    a pipeline — goes through ``run``; coroutines' fenced writes through
+    ``loop_writer``; every lease is renewed by ``keeper``'s one renewer.
+    """
 
     name: str
     reason: str
     """Why the native engine does not serve the client, in one sentence ("" when it does)."""
 
-    def call(
+    def run(
         self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
-        timeout: float,
-    ) -> Any:
-        """Run ``script`` on the engine's own connection, bounded by ``timeout`` seconds in all.
+        batch: Sequence[ScriptRequest],
+        *,
+        timeout: float | None = None,
+        wait: ReplicationGuard | None = None,
+    ) -> tuple[list[Any], int]:
+        """Run ``batch`` in one round trip on one of the engine's own connections, in order.
 
-        Thread-safe. Raises redis-py's ResponseError / ConnectionError /
-        TimeoutError. Replies: int, bytes, None or lists of them.
+        ``(replies, acknowledged)``. Each reply is what its script answered,
+        checked against the script's reply shape (``replies.check``): an
+        error reply, or a reply the script cannot give (``UnexpectedReply``),
+        stands in its place as the exception object, not raised, so every
+        reply is read first. NOSCRIPT is recovered by sending only the calls
+        it answered again, as EVAL. A failure that leaves the outcome unknown
+        (the connection broke, the deadline passed) raises redis-py's
+        ConnectionError / TimeoutError and sends nothing again.
+
+        ``timeout`` None: a fenced write the user drives, bounded by the
+        client's socket timeout (``DEFAULT_WRITE_TIMEOUT`` without one), on
+        the write connections. A number: a control call (acquire, release,
+        the lock scripts), bounded by that many seconds in all, on the
+        control connections. ``wait``: ``WAIT min_replicas timeout_ms``
+        follows the batch on the same connection (not after an error reply
+        to a single call); ``acknowledged`` is its count (0 without).
+        Thread-safe.
         """
-        ...
-
-    def call_many(self, requests: Sequence[ScriptRequest], timeout: float) -> list[Any]:
-        """Many control-path scripts in one round trip on the engine's own connection.
-
-        Replies in order; an error reply is the exception object in its place,
-        not raised. A failure that leaves replies unread raises ConnectionError /
-        TimeoutError. Not on a cluster (one connection, one node).
-        """
-        ...
-
-    def write(
-        self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
-    ) -> Any:
-        """Run a fenced-write script (user-driven path). Thread-safe. Same errors as ``call``."""
         ...
 
     def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
-        """The fenced-write path for coroutines on ``loop``, or None to use ``write`` off the loop.
+        """The fenced-write path for coroutines on ``loop``, or None to use ``run`` off the loop.
 
         One pipelined connection per loop, driven by the loop itself (see
         ``aiowriter``): no thread hop per write. Only from ``loop``'s thread.
-        None where the engine cannot (the Python engine on a cluster): its
-        writes go through ``write``. Renewals never share this connection.
-        """
-        ...
-
-    def call_replicated(
-        self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
-        timeout: float,
-        replicas: int,
-        wait_ms: int,
-    ) -> tuple[Any, int]:
-        """``call``, then ``WAIT replicas wait_ms`` on the same connection.
-
-        ``(reply, acknowledged)``: the script's reply and how many replicas
-        confirmed it. An error reply raises without a WAIT. The WAIT is
-        bounded by ``wait_ms`` plus what is left of ``timeout``.
-        """
-        ...
-
-    def write_replicated(
-        self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
-        replicas: int,
-        wait_ms: int,
-    ) -> tuple[Any, int]:
-        """``write``, then ``WAIT`` on the same connection; as ``call_replicated``."""
-        ...
-
-    def write_many_replicated(
-        self, requests: Sequence[ScriptRequest], replicas: int, wait_ms: int
-    ) -> tuple[list[Any], int]:
-        """``write_many``, then one ``WAIT replicas wait_ms`` on the same connection.
-
-        ``(replies, acknowledged)``. A failure of the WAIT itself raises
-        (the batch's replies are then lost to the caller, as after any
-        failure that leaves an outcome unknown).
-        """
-        ...
-
-    def write_many(self, requests: Sequence[ScriptRequest]) -> list[Any]:
-        """Run many fenced-write scripts in one round trip on one write connection, in order.
-
-        Bounded by the write timeout in all. Returns every reply in order; an
-        error reply is a ResponseError object in the list, not raised, so all
-        replies are read first. NOSCRIPT is recovered by sending only the
-        commands it answered again as EVAL. A failure that leaves replies
-        unread raises ConnectionError / TimeoutError and sends nothing again.
-        Thread-safe.
+        None where the engine cannot (the Python engine on a cluster).
+        Renewals never share this connection.
         """
         ...
 
@@ -359,7 +280,7 @@ class Engine(Protocol):
         interval: float,
         ttl: float,
     ) -> Keeper:
-        """A new lease keeper renewing with ``script`` (reply 1 renewed, 0 lost)."""
+        """A new lease on the engine's one renewer, renewing with ``script`` (1 renewed, 0 lost)."""
         ...
 
     def confirm_master(self, timeout: float, release: Callable[[], object]) -> None:
@@ -381,3 +302,18 @@ class Engine(Protocol):
     def close(self) -> None:
         """Close the engine's own connections (not the user's client)."""
         ...
+
+
+def run_one(
+    engine: Engine,
+    request: ScriptRequest,
+    *,
+    timeout: float | None = None,
+    wait: ReplicationGuard | None = None,
+) -> tuple[Any, int]:
+    """One script call through ``engine.run``: ``(reply, acknowledged)``; its error raised."""
+    replies, acked = engine.run((request,), timeout=timeout, wait=wait)
+    reply = replies[0]
+    if isinstance(reply, Exception):
+        raise reply
+    return reply, acked

@@ -15,6 +15,9 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from redis.exceptions import ResponseError
+
+from .._config import ReplicationGuard
 from .._scripts import Script
 from ._native import _core as _native
 from .aiowriter import LoopWriter
@@ -25,9 +28,11 @@ from .base import (
     EncodableT,
     Notices,
     ScriptRequest,
+    run_one,
 )
 from .client import Endpoint
 from .failover import MasterSwitches
+from .replies import check
 
 
 class _Tracked:
@@ -61,10 +66,10 @@ class _Lease(_Tracked, _native.Lease):
 class NativeEngine:
     """Runs scripts and keeps leases with the native core (see ``_engine.Engine``).
 
-    ``call`` and ``write`` are safe from any number of threads: each takes a
-    free connection from a small pool (waiting for one counts against the
-    timeout), runs EVALSHA (EVAL once on NOSCRIPT) with the GIL released, and
-    raises redis-py's own exception types. ``write`` is bounded by
+    ``run`` is safe from any number of threads: it takes a free connection
+    from a small pool (waiting for one counts against the timeout), runs
+    EVALSHA (EVAL once on NOSCRIPT) with the GIL released, and raises
+    redis-py's own exception types. A fenced write is bounded by
     ``write_timeout`` seconds, or ``DEFAULT_WRITE_TIMEOUT`` when it is None.
     """
 
@@ -103,88 +108,56 @@ class NativeEngine:
             ref = self._refs.setdefault(script.sha, _native.ScriptRef(script.sha, script.source))
         return ref
 
-    def call(
+    def run(
         self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
-        timeout: float,
-    ) -> Any:
-        """Run ``script`` on a control connection, bounded by ``timeout`` seconds in all."""
-        return self._calls.execute(self._ref(script), keys, args, timeout)
+        batch: Sequence[ScriptRequest],
+        *,
+        timeout: float | None = None,
+        wait: ReplicationGuard | None = None,
+    ) -> tuple[list[Any], int]:
+        """Script calls in one round trip on a pooled connection, GIL released (see ``Engine``)."""
+        if timeout is None:
+            pool, bound = self._writes, self.write_timeout
+        else:
+            pool, bound = self._calls, timeout
+        refs = self._refs
+        if len(batch) == 1:
+            # One call, the common case: the pool's single-script path.
+            script, keys, args = batch[0]
+            ref = refs.get(script.sha) or self._ref(script)
+            try:
+                if wait is None:
+                    reply, acked = pool.execute(ref, keys, args, bound), 0
+                else:
+                    reply, acked = pool.execute_wait(
+                        ref, keys, args, bound, wait.min_replicas, wait.timeout_ms
+                    )
+            except ResponseError as exc:
+                return [exc], 0
+            return [check(script, reply)], acked
+        refs_batch = [(refs.get(s.sha) or self._ref(s), k, a) for s, k, a in batch]
+        if wait is None:
+            replies, acked = _native.execute_many(pool, refs_batch, bound), 0
+        else:
+            replies, acked = _native.execute_many(
+                pool, refs_batch, bound, wait.min_replicas, wait.timeout_ms
+            )
+        return [check(s, r) for (s, _k, _a), r in zip(batch, replies, strict=True)], acked
 
-    def call_many(self, requests: Sequence[ScriptRequest], timeout: float) -> list[Any]:
-        """Control-path scripts in one round trip on a control connection (GIL released)."""
-        batch = [(self._ref(script), keys, args) for script, keys, args in requests]
-        return _native.execute_many(self._calls, batch, timeout)
-
-    def write(
-        self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
+    def _write_one(
+        self, script: Script, keys: Sequence[str | bytes], args: Sequence[EncodableT]
     ) -> Any:
-        """Run a fenced-write script on a write connection, bounded by ``write_timeout``."""
-        ref = self._refs.get(script.sha) or self._ref(script)
-        return self._writes.execute(ref, keys, args, self.write_timeout)
+        """One fenced write, its error raised: the loop writer's way round a reply it cannot use."""
+        return run_one(self, (script, keys, args))[0]
 
     def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
-        """The pipelined writer on ``loop`` (made on first use), or None where unserved."""
+        """The pipelined writer on ``loop`` (made on first use)."""
         writer = self._loop_writers.get(loop)
         if writer is None:
             conn = _native.LoopConn(self._target, self._refs, self._ref)
-            writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self.write)
+            writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self._write_one)
             self._loop_writers[loop] = writer
         return writer
-
-    def call_replicated(
-        self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
-        timeout: float,
-        replicas: int,
-        wait_ms: int,
-    ) -> tuple[Any, int]:
-        """``call`` and a WAIT on the same control connection, both without the GIL."""
-        return self._calls.execute_wait(self._ref(script), keys, args, timeout, replicas, wait_ms)
-
-    def write_replicated(
-        self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
-        replicas: int,
-        wait_ms: int,
-    ) -> tuple[Any, int]:
-        """``write`` and a WAIT on the same write connection, both without the GIL."""
-        ref = self._refs.get(script.sha) or self._ref(script)
-        return self._writes.execute_wait(
-            ref, keys, args, self.write_timeout, replicas, wait_ms
-        )
-
-    def write_many(self, requests: Sequence[ScriptRequest]) -> list[Any]:
-        """Run fenced-write scripts in one round trip on a write connection (GIL released)."""
-        refs = self._refs
-        batch = [
-            (refs.get(script.sha) or self._ref(script), keys, args)
-            for script, keys, args in requests
-        ]
-        return _native.execute_many(self._writes, batch, self.write_timeout)
-
-    def write_many_replicated(
-        self, requests: Sequence[ScriptRequest], replicas: int, wait_ms: int
-    ) -> tuple[list[Any], int]:
-        """``write_many`` and one WAIT on the same write connection, both without the GIL."""
-        refs = self._refs
-        batch = [
-            (refs.get(script.sha) or self._ref(script), keys, args)
-            for script, keys, args in requests
-        ]
-        replies, acked = _native.execute_many(
-            self._writes, batch, self.write_timeout, replicas, wait_ms
-        )
-        return replies, acked
 
     def keeper(
         self,

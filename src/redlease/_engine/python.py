@@ -19,19 +19,16 @@ from typing import Any
 from redis.backoff import NoBackoff
 from redis.exceptions import (
     AskError,
-    BusyLoadingError,
-    ClusterDownError,
     ConnectionError,
-    MasterDownError,
     MovedError,
     NoScriptError,
-    ReadOnlyError,
     RedisError,
     ResponseError,
     TimeoutError,
 )
 from redis.retry import Retry
 
+from .._config import ReplicationGuard
 from .._scripts import Script
 from .aiowriter import LoopWriter, PyLoopConn
 from .base import (
@@ -42,10 +39,12 @@ from .base import (
     Notices,
     ScriptRequest,
     remaining,
+    run_one,
 )
 from .client import is_cluster, sentinels_of
 from .failover import MasterSwitches
-from .keeper import HostedKeeper, KeeperHost, PipelinedKeeper, PythonKeeper
+from .renewer import Lease, Renewer
+from .replies import ASK, UnexpectedReply, check, classify, ran_elsewhere, server_changed
 
 _MAX_REDIRECTS = 3
 
@@ -190,7 +189,7 @@ class BoundedConnection:
             # TRYAGAIN and the script's own errors say nothing of the kind;
             # on an ASK target, dropping it would send the EVAL that follows
             # a NOSCRIPT to the migrating node instead).
-            if _server_changed(exc):
+            if server_changed(exc):
                 if self._cluster:
                     self._reroute()
                 else:
@@ -319,35 +318,6 @@ class BoundedConnection:
 _RETRY_PAUSE = 0.05
 """Seconds between two sends of a batch the server did not run (READONLY, LOADING...)."""
 
-# Error replies saying this server is not (or no longer) the one for the keys,
-# so the command did not run: by class where redis-py maps the code (and
-# strips it from the message), by prefix where it does not.
-_NOT_SERVING = (ReadOnlyError, MasterDownError, BusyLoadingError, ClusterDownError)
-_NOT_SERVING_PREFIXES = ("READONLY", "MASTERDOWN", "LOADING", "CLUSTERDOWN")
-
-
-def _server_changed(reply: object) -> bool:
-    """An error reply saying this server no longer serves the keys: ask where they are now."""
-    if isinstance(reply, _NOT_SERVING):
-        return True
-    return isinstance(reply, ResponseError) and str(reply).startswith(_NOT_SERVING_PREFIXES)
-
-
-def _not_run_here(reply: object, cluster: bool) -> bool:
-    """Whether ``reply`` says its write did not run because this server is not the one."""
-    if isinstance(reply, MovedError):
-        return cluster
-    if _server_changed(reply):
-        return True
-    # TRYAGAIN: the keys are mid-migration; the same server may run it later.
-    return isinstance(reply, ResponseError) and str(reply).startswith("TRYAGAIN")
-
-
-def _asked(reply: object) -> bool:
-    """An ASK redirection (MovedError is an AskError too, but says something else)."""
-    return isinstance(reply, AskError) and not isinstance(reply, MovedError)
-
-
 class _Pool:
     """A few bounded connections, opened on demand, shared by threads.
 
@@ -385,6 +355,11 @@ class _Pool:
             try:
                 reply = conn.eval_script(script, keys, args, remaining(deadline), wait=wait)
                 self.served = conn.address
+                got = check(script, reply[0] if wait is not None else reply)
+                if isinstance(got, UnexpectedReply):
+                    # Whatever else the server sent is still on the wire.
+                    keep = False
+                    raise got
                 return reply
             except MovedError:
                 # Nothing ran, and the slot map was refreshed: send again to the
@@ -430,19 +405,23 @@ class _Pool:
             keep = True
             try:
                 replies = conn.eval_many(requests, remaining(deadline))
+                replies = [check(r[0], reply) for r, reply in zip(requests, replies, strict=True)]
                 if not any(isinstance(reply, Exception) for reply in replies):
                     return _then_wait(conn, replies, wait, deadline)
                 keep = False
-                if self._cluster and all(_asked(reply) for reply in replies):
+                if self._cluster and all(classify(reply) == ASK for reply in replies):
                     # The slot is migrating and the keys have left: every write,
                     # none of which ran, goes once to the node named.
                     target = BoundedConnection(self._client, key, replies[0].node_addr)
                     try:
                         replies = target.eval_many(requests, remaining(deadline), asking=True)
+                        replies = [
+                            check(r[0], reply) for r, reply in zip(requests, replies, strict=True)
+                        ]
                         return _then_wait(target, replies, wait, deadline)
                     finally:
                         target.drop()
-                if not all(_not_run_here(reply, self._cluster) for reply in replies):
+                if not all(ran_elsewhere(reply, self._cluster) for reply in replies):
                     return _then_wait(conn, replies, wait, deadline)
                 if isinstance(replies[0], MovedError):
                     conn._reroute()
@@ -510,6 +489,11 @@ def _then_wait(
     return replies
 
 
+def _renewal_reply(reply: object) -> bool:
+    """A reply a renewal can give: 0, 1 or an error reply."""
+    return isinstance(reply, Exception) or (type(reply) is int and reply in (0, 1))
+
+
 class PythonEngine:
     """The Engine protocol on redis-py (see ``_engine.Engine``).
 
@@ -533,8 +517,8 @@ class PythonEngine:
         self._keeper_conns: weakref.WeakSet[BoundedConnection] = weakref.WeakSet()
         # One thread renews every keeper of this engine; off a cluster, over
         # one connection (only that thread uses it).
-        self._host = KeeperHost()
-        weakref.finalize(self, self._host.stop, 1.0)
+        self._renewer = Renewer()
+        weakref.finalize(self, self._renewer.stop, 1.0)
         self._renew_conn = BoundedConnection(client)
         self._keeper_conns.add(self._renew_conn)
         self._switches = MasterSwitches(
@@ -546,25 +530,38 @@ class PythonEngine:
         self._loop_ok = not is_cluster(client)
         self._master_generation = 0  # bumped when the sentinels announce a new master
 
-    def call(
+    def run(
         self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
-        timeout: float,
-    ) -> Any:
-        return self._calls.eval_script(script, keys, args, timeout)
+        batch: Sequence[ScriptRequest],
+        *,
+        timeout: float | None = None,
+        wait: ReplicationGuard | None = None,
+    ) -> tuple[list[Any], int]:
+        """Script calls in one round trip on a pooled connection (see ``Engine``)."""
+        if timeout is None:
+            pool, bound = self._writes, self.write_timeout
+        else:
+            pool, bound = self._calls, timeout
+        if len(batch) == 1:
+            script, keys, args = batch[0]
+            try:
+                if wait is None:
+                    return [pool.eval_script(script, keys, args, bound)], 0
+                reply, acked = pool.eval_script(
+                    script, keys, args, bound, wait=(wait.min_replicas, wait.timeout_ms)
+                )
+            except ResponseError as exc:
+                return [exc], 0
+            return [reply], acked
+        if wait is None:
+            return pool.eval_many(batch, bound), 0
+        return pool.eval_many_wait(batch, bound, wait.min_replicas, wait.timeout_ms)
 
-    def call_many(self, requests: Sequence[ScriptRequest], timeout: float) -> list[Any]:
-        return self._calls.eval_many(requests, timeout)
-
-    def write(
-        self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
+    def _write_one(
+        self, script: Script, keys: Sequence[str | bytes], args: Sequence[EncodableT]
     ) -> Any:
-        return self._writes.eval_script(script, keys, args, self.write_timeout)
+        """One fenced write, its error raised: the loop writer's way round a reply it cannot use."""
+        return run_one(self, (script, keys, args))[0]
 
     def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
         """The pipelined writer on ``loop`` (made on first use), or None where unserved."""
@@ -573,43 +570,9 @@ class PythonEngine:
             conn = PyLoopConn(
                 _connection_factory(self._client, None), lambda: self._master_generation
             )
-            writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self.write)
+            writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self._write_one)
             self._loop_writers[loop] = writer
         return writer
-    def call_replicated(
-        self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
-        timeout: float,
-        replicas: int,
-        wait_ms: int,
-    ) -> tuple[Any, int]:
-        reply, acked = self._calls.eval_script(
-            script, keys, args, timeout, wait=(replicas, wait_ms)
-        )
-        return reply, acked
-
-    def write_replicated(
-        self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
-        replicas: int,
-        wait_ms: int,
-    ) -> tuple[Any, int]:
-        reply, acked = self._writes.eval_script(
-            script, keys, args, self.write_timeout, wait=(replicas, wait_ms)
-        )
-        return reply, acked
-
-    def write_many(self, requests: Sequence[ScriptRequest]) -> list[Any]:
-        return self._writes.eval_many(requests, self.write_timeout)
-
-    def write_many_replicated(
-        self, requests: Sequence[ScriptRequest], replicas: int, wait_ms: int
-    ) -> tuple[list[Any], int]:
-        return self._writes.eval_many_wait(requests, self.write_timeout, replicas, wait_ms)
 
     def keeper(
         self,
@@ -619,11 +582,13 @@ class PythonEngine:
         *,
         interval: float,
         ttl: float,
-    ) -> PythonKeeper:
-        """A keeper renewed by the engine's one keeper thread (``KeeperHost``).
+    ) -> Lease:
+        """A lease renewed by the engine's one renewer thread (``renewer.Renewer``).
 
-        On one server all keepers share one renewal connection; on a cluster
-        each has its own, routed by its key's slot.
+        On one server all leases share one renewal connection, and renewals
+        due together are pipelined on it; on a cluster each has its own,
+        routed by its key's slot. A reply the renew script cannot give drops
+        the connection (its stream can no longer be trusted).
         """
         keys, args = tuple(keys), tuple(args)
         on_close: Callable[[], object] | None = None
@@ -633,38 +598,46 @@ class PythonEngine:
             on_close = conn.drop
         else:
             conn = self._renew_conn
-        host = self._host
 
         def renew(timeout: float) -> Any:
-            return conn.eval_script(script, keys, args, timeout)
+            reply = conn.eval_script(script, keys, args, timeout)
+            if not _renewal_reply(reply):
+                conn.drop()
+            return reply
 
         switches = weakref.ref(self._switches)
 
         def began(token: int) -> None:
             tracker = switches()
             if tracker is not None:
-                tracker.began(keeper_ref(), token)
+                tracker.began(lease_ref(), token)
 
-        keeper: HostedKeeper
-        if self._cluster:
-            keeper = HostedKeeper(
-                host, renew, interval=interval, ttl=ttl, on_close=on_close, on_begin=began
-            )
-        else:
+        command: tuple[Any, ...] | None = None
+        batch: Callable[[list[tuple[Any, ...]], float], list[Any]] | None = None
+        if not self._cluster:
             # Renewals falling due together share one write and one read.
             command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-            keeper = PipelinedKeeper(
-                host,
-                renew,
-                command,
-                conn.execute_many,
-                interval=interval,
-                ttl=ttl,
-                on_begin=began,
-            )
-        keeper_ref = weakref.ref(keeper)
-        self._switches.track(keeper)
-        return keeper
+            batch = self._renew_batch
+        lease = Lease(
+            self._renewer,
+            renew,
+            interval=interval,
+            ttl=ttl,
+            on_close=on_close,
+            on_begin=began,
+            command=command,
+            batch=batch,
+        )
+        lease_ref = weakref.ref(lease)
+        self._switches.track(lease)
+        return lease
+
+    def _renew_batch(self, commands: list[tuple[Any, ...]], timeout: float) -> list[Any]:
+        """Renewals in one round trip on the renewal connection (dropped after a foreign reply)."""
+        replies = self._renew_conn.execute_many(commands, timeout)
+        if not all(_renewal_reply(reply) for reply in replies):
+            self._renew_conn.drop()
+        return replies
 
     def _forget_master(self) -> None:
         self._master_generation += 1
@@ -688,7 +661,7 @@ class PythonEngine:
             writer.close()
         self._calls.close()
         self._writes.close()
-        self._host.stop()
+        self._renewer.stop()
         self._renew_conn.drop()
 
 

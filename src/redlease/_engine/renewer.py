@@ -1,9 +1,11 @@
-"""The Python keeper: one lease renewed on time from a Python thread.
+"""The Python renewer: one Python thread that renews every lease of its owner on time.
 
 Shared by the Python engine (renewing with a script on a connection of its
-own) and ``MemoryLocker`` (renewing in memory): the state machine, the lease
-deadline, the schedule and the bookkeeping are the same for both. It needs
-the GIL to run, which is the limitation the native keeper removes.
+own, pipelined where many leases share one) and ``MemoryLocker`` (renewing
+in memory): the state machine, the lease deadline, the schedule and the
+bookkeeping are one ``Lease`` class for both, and every lease waits in one
+``Renewer``'s timer heap — no thread per lease. It needs the GIL to run,
+which is the limitation the native renewer removes.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError
 
-from .base import ACTIVE, ENDED, IDLE, LATENESS_BUCKETS, LOST, MIN_STEP, is_failover_reply
+from .base import ACTIVE, ENDED, IDLE, LATENESS_BUCKETS, LOST, MIN_STEP
+from .replies import UnexpectedReply, describe, is_failover_reply
 
 _LATENESS_SAMPLES = 65536
 _MAX_PENDING_ERRORS = 256
@@ -31,24 +34,35 @@ Renew = Callable[[float], Any]
 """One renewal bounded by the given seconds: returns 1 (renewed) or 0 (lost), or raises."""
 
 
-class PythonKeeper:
-    """The Keeper protocol on a Python thread (see ``_engine.Keeper``).
+class Lease:
+    """The Keeper protocol for one lease, renewed by a ``Renewer`` (see ``_engine.Keeper``).
 
-    What a renewal is comes from ``renew``: a script on a connection of its
-    own for the Python engine, an in-memory refresh for ``MemoryLocker``. The
-    state machine, the deadline, the schedule and the bookkeeping are the
-    same for both. ``on_close`` frees what ``renew`` uses.
+    What a renewal is comes from ``renew``: a script on a connection for the
+    Python engine, an in-memory refresh for ``MemoryLocker``. ``on_close``
+    frees what ``renew`` uses. With ``command`` and ``batch`` the renewer may
+    pipeline this lease's renewal with others due together on the same
+    ``batch`` (one connection): ``command`` is its EVALSHA; ``batch`` sends
+    many such commands in one write and returns each reply (or the error
+    reply in its place), or raises when the connection failed (every renewal
+    of the batch then failed). On NOSCRIPT a lease falls back to its own
+    ``renew`` (EVAL) at once.
     """
 
     def __init__(
         self,
+        renewer: Renewer,
         renew: Renew,
         *,
         interval: float,
         ttl: float,
         on_close: Callable[[], object] | None = None,
         on_begin: Callable[[int], object] | None = None,
+        command: tuple[Any, ...] | None = None,
+        batch: Callable[[list[tuple[Any, ...]], float], list[Any]] | None = None,
     ) -> None:
+        self._renewer = renewer
+        self.command = command
+        self.batch = batch
         self._renew: Renew | None = renew
         self._on_close = on_close
         self._on_begin = on_begin
@@ -72,8 +86,7 @@ class PythonKeeper:
         # The wake-up pipe is made by the first fileno(): a keeper nobody
         # selects on (most of them, with many leases) costs no descriptor.
         self._rfd = self._wfd = -1
-        self._thread: threading.Thread | None = None
-        _live_keepers.add(self)
+        _live_leases.add(self)
 
     @property
     def token(self) -> int:
@@ -107,12 +120,8 @@ class PythonKeeper:
     def begin(self, token: int, acquired_at: float) -> None:
         with self._cond:
             self._start_term(token, acquired_at)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._main, name="redlease-renewer", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify_all()
+            generation = self._generation
+        self._renewer.schedule(self, self._next, generation)
         self.notify()  # a state change, like every other
 
     def end(self) -> None:
@@ -205,11 +214,8 @@ class PythonKeeper:
                 self._state = ENDED
             self._generation += 1
             self._cond.notify_all()
-            thread = self._thread
         # Every thread in wait() returns, and later calls return at once.
         self._wakeup.set()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
         if self._on_close is not None:
             self._on_close()
         with self._cond:
@@ -218,7 +224,7 @@ class PythonKeeper:
                     continue
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        _live_keepers.discard(self)
+        _live_leases.discard(self)
 
     def _record_lateness(self, late: float) -> None:
         # Caller holds the condition.
@@ -240,49 +246,6 @@ class PythonKeeper:
         self._state = LOST
         self._generation += 1
         self.notify()
-
-    def _main(self) -> None:
-        try:
-            self._loop()
-        except BaseException:
-            # This thread also enforces the lease deadline: if it dies, the
-            # term must not outlive it with a token nobody keeps valid.
-            with self._cond:
-                if self._state == ACTIVE:
-                    self._lose()
-            raise
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._closed and self._state != ACTIVE:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                now = time.monotonic()
-                if now >= self._deadline:
-                    self._lose()
-                    continue
-                if now < self._next:
-                    self._cond.wait(min(self._next, self._deadline) - now)
-                    continue
-                generation = self._generation
-                scheduled = self._next
-                deadline = self._deadline
-            sent = time.monotonic()
-            with self._cond:
-                self._record_lateness(sent - scheduled)
-            renew = self._renew
-            reply: Any = None
-            error: Exception | None = None
-            try:
-                if renew is None:
-                    raise RuntimeError("keeper is closed")
-                reply = renew(max(min(self._interval, deadline - sent), MIN_STEP))
-            except Exception as exc:  # any failure at all is a failed renewal
-                error = exc
-            with self._cond:
-                self._apply(generation, scheduled, sent, reply, error)
 
     def _apply(
         self,
@@ -318,150 +281,17 @@ class PythonKeeper:
             self._lose()
             return False
         else:
-            # Like the native keeper: only 0 says the lease is gone; anything
-            # else is a failed renewal, tolerated until the deadline.
-            self._errors.append(ResponseError("unexpected reply to a renewal (expected 1 or 0)"))
+            # As natively: only 0 says the lease is gone; a reply the renewal
+            # cannot give is a failed renewal, tolerated until the deadline.
+            self._errors.append(
+                UnexpectedReply(
+                    f"renew answered {describe(reply)}, a reply it cannot give (it returns "
+                    "0 or 1): the server is broken or not Redis"
+                )
+            )
             self._next = self._next_slot(scheduled)
             self.notify()
         return True
-
-    def _after_fork_in_child(self) -> None:
-        # The renewal thread does not exist in the child, and the lease is the
-        # parent's: the child must never renew or release it.
-        self._cond = threading.Condition()
-        self._closed = True
-        self._token = 0
-        if self._state == ACTIVE:
-            self._state = ENDED
-        self._thread = None
-        self._renew = self._on_close = None
-
-
-_live_keepers: weakref.WeakSet[PythonKeeper] = weakref.WeakSet()
-
-
-def _reset_after_fork() -> None:
-    for keeper in list(_live_keepers):
-        keeper._after_fork_in_child()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-class KeeperHost:
-    """One Python thread that renews every ``HostedKeeper`` of an engine.
-
-    The Python engine's answer to a thread per lease: keepers wait in a
-    timer heap and the thread renews each when it falls due, one round trip
-    at a time. Each keeper keeps its own deadline, token and state machine
-    (those of ``PythonKeeper``). The thread starts with the first term and
-    lives until ``stop()`` (the engine's close, or its collection).
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, int, HostedKeeper]] = []
-        self._seq = 0
-        self._stopped = False
-        self._thread: threading.Thread | None = None
-        _live_hosts.add(self)
-
-    def stop(self, join_timeout: float | None = None) -> None:
-        """Stop and join the thread (the engine is closed or gone). Idempotent.
-
-        From the garbage collector the join is bounded (``join_timeout``):
-        the collector may in principle run on a thread that holds what the
-        keeper thread needs to finish, and must then not wait forever.
-        """
-        with self._cond:
-            self._stopped = True
-            self._heap.clear()
-            thread, self._thread = self._thread, None
-            self._cond.notify()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(join_timeout)
-
-    def schedule(self, keeper: HostedKeeper, when: float, generation: int) -> None:
-        with self._cond:
-            if self._stopped:
-                raise RuntimeError("the engine's keeper thread is stopped (engine closed)")
-            self._seq += 1
-            heapq.heappush(self._heap, (when, self._seq, generation, keeper))
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._main, name="redlease-renewer", daemon=True
-                )
-                self._thread.start()
-            elif self._heap[0][3] is keeper:
-                self._cond.notify()
-
-    def _main(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    if self._stopped:
-                        return
-                    now = time.monotonic()
-                    if self._heap and self._heap[0][0] <= now:
-                        break
-                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
-                _when, _seq, generation, keeper = heapq.heappop(self._heap)
-                batch: list[PipelinedKeeper] = []
-                if isinstance(keeper, PipelinedKeeper) and keeper._generation == generation:
-                    # Everything else due now on the same connection goes with it.
-                    batch.append(keeper)
-                    until = now + BATCH_WINDOW
-                    while self._heap and self._heap[0][0] <= until and len(batch) < BATCH_MAX:
-                        other = self._heap[0]
-                        if not (
-                            isinstance(other[3], PipelinedKeeper) and other[3].batch == keeper.batch
-                        ):
-                            break
-                        heapq.heappop(self._heap)
-                        if other[3]._generation == other[2]:
-                            batch.append(other[3])
-            try:
-                if batch:
-                    _tick_batch(batch)
-                elif keeper._generation == generation:
-                    keeper._tick()
-            except BaseException:
-                # This thread also enforces the keepers' deadlines: if a tick
-                # fails outright, no term must outlive it.
-                victims: list[HostedKeeper] = [*batch] if batch else [keeper]
-                for lost in victims:
-                    with lost._cond:
-                        if lost._state == ACTIVE:
-                            lost._lose()
-
-    def _after_fork_in_child(self) -> None:
-        self._cond = threading.Condition()
-        self._heap = []
-        self._thread = None
-
-
-class HostedKeeper(PythonKeeper):
-    """A ``PythonKeeper`` renewed by a shared ``KeeperHost`` instead of a thread of its own."""
-
-    def __init__(
-        self,
-        host: KeeperHost,
-        renew: Renew,
-        *,
-        interval: float,
-        ttl: float,
-        on_close: Callable[[], object] | None = None,
-        on_begin: Callable[[int], object] | None = None,
-    ) -> None:
-        super().__init__(renew, interval=interval, ttl=ttl, on_close=on_close, on_begin=on_begin)
-        self._host = host
-
-    def begin(self, token: int, acquired_at: float) -> None:
-        with self._cond:
-            self._start_term(token, acquired_at)
-            generation = self._generation
-        self._host.schedule(self, self._next, generation)
-        self.notify()
 
     def _tick(self) -> None:
         """One step on the host thread: a renewal when due, a loss at the deadline."""
@@ -494,7 +324,7 @@ class HostedKeeper(PythonKeeper):
                 return None
             generation = self._generation
             if now + early < self._next:
-                self._host.schedule(self, min(self._next, self._deadline), generation)
+                self._renewer.schedule(self, min(self._next, self._deadline), generation)
                 return None
             scheduled = self._next
             self._record_lateness(max(now - scheduled, 0.0))
@@ -511,32 +341,118 @@ class HostedKeeper(PythonKeeper):
         """Apply one renewal's outcome, then schedule the next while the term goes on."""
         with self._cond:
             if self._apply(generation, scheduled, sent, reply, error):
-                self._host.schedule(self, min(self._next, self._deadline), generation)
+                self._renewer.schedule(self, min(self._next, self._deadline), generation)
+
+    def _after_fork_in_child(self) -> None:
+        # The renewal thread does not exist in the child, and the lease is the
+        # parent's: the child must never renew or release it.
+        self._cond = threading.Condition()
+        self._closed = True
+        self._token = 0
+        if self._state == ACTIVE:
+            self._state = ENDED
+        self._renew = self._on_close = None
 
 
-class PipelinedKeeper(HostedKeeper):
-    """A ``HostedKeeper`` whose renewal the host can pipeline with others on one connection.
+_live_leases: weakref.WeakSet[Lease] = weakref.WeakSet()
 
-    ``command`` is its EVALSHA; ``batch`` sends many such commands in one
-    write and returns each reply (or the error reply in its place), or raises
-    when the connection failed (every renewal of the batch then failed).
-    On NOSCRIPT a keeper falls back to its own ``renew`` (EVAL) at once.
+
+def _reset_after_fork() -> None:
+    for lease in list(_live_leases):
+        lease._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+class Renewer:
+    """One Python thread that renews every ``Lease`` of its owner (an engine, a locker).
+
+    Leases wait in a timer heap and the thread renews each when it falls
+    due; those due together on one connection (the same ``batch``) go in one
+    pipelined round trip. Each lease keeps its own deadline, token and state
+    machine. The thread starts with the first term and lives until
+    ``stop()`` (the owner's close, or its collection).
     """
 
-    def __init__(
-        self,
-        host: KeeperHost,
-        renew: Renew,
-        command: tuple[Any, ...],
-        batch: Callable[[list[tuple[Any, ...]], float], list[Any]],
-        *,
-        interval: float,
-        ttl: float,
-        on_begin: Callable[[int], object] | None = None,
-    ) -> None:
-        super().__init__(host, renew, interval=interval, ttl=ttl, on_begin=on_begin)
-        self.command = command
-        self.batch = batch
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, int, Lease]] = []
+        self._seq = 0
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        _live_hosts.add(self)
+
+    def stop(self, join_timeout: float | None = None) -> None:
+        """Stop and join the thread (the engine is closed or gone). Idempotent.
+
+        From the garbage collector the join is bounded (``join_timeout``):
+        the collector may in principle run on a thread that holds what the
+        keeper thread needs to finish, and must then not wait forever.
+        """
+        with self._cond:
+            self._stopped = True
+            self._heap.clear()
+            thread, self._thread = self._thread, None
+            self._cond.notify()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(join_timeout)
+
+    def schedule(self, keeper: Lease, when: float, generation: int) -> None:
+        with self._cond:
+            if self._stopped:
+                raise RuntimeError("the renewer is stopped (its engine or locker was closed)")
+            self._seq += 1
+            heapq.heappush(self._heap, (when, self._seq, generation, keeper))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._main, name="redlease-renewer", daemon=True
+                )
+                self._thread.start()
+            elif self._heap[0][3] is keeper:
+                self._cond.notify()
+
+    def _main(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._stopped:
+                        return
+                    now = time.monotonic()
+                    if self._heap and self._heap[0][0] <= now:
+                        break
+                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
+                _when, _seq, generation, keeper = heapq.heappop(self._heap)
+                batch: list[Lease] = []
+                if keeper.batch is not None and keeper._generation == generation:
+                    # Everything else due now on the same connection goes with it.
+                    batch.append(keeper)
+                    until = now + BATCH_WINDOW
+                    while self._heap and self._heap[0][0] <= until and len(batch) < BATCH_MAX:
+                        other = self._heap[0]
+                        if other[3].batch != keeper.batch:
+                            break
+                        heapq.heappop(self._heap)
+                        if other[3]._generation == other[2]:
+                            batch.append(other[3])
+            try:
+                if batch:
+                    _tick_batch(batch)
+                elif keeper._generation == generation:
+                    keeper._tick()
+            except BaseException:
+                # This thread also enforces the keepers' deadlines: if a tick
+                # fails outright, no term must outlive it.
+                victims: list[Lease] = [*batch] if batch else [keeper]
+                for lost in victims:
+                    with lost._cond:
+                        if lost._state == ACTIVE:
+                            lost._lose()
+
+    def _after_fork_in_child(self) -> None:
+        self._cond = threading.Condition()
+        self._heap = []
+        self._thread = None
 
 
 BATCH_WINDOW = 0.002
@@ -545,9 +461,9 @@ BATCH_WINDOW = 0.002
 BATCH_MAX = 512
 
 
-def _tick_batch(keepers: list[PipelinedKeeper]) -> None:
+def _tick_batch(keepers: list[Lease]) -> None:
     """Renew ``keepers`` (all on one connection) in one pipelined round trip."""
-    due: list[tuple[PipelinedKeeper, tuple[int, float, float, float]]] = []
+    due: list[tuple[Lease, tuple[int, float, float, float]]] = []
     for keeper in keepers:
         prepared = keeper._prepare(BATCH_WINDOW)
         if prepared is not None:
@@ -559,7 +475,9 @@ def _tick_batch(keepers: list[PipelinedKeeper]) -> None:
         MIN_STEP,
     )
     try:
-        replies = due[0][0].batch([k.command for k, _ in due], timeout)
+        send = due[0][0].batch
+        assert send is not None
+        replies = send([cast(tuple[Any, ...], k.command) for k, _ in due], timeout)
     except Exception as exc:  # the connection failed: so did every renewal on it
         for keeper, (generation, scheduled, _deadline, sent) in due:
             keeper._finish(generation, scheduled, sent, None, exc)
@@ -580,7 +498,7 @@ def _tick_batch(keepers: list[PipelinedKeeper]) -> None:
             keeper._finish(generation, scheduled, sent, reply, None)
 
 
-_live_hosts: weakref.WeakSet[KeeperHost] = weakref.WeakSet()
+_live_hosts: weakref.WeakSet[Renewer] = weakref.WeakSet()
 
 
 def _reset_hosts_after_fork() -> None:

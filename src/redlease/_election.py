@@ -1,0 +1,491 @@
+"""One name's election: its settings, engine, keys, fence, observer, and each step's Redis.
+
+``Election(client, name, ...)`` validates everything up front and is the core
+the public shells (``Elector``, ``aio.Elector``) drive, through the internal
+API below; the loop that steps it is ``_runloop.RunLoop``:
+
+* ``claim(stop)`` reserves the one run an election may have (a ``Run``);
+* ``acquire()`` / ``acquired(reply)``, ``release()``, ``hold_reason()`` and
+  ``leader()`` are what each step asks of Redis;
+* ``Run.request_stop()`` ends a run from anywhere; ``token()``, ``resign()``,
+  ``renew_lateness()`` and ``fence`` (a ``_fence.Fence``) serve the rest;
+* ``observe``, ``emit``, ``report`` and ``drain`` deliver to the observer and
+  the events (logging, metrics).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Protocol
+
+from . import _notices, _scripts
+from ._config import Config, Duration
+from ._engine import Engine, Keeper, is_cluster, run_one, shared_engine
+from ._engine.base import NoticeSubscription
+from ._errors import ConfigError
+from ._fence import Fence
+from ._keys import ElectionKeys, has_hash_tag
+from ._log import Events
+from ._term import Leader, Observer, Once, Term
+
+_ACQUIRE = _scripts.load("acquire")
+_RENEW = _scripts.load("renew")
+_RELEASE = _scripts.load("release")
+_LEADER = _scripts.load("leader")
+
+LeaderFn = Callable[[Term, Any], object]
+"""A leader function: ``fn(term, fencer)``, the fencer being the shell's (threaded or not)."""
+
+
+def check_leader_fn(fn: object) -> None:
+    """TypeError unless ``fn`` is callable or None: caught before Redis is touched."""
+    if fn is not None and not callable(fn):
+        raise TypeError(
+            f"the leader function must be callable as fn(term, fencer) or None, "
+            f"got {type(fn).__name__} {fn!r}"
+        )
+
+
+class _Flag:
+    """A set-once flag with ``threading.Event``'s ``set``/``is_set`` and nothing to wait on."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+NEVER = threading.Event()
+"""The caller's stop event of every run started with ``start()``: never set."""
+
+
+class _Threads:
+    """A tiny set of threads (one to three at a time): a list, a quarter of a set's memory."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: list[threading.Thread] = []
+
+    def add(self, thread: threading.Thread) -> None:
+        if thread not in self._items:
+            self._items.append(thread)
+
+    def discard(self, thread: threading.Thread) -> None:
+        if thread in self._items:
+            self._items.remove(thread)
+
+    def __contains__(self, thread: object) -> bool:
+        return thread in self._items
+
+
+_NO_OBSERVER = Observer()
+
+
+class _NoNotices:
+    """No subscription (yet): nothing is ever delivered."""
+
+    def wait(self, timeout: float) -> bool:
+        time.sleep(timeout)
+        return False
+
+    def deliver(self) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
+
+
+_NO_NOTICES = _NoNotices()
+
+
+class Driven(Protocol):
+    """A run's loop as the process's driver steps it (``_runloop.RunLoop``)."""
+
+    def poke(self) -> None:
+        """Step the run soon (a stop, a resign, a notice)."""
+        ...
+
+    def stop(self, timeout: float | None) -> None:
+        """End the run from the calling thread (see ``RunLoop.stop``)."""
+        ...
+
+
+class Run:
+    """What one run shares between its thread and the rest of the program."""
+
+    __slots__ = (
+        "done",
+        "driven",
+        "error",
+        "keeper",
+        "last_holder",
+        "noticed",
+        "notices",
+        "own_id",
+        "own_threads",
+        "released_by",
+        "resign_requested",
+        "resting",
+        "stopping",
+        "term",
+        "user_stop",
+    )
+
+    def __init__(self, stop: threading.Event, keeper: Keeper, own_id: str) -> None:
+        self.own_id = own_id.encode()
+        self.user_stop = stop
+        # A flag, not an Event: nobody waits on it (the keeper's notify() is
+        # the wake-up), and thousands of runs should not cost a Condition each.
+        self.stopping = _Flag()
+        self.keeper = keeper
+        self.term: Term | None = None
+        self.resign_requested = False
+        self.done = Once()
+        self.error: BaseException | None = None
+        # Set by a release notice (on the notice listener's thread), cleared
+        # before each acquire: a notice that lands between an acquire and the
+        # wait after it still cuts that wait short.
+        self.noticed = False
+        # The holder this run last observed (on_new_leader fires on a change).
+        self.last_holder: str | None = None
+        # Who released, by the latest notice (the lease's holder until then).
+        self.released_by: bytes | None = None
+        # True while the run rests after a term of its own (see notice()).
+        self.resting = False
+        # The threads that must never wait for the run to end: the run thread
+        # (observer callbacks) and the leader function's thread. Waiting there
+        # would wait for themselves.
+        self.own_threads = _Threads()
+        # Set when the process's driver runs this run instead of a thread.
+        self.driven: Driven | None = None
+        # The run's release notices (set as the run starts; see Election.execute).
+        self.notices: NoticeSubscription = _NO_NOTICES
+
+    def should_stop(self) -> bool:
+        return self.stopping.is_set() or self.user_stop.is_set()
+
+    def request_stop(self) -> None:
+        """Ask the run to end: the term steps down, the lease is released. Returns at once."""
+        self.stopping.set()
+        self.keeper.notify()
+        if self.driven is not None:
+            self.driven.poke()
+
+    def notice(self, released_by: bytes | None) -> None:
+        """The lease was released (a notice arrived): wake the waiting contender.
+
+        A notice of this instance's own release is not news: the instance
+        that just stepped down leaves the lease to the others for a while,
+        and only another holder's release (not a reconnected listener's
+        "look again", ``None``) ends that rest.
+        """
+        if released_by == self.own_id or (released_by is None and self.resting):
+            return
+        if released_by is not None:
+            self.released_by = released_by
+        self.noticed = True
+        self.keeper.notify()
+        if self.driven is not None:
+            self.driven.poke()
+
+
+class Election:
+    """One name's election on one engine: the loop and what it needs (see the module doc)."""
+
+    # Thousands of elections in one process: no instance dict.
+    __slots__ = (
+        "__weakref__",
+        "batchable",
+        "client",
+        "config",
+        "engine",
+        "events",
+        "fence",
+        "guard",
+        "keys",
+        "make_fencer",
+        "mutex",
+        "observer",
+        "run",
+        "sharded_notice",
+        "started",
+    )
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        *,
+        ttl: Duration | None = None,
+        renew_interval: Duration | None = None,
+        acquire_interval: Duration | None = None,
+        instance_id: str | None = None,
+        observer: Observer | None = None,
+        engine: str | None = "auto",
+        fencer: Callable[[int], Any] | None = None,
+        min_replicas: int = 0,
+        replica_timeout: Duration | None = None,
+    ) -> None:
+        if client is None:
+            raise ConfigError(
+                "client must be a redis client (redis.Redis, RedisCluster, ...), got None"
+            )
+        self.config = Config.resolve(
+            name,
+            ttl=ttl,
+            renew_interval=renew_interval,
+            acquire_interval=acquire_interval,
+            instance_id=instance_id,
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
+        )
+        self.guard = self.config.guard
+        if is_cluster(client) and not has_hash_tag(self.config.name):
+            raise ConfigError(
+                f"with a RedisCluster client the name needs a hash tag so its keys share one "
+                f"slot, e.g. '{{{self.config.name}}}'; got {self.config.name!r}"
+            )
+        if observer is not None and not isinstance(observer, Observer):
+            raise ConfigError(
+                f"observer must be a redlease.Observer, got {type(observer).__name__}"
+            )
+        # Shared with every other election on this client: one control pool,
+        # one write pool and one renewer for all of them.
+        self.engine: Engine = shared_engine(client, engine)
+        self.client = client
+        # Releases announce in the name's slot on a cluster (SPUBLISH).
+        self.sharded_notice = "1" if _notices.sharded(client) else "0"
+        self.observer = observer or _NO_OBSERVER
+        self.keys = ElectionKeys(self.config.name)
+        # Acquires of many started runs on this engine may share a round trip:
+        # not on a cluster (one connection, one node) nor with the guard (each
+        # acquire waits for its own WAIT).
+        self.batchable = not is_cluster(client) and not self.config.guard.enabled
+        self.events = Events("elector", self.config.name, self.config.instance_id)
+        self.fence = Fence(
+            self.engine,
+            self.keys.applied,
+            self.config.name,
+            self.events,
+            cluster=is_cluster(client),
+            guard=self.guard,
+            on_failover=self.failover_seen,
+        )
+        # What the leader function gets as its second argument, for a token.
+        self.make_fencer: Callable[[int], Any] = fencer or (lambda _token: None)
+        self.mutex = threading.Lock()
+        self.run: Run | None = None
+        # The run a shell started in the background (``Elector.start()``),
+        # kept until its end is collected by ``stop()``.
+        self.started: Run | None = None
+        _live_elections.add(self)
+
+    @property
+    def instance_id(self) -> str:
+        return self.config.instance_id
+
+    def token(self) -> int | None:
+        """The running term's token, or None (a snapshot)."""
+        run = self.run
+        token = run.keeper.token if run is not None else 0
+        return token or None
+
+    def resign(self) -> None:
+        """End the current term (lock released); the run re-contends. No-op when not leading."""
+        run = self.run
+        # The keeper's token, not run.term: token() shows a term a moment
+        # before the loop has its Term, and a resign in between must count.
+        if run is not None and run.keeper.token:
+            run.resign_requested = True
+            run.keeper.notify()
+            if run.driven is not None:
+                run.driven.poke()
+
+    def renew_lateness(self) -> list[float]:
+        run = self.run
+        return run.keeper.lateness() if run is not None else []
+
+    def leader(self) -> Leader | None:
+        """Who holds the lease now, as Redis says (one round trip); None when nobody does."""
+        reply, _ = run_one(
+            self.engine, (_LEADER, (self.keys.leader,), ()), timeout=self.config.renew_interval
+        )
+        if reply is None:
+            return None
+        return Leader(instance_text(reply[0]), int(reply[1]))
+
+    def claim(self, stop: threading.Event) -> Run | None:
+        """Reserve this election's one run; None when ``stop`` is already set.
+
+        RuntimeError when a run is already going: one run at a time.
+        """
+        with self.mutex:
+            if self.run is not None:
+                raise RuntimeError(
+                    f"Elector {self.config.name!r} is already running; one run at a time per "
+                    "Elector (use one Elector per concurrent run)"
+                )
+            if stop.is_set():
+                return None
+            keeper = self.engine.keeper(
+                _RENEW,
+                (self.keys.leader,),
+                (self.instance_id, self.config.ttl_ms),
+                interval=self.config.renew_interval,
+                ttl=self.config.ttl,
+            )
+            self.events.keeper_opened(keeper)
+            run = Run(stop, keeper, self.instance_id)
+            self.run = run
+        return run
+
+    def observe(self, run: Run, holder: str) -> None:
+        """``on_new_leader(holder)`` when ``holder`` is not who ``run`` observed last."""
+        if holder != run.last_holder:
+            run.last_holder = holder
+            self.emit(self.observer.on_new_leader, holder)
+
+    def acquire(self) -> tuple[int, int, str]:
+        """``(token, pttl_ms, holder)``; token 0 when another instance (``holder``) leads."""
+        # Answered READONLY / MASTERDOWN / NOREPLICAS, an acquire raises like
+        # any error: no term starts (none runs while the loop contends).
+        reply, acked = run_one(
+            self.engine,
+            self.acquire_request(),
+            timeout=self.config.renew_interval,
+            wait=self.guard.wait,
+        )
+        return self.acquired(reply, acked)
+
+    def acquire_request(self) -> tuple[Any, tuple[str, ...], tuple[Any, ...]]:
+        """The acquire as a ``(script, keys, args)`` request (see ``Engine.run``)."""
+        return _ACQUIRE, tuple(self.keys.all()), (self.instance_id, self.config.ttl_ms)
+
+    def acquired(self, reply: Any, acked: int = 0) -> tuple[int, int, str]:
+        """An acquire's reply as ``(token, pttl_ms, holder)`` (the guard decides first).
+
+        The engine checked the reply's shape: ``[token, pttl, holder]``.
+        """
+        token: int = reply[0]
+        if token > 0:
+            if self.guard.enabled:
+                # Won on the master only: a failover now could hand the name to
+                # another instance with an older fence. No term starts; the
+                # lease goes back at once so nobody waits a TTL for it.
+                self.guard.require(
+                    acked,
+                    f"acquire of {self.config.name!r} was",
+                    "released, trying again",
+                    give_back=self.release,
+                )
+            # Behind Sentinel: won on a node the sentinels still name as the
+            # master, and not one being failed over, or no term (released).
+            self.engine.confirm_master(self.config.renew_interval, self.release)
+        holder = self.instance_id if token else instance_text(reply[2])
+        return token, int(reply[1]), holder
+
+    def failover_seen(self, token: int, exc: Exception) -> None:
+        """A fenced write with ``token`` was answered READONLY / MASTERDOWN / NOREPLICAS.
+
+        The server is no longer the master the running term was granted on:
+        that term ends now (reason "lost"), not at its renewal deadline.
+        """
+        run = self.run
+        if run is not None and token and run.keeper.token == token:
+            run.keeper.lose(exc)
+
+    def poll_delay(self, pttl_ms: int) -> float:
+        delay = self.jittered(self.config.acquire_interval)
+        if pttl_ms >= 0:
+            # Wake when the holder's lease runs out rather than up to one
+            # interval later: failover is as fast as the TTL allows.
+            delay = min(delay, pttl_ms / 1000 + 0.001)
+        return delay
+
+    @staticmethod
+    def jittered(interval: float) -> float:
+        # Downward only, up to 10%: contenders that started together spread
+        # out, and nobody polls less often than configured.
+        return interval * (1 - 0.1 * random.random())
+
+    def release(self) -> None:
+        try:
+            run_one(
+                self.engine,
+                (_RELEASE, (self.keys.leader,), (self.instance_id, self.sharded_notice)),
+                timeout=self.config.renew_interval,
+            )
+        except Exception as exc:  # as an acquire's: reported, never fatal
+            self.report(exc)
+
+    # -- observer plumbing --------------------------------------------------------------
+
+    def drain(self, keeper: Keeper) -> None:
+        for exc in self.events.drain(keeper):
+            self.report(exc)
+
+    def report(self, exc: Exception) -> None:
+        self.events.error(exc)
+        callback = self.observer.on_error
+        if callback is None:
+            return
+        try:
+            callback(exc)
+        except Exception as hook_exc:
+            sys.unraisablehook(
+                _Unraisable(hook_exc, "Exception ignored in redlease Observer.on_error", callback)
+            )
+
+    def emit(self, callback: Callable[..., object] | None, *args: Any) -> None:
+        if callback is None:
+            return
+        try:
+            callback(*args)
+        except Exception as exc:
+            self.report(exc)
+
+
+_live_elections: weakref.WeakSet[Election] = weakref.WeakSet()
+
+
+def _forget_runs_after_fork() -> None:
+    # A forked child has none of the parent's threads and must never act on
+    # the parent's lease: its elections are simply not running.
+    for election in list(_live_elections):
+        election.mutex = threading.Lock()
+        election.run = election.started = None
+
+
+os.register_at_fork(after_in_child=_forget_runs_after_fork)
+
+
+def instance_text(value: object) -> str:
+    """An instance id from a reply (bytes on the wire) as the str it was set from."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+class _Unraisable:
+    """The shape ``sys.unraisablehook`` expects."""
+
+    def __init__(self, exc: BaseException, message: str, obj: object) -> None:
+        self.exc_type: type[BaseException] = type(exc)
+        self.exc_value: BaseException | None = exc
+        self.exc_traceback: TracebackType | None = exc.__traceback__
+        self.err_msg: str | None = message
+        self.object: object = obj

@@ -1,0 +1,225 @@
+"""What a reply means: the one place the Python side of both engines decides it.
+
+Two questions, each answered here and nowhere else:
+
+* ``classify(reply)``: what an error reply says about where the call ran —
+  ``DONE`` (not an error), ``NOSCRIPT`` (load the script, send again),
+  ``MOVED`` / ``ASK`` (a cluster redirection), ``TRYAGAIN`` (the keys are
+  mid-migration: the same server may run it later), ``RETRY`` (LOADING,
+  CLUSTERDOWN: this server cannot serve the keys now), ``FAILOVER``
+  (READONLY, MASTERDOWN: no longer the master), ``NOREPLICAS`` (the master
+  refuses writes) or ``ERROR`` (the script's own error, or any other).
+  redis-py maps some codes to classes and strips them from the message,
+  others it keeps as text; Redis 6 wraps a command's error inside a script
+  ("Error running script ...: -READONLY ..."), Redis 7 passes the code on:
+  every form lands in the same kind.
+* ``check(script, reply)``: whether ``reply`` is one ``script`` can give.
+  Every script of ours has a known reply shape (0 or 1; a token array; a
+  holder or nil). Anything else — an array where an integer belongs, a bulk
+  string, an integer out of range — is not a result but a broken or foreign
+  server: it comes back as an ``UnexpectedReply`` (a ``ResponseError``) in
+  the reply's place, so the caller raises it instead of reading "rejected",
+  "lost" or "not acquired" into it. The engines check every reply they hand
+  out (control calls, fenced writes, pipelines, the loop writer, renewals)
+  and drop a connection that carried one.
+
+The native core keeps the same kinds in C (``_native/_replies.pxi``) for the
+replies it reads without the GIL.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterDownError,
+    ConnectionError,
+    MasterDownError,
+    MovedError,
+    NoScriptError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
+
+if TYPE_CHECKING:
+    from .._scripts import Script
+
+DONE, NOSCRIPT, MOVED, ASK, TRYAGAIN, RETRY, FAILOVER, NOREPLICAS, ERROR = range(9)
+
+FAILOVER_REPLIES = ("READONLY", "MASTERDOWN", "NOREPLICAS")
+"""Error replies saying the server is no longer the master a lease was granted on.
+
+A term answered with one of them ends at once: its lease lives on a server
+that is now a replica, cut off from its replicas, or refusing writes.
+"""
+
+_SENTINEL_DEMOTED = "The previous master is now a slave"
+"""What redis-py's Sentinel connections make of a READONLY reply."""
+
+# By code, for the replies redis-py leaves as plain ResponseError text.
+_BY_CODE = (
+    ("READONLY", FAILOVER),
+    ("MASTERDOWN", FAILOVER),
+    ("NOREPLICAS", NOREPLICAS),
+    ("LOADING", RETRY),
+    ("CLUSTERDOWN", RETRY),
+    ("TRYAGAIN", TRYAGAIN),
+)
+
+
+def classify(reply: object) -> int:
+    """The kind of ``reply`` (see the module doc); ``DONE`` for anything not an error."""
+    if not isinstance(reply, Exception):
+        return DONE
+    # Classes first (redis-py strips their codes); MasterDownError is a
+    # ClusterDownError, MovedError an AskError, BusyLoadingError a
+    # ConnectionError: the order matters.
+    if isinstance(reply, NoScriptError):
+        return NOSCRIPT
+    if isinstance(reply, (ReadOnlyError, MasterDownError)):
+        return FAILOVER
+    if isinstance(reply, MovedError):
+        return MOVED
+    if isinstance(reply, AskError):
+        return ASK
+    if isinstance(reply, TryAgainError):
+        return TRYAGAIN
+    if isinstance(reply, (BusyLoadingError, ClusterDownError)):
+        return RETRY
+    if isinstance(reply, ResponseError):
+        text = str(reply).lstrip()
+        for code, kind in _BY_CODE:
+            if text.startswith(code) or f": -{code} " in text:
+                return kind
+        return ERROR
+    if isinstance(reply, ConnectionError) and str(reply) == _SENTINEL_DEMOTED:
+        return FAILOVER
+    return ERROR
+
+
+def is_failover_reply(reply: object) -> bool:
+    """READONLY, MASTERDOWN or NOREPLICAS: a term answered so ends at once."""
+    return classify(reply) in (FAILOVER, NOREPLICAS)
+
+
+def server_changed(reply: object) -> bool:
+    """This server no longer serves the keys (not the master, loading, cluster down)."""
+    return classify(reply) in (FAILOVER, RETRY)
+
+
+def ran_elsewhere(reply: object, cluster: bool) -> bool:
+    """The call did not run because this server is not (now) the one for its keys.
+
+    MOVED counts only on a cluster (elsewhere it cannot be followed); ASK is
+    left to the caller, which sends to the node named.
+    """
+    kind = classify(reply)
+    return kind in (FAILOVER, RETRY, TRYAGAIN) or (kind == MOVED and cluster)
+
+
+# -- what each script may answer ------------------------------------------------------
+
+
+class UnexpectedReply(ResponseError):
+    """A reply the script cannot give: the server is broken, or not a Redis server.
+
+    Never a result: the outcome of the call is unknown, and it is not sent
+    again. A ``redis.exceptions.ResponseError``, so callers that handle
+    Redis errors handle it.
+    """
+
+
+MAX_TOKEN = 2**53
+"""Tokens at or above this cannot be compared exactly by Redis' Lua (doubles)."""
+
+
+def _is_int(value: object, low: int, high: int) -> bool:
+    return type(value) is int and low <= value < high
+
+
+def _flag(reply: object) -> bool:
+    return type(reply) is int and (reply == 0 or reply == 1)
+
+
+def _acquire(reply: object) -> bool:
+    # {token, pttl, holder}
+    return (
+        type(reply) is list
+        and len(reply) == 3
+        and _is_int(reply[0], 0, MAX_TOKEN)
+        and type(reply[1]) is int
+        and type(reply[2]) is bytes
+    )
+
+
+def _lock_acquire(reply: object) -> bool:
+    # {fencing token, pttl}
+    return (
+        type(reply) is list
+        and len(reply) == 2
+        and _is_int(reply[0], 0, MAX_TOKEN)
+        and type(reply[1]) is int
+    )
+
+
+def _leader(reply: object) -> bool:
+    # nil, or {holder, pttl}
+    return reply is None or (
+        type(reply) is list
+        and len(reply) == 2
+        and type(reply[0]) is bytes
+        and type(reply[1]) is int
+    )
+
+
+_SHAPES = {
+    "flag": (_flag, "0 or 1"),
+    "acquire": (_acquire, "an array of a token below 2**53, a PTTL and a holder"),
+    "lock_acquire": (_lock_acquire, "an array of a fencing token below 2**53 and a PTTL"),
+    "leader": (_leader, "nil or an array of a holder and a PTTL"),
+    "any": (lambda _reply: True, "anything"),
+}
+
+
+def describe(reply: object) -> str:
+    """``reply`` in a few words, for an error message (never its whole content)."""
+    if reply is None:
+        return "nil"
+    if type(reply) is int:
+        return f"the integer {reply}"
+    if isinstance(reply, bytes):
+        head = reply[:16]
+        more = "..." if len(reply) > 16 else ""
+        return f"a bulk string of {len(reply)} bytes ({head!r}{more})"
+    if isinstance(reply, list):
+        return f"an array of {len(reply)} elements"
+    return f"a {type(reply).__name__}"
+
+
+def check(script: Script, reply: Any) -> Any:
+    """``reply`` itself when ``script`` can give it (or it is an error reply), else an
+    ``UnexpectedReply`` naming both, in its place."""
+    shape = script.reply
+    if shape == "flag":
+        if type(reply) is int and (reply == 0 or reply == 1):
+            return reply
+    elif _SHAPES[shape][0](reply):
+        return reply
+    if isinstance(reply, Exception):
+        return reply
+    return UnexpectedReply(
+        f"{script.name} answered {describe(reply)}, a reply it cannot give "
+        f"(it returns {_SHAPES[shape][1]}): the server is broken or not Redis; "
+        "the outcome is unknown"
+    )
+
+
+def checked(script: Script, reply: Any) -> Any:
+    """``check``, raising the error it finds (an error reply or an ``UnexpectedReply``)."""
+    reply = check(script, reply)
+    if isinstance(reply, Exception):
+        raise reply
+    return reply

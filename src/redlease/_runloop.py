@@ -1,0 +1,424 @@
+"""The run loop: contend, lead, drain, done — as steps, driven or on the caller's thread.
+
+``RunLoop`` steps one ``Election``'s run: the process's driver steps every
+started run (``start()``), and ``run_here`` steps a run on the calling thread
+(``Elector.run()``). It reads top to bottom like client-go's leaderelection:
+``_contend_step`` (one acquire per step, backoff on errors), ``_begin`` (a
+term starts, the leader function gets its thread), ``_hold_reason`` (why a
+term ends), ``_end_term`` and ``_after_term`` (release, observer), ``_finish``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ._driver import driver
+from ._election import Election, LeaderFn, Run, instance_text
+from ._engine import ACTIVE, Engine, Keeper
+from ._engine.base import NoticeSubscription
+from ._term import Reason, Term, end_term
+
+# How often a waiting run thread looks at a caller's stop event: a plain
+# threading.Event cannot wake anybody, so it is polled at this period.
+_STOP_POLL = 0.05
+
+
+def run_here(election: Election, run: Run, fn: LeaderFn | None) -> None:
+    """Run the loop on this thread until ``run`` ends; its error lands in ``run.error``."""
+    # The engine's listener: on the native engine a native thread wakes
+    # the keeper's eventfd, which the follower sleeps on without the GIL,
+    # and the notice itself is delivered here, on the run thread.
+    notices = election.engine.notices(election.client).listen(
+        election.keys.leader, run.notice, signal=run.keeper
+    )
+    run.notices = notices
+    loop = RunLoop(election, run, fn, driven=False)
+    loop.notices = notices
+    loop.run_here()
+
+
+class RunLoop:
+    """One run's loop, as steps: contend (one acquire per step), lead, drain, done.
+
+    Driven (``start()``): the process's driver steps it — contending is a
+    timer, leading a watch on the keeper — and ``stop()`` from another
+    thread ends the run right there, on that thread, once any step in
+    progress is done; with a leader function it asks the driver and waits,
+    as the function must return first. Not driven (``Elector.run()``):
+    ``run_here()`` steps it on the calling thread, which waits between steps
+    on the keeper (woken by a renewal's news, a notice, a stop, the leader
+    function's return).
+    """
+
+    CONTEND, LEAD, DRAIN, DONE = range(4)
+
+    __slots__ = (
+        "busy",
+        "driven",
+        "election",
+        "errors_in_row",
+        "fn",
+        "follower",
+        "keeper",
+        "not_before",
+        "notices",
+        "on_done",
+        "phase",
+        "prefetched",
+        "reason",
+        "run",
+        "token",
+        "worker",
+    )
+
+    def __init__(
+        self,
+        election: Election,
+        run: Run,
+        fn: LeaderFn | None,
+        on_done: Callable[[], object] | None = None,
+        *,
+        driven: bool = True,
+    ) -> None:
+        self.election = election
+        self.run = run
+        self.fn = fn
+        self.driven = driven
+        # Called (on whichever thread ends the run) once the run is over.
+        self.on_done = on_done
+        self.keeper = run.keeper
+        self.busy = threading.Lock()
+        self.phase = self.CONTEND
+        self.errors_in_row = 0
+        self.follower = False
+        self.token = 0
+        self.reason: Reason = "stopped"
+        self.worker: _LeaderThread | None = None
+        # The next acquire's time (a poll, a backoff, the rest after a term):
+        # an early step (a poke, a sweep) waits for it unless a release
+        # notice arrived meanwhile.
+        self.not_before = 0.0
+        # An acquire the driver sent for this run with others' (reply, send
+        # time), for the next contend step to use instead of a round trip.
+        self.prefetched: tuple[Any, float] | None = None
+        self.notices: NoticeSubscription | None = None
+        if driven:
+            run.driven = self
+
+    def start(self) -> None:
+        election = self.election
+        # The engine's listener, on the connection the process's other
+        # waiters share: each notice pokes this run on the driver thread
+        # (native: the reader rings the driver's doorbell without the GIL).
+        self.notices = election.engine.notices(election.client).listen(
+            election.keys.leader, self.run.notice, driven=True
+        )
+        driver().poke(self)
+
+    def poke(self) -> None:
+        if self.driven:
+            driver().poke(self)
+        else:
+            self.keeper.notify()  # the run's own thread waits on the keeper
+
+    def run_here(self) -> None:
+        """Step the run on the calling thread until it ends (``Elector.run()``)."""
+        run, keeper = self.run, self.keeper
+        try:
+            while self.phase != self.DONE:
+                run.notices.deliver()
+                when = self.step()  # keeps this thread among the run's own (not driven)
+                if self.phase == self.DONE:
+                    break
+                if when is None:
+                    # Leading, or waiting for the leader function to return.
+                    keeper.wait(_STOP_POLL)
+                    continue
+                # A poll, a backoff or the rest after a term, cut short by a
+                # release notice or a stop.
+                while True:
+                    run.notices.deliver()
+                    left = when - time.monotonic()
+                    if run.should_stop() or run.noticed or left <= 0:
+                        break
+                    keeper.wait(min(left, _STOP_POLL))
+        except BaseException as exc:
+            # An interrupt between steps: the run ends here, as a stop would.
+            run.error = exc
+            with self.busy:
+                self._finish()
+
+    # -- steps (on the driver thread) ---------------------------------------------------
+
+    def step(self) -> float | None:
+        if not self.busy.acquire(blocking=False):
+            return None  # stop() is ending the run on another thread
+        try:
+            thread = threading.current_thread()
+            self.run.own_threads.add(thread)
+            try:
+                return self._step()
+            except BaseException as exc:
+                self.run.error = exc
+                self._finish()
+                return None
+            finally:
+                if self.driven:
+                    self.run.own_threads.discard(thread)
+        finally:
+            self.busy.release()
+
+    def check(self) -> bool:
+        """The watch: the keeper reported something while leading (True: watch no more)."""
+        when = self.step()
+        if when is not None:
+            driver().schedule(self, when)
+        return self.phase in (self.CONTEND, self.DONE)
+
+    def _step(self) -> float | None:
+        if self.phase == self.DONE:
+            return None
+        if self.phase == self.CONTEND:
+            return self._contend_step()
+        if self.phase == self.LEAD:
+            reason = self._hold_reason()
+            if reason is None:
+                return None
+            self._end_term(reason)
+        if self.phase == self.DRAIN:
+            worker = self.worker
+            if worker is not None and not worker.finished:
+                return None
+            self._after_term()
+            if self.run.error is not None or self.run.should_stop():
+                self._finish()
+                return None
+            self.not_before = time.monotonic() + self.election.jittered(
+                self.election.config.acquire_interval
+            )
+            return self.not_before
+        return None
+
+    def _contend_step(self) -> float | None:
+        election, run, cfg = self.election, self.run, self.election.config
+        if run.should_stop():
+            self._finish()
+            return None
+        if not run.noticed and time.monotonic() < self.not_before:
+            return self.not_before
+        run.noticed, run.resting = False, False
+        released_by, run.released_by = run.released_by, None
+        if released_by is not None:
+            # A holder seen only through its release notice still led meanwhile.
+            election.observe(run, instance_text(released_by))
+        sent = time.monotonic()
+        prefetched, self.prefetched = self.prefetched, None
+        try:
+            if prefetched is None:
+                token, pttl_ms, holder = election.acquire()
+            else:
+                reply, sent = prefetched
+                if isinstance(reply, Exception):
+                    raise reply
+                token, pttl_ms, holder = election.acquired(reply)
+        except Exception as exc:
+            election.report(exc)
+            self.errors_in_row += 1
+            backoff: float = min(cfg.acquire_interval * 2**self.errors_in_row, cfg.ttl)
+            self.not_before = sent + backoff
+            return self.not_before
+        self.errors_in_row = 0
+        election.events.ok()
+        election.observe(run, holder)
+        if token == 0:
+            if not self.follower:
+                self.follower = True
+                election.emit(election.observer.on_follower)
+            self.not_before = time.monotonic() + election.poll_delay(pttl_ms)
+            return self.not_before
+        self.follower = False
+        self._begin(token, sent)
+        return None
+
+    def acquire_request(self) -> tuple[Engine, Any] | None:
+        """The acquire this run's next step would send now, for the driver to batch; or None."""
+        run, election = self.run, self.election
+        if (
+            self.phase != self.CONTEND
+            or self.prefetched is not None
+            or not election.batchable
+            or run.should_stop()
+            or (not run.noticed and time.monotonic() < self.not_before)
+        ):
+            return None
+        return election.engine, election.acquire_request()
+
+    def _begin(self, token: int, acquired_at: float) -> None:
+        election, run, keeper = self.election, self.run, self.keeper
+        run.resign_requested = False
+        keeper.begin(token, acquired_at)
+        term = Term(token)
+        run.term = term
+        self.token = token
+        self.phase = self.LEAD
+        election.events.elected(token)
+        election.emit(election.observer.on_elected, token)
+        if self.fn is not None:
+            worker = _LeaderThread(self.fn, term, election.make_fencer(token), keeper, self.poke)
+            self.worker = worker
+            run.own_threads.add(worker.thread)
+            worker.thread.start()
+        if self.phase == self.LEAD and self.driven:
+            driver().watch(self)
+
+    def _hold_reason(self) -> Reason | None:
+        """Why the running term ends now, or None while it holds."""
+        run, worker = self.run, self.worker
+        self.election.drain(run.keeper)
+        if run.keeper.state != ACTIVE:
+            return "lost"
+        if worker is not None and worker.finished:
+            return "returned"
+        if run.resign_requested:
+            return "resigned"
+        if run.should_stop():
+            return "stopped"
+        return None
+
+    def _end_term(self, reason: Reason) -> None:
+        # Rest from here, before the release: a successor that takes the
+        # lease and gives it back at once must still find this run listening.
+        run = self.run
+        run.noticed, run.released_by, run.resting = False, None, True
+        self.keeper.end()
+        self.reason = reason
+        self.phase = self.DRAIN
+        term = self.run.term
+        if term is not None:
+            end_term(term, reason)
+
+    def _after_term(self) -> None:
+        election, run, worker = self.election, self.run, self.worker
+        election.drain(self.keeper)
+        if worker is not None:
+            worker.join()
+            run.own_threads.discard(worker.thread)
+            self.worker = None
+        if self.reason != "lost":
+            election.release()
+        run.term = None
+        election.events.stepped_down(self.token, self.reason)
+        election.emit(election.observer.on_stepped_down)
+        self.token = 0
+        self.phase = self.CONTEND
+        if worker is not None and worker.error is not None:
+            run.error = worker.error
+
+    def _finish(self) -> None:
+        if self.phase == self.DONE:
+            return
+        election, run = self.election, self.run
+        # Unsubscribed before the release: the run's own notice is no news,
+        # and thousands of runs stopping together should not flood the listener.
+        if self.notices is not None:
+            self.notices.cancel()
+            self.notices = None
+        prefetched, self.prefetched = self.prefetched, None
+        if (
+            prefetched is not None
+            and self.phase == self.CONTEND
+            and not isinstance(prefetched[0], Exception)
+        ):
+            # A batched acquire this run had not read yet: a term it won is
+            # begun and ended like any other, so every token is a term.
+            token = 0
+            with contextlib.suppress(Exception):
+                token = election.acquired(prefetched[0])[0]
+            if token > 0:
+                self._begin(token, prefetched[1])
+        if self.phase == self.LEAD:
+            self._end_term("stopped")
+        if self.phase == self.DRAIN:
+            self._after_term()
+        self.phase = self.DONE
+        if self.driven:
+            driver().unwatch(self)
+        run.keeper.close()
+        election.events.keeper_closed(run.keeper)
+        with election.mutex:
+            if election.run is run:
+                election.run = None
+        self._done()
+
+    def _done(self) -> None:
+        self.run.done.set()
+        on_done = self.on_done
+        if on_done is not None:
+            self.on_done = None
+            on_done()
+
+    # -- stop (on the caller's thread) ---------------------------------------------------
+
+    def stop(self, timeout: float | None) -> None:
+        run = self.run
+        run.stopping.set()
+        if self.fn is None:
+            # Nothing to wait for but a step in progress: end the run here,
+            # without a hand-over to the driver thread and back.
+            acquired = self.busy.acquire(timeout=-1 if timeout is None else max(timeout, 0))
+            if acquired:
+                thread = threading.current_thread()
+                run.own_threads.add(thread)
+                try:
+                    self._finish()
+                except BaseException as exc:
+                    run.error = exc
+                    self.phase = self.DONE
+                    self._done()
+                finally:
+                    run.own_threads.discard(thread)
+                    self.busy.release()
+                return
+        run.keeper.notify()
+        self.poke()
+
+
+class _LeaderThread:
+    """The leader function on a thread of its own; wakes the run when fn returns."""
+
+    def __init__(
+        self,
+        fn: LeaderFn,
+        term: Term,
+        fencer: Any,
+        keeper: Keeper,
+        on_finish: Callable[[], None] | None = None,
+    ) -> None:
+        self.error: BaseException | None = None
+        self._on_finish = on_finish
+        self.finished = False
+        self._fn = fn
+        self._term = term
+        self._fencer = fencer
+        self._keeper = keeper
+        self.thread = threading.Thread(
+            target=self._main, name=f"redlease-leader-{term.token}", daemon=True
+        )
+
+    def _main(self) -> None:
+        try:
+            self._fn(self._term, self._fencer)
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.finished = True
+            self._keeper.notify()
+            if self._on_finish is not None:
+                self._on_finish()
+
+    def join(self) -> None:
+        self.thread.join()
