@@ -25,9 +25,9 @@ def test_engine_runs_fenced_writes_and_control_scripts(server: Server, rc: redis
         assert engine.name == "native"
         assert engine.write_timeout == 30.0
         fence_set = fenced_file("fence_set")
-        assert engine.write(fence_set, ["applied", "x"], [5, "five"]) == 1
-        assert engine.write(fence_set, ["applied", "x"], [4, "four"]) == 0
-        assert engine.write(fence_set, ["applied", "x"], [5, b"again"]) == 1
+        assert run_one(engine, (fence_set, ["applied", "x"], [5, "five"]))[0] == 1
+        assert run_one(engine, (fence_set, ["applied", "x"], [4, "four"]))[0] == 0
+        assert run_one(engine, (fence_set, ["applied", "x"], [5, b"again"]))[0] == 1
         db2 = server.client(db=2)
         assert db2.get("x") == b"again"
         assert db2.get("applied") == b"5"
@@ -49,12 +49,12 @@ def test_engine_runs_fenced_writes_and_control_scripts(server: Server, rc: redis
 def test_engine_over_a_unix_socket_with_a_write_timeout(server: Server) -> None:
     engine = NativeEngine(server.endpoint(unix=True), write_timeout=0.3)
     try:
-        assert engine.write(fenced_file("fence_hset"), ["ap", "h"], [1, "f", 2.5]) == 1
+        assert run_one(engine, (fenced_file("fence_hset"), ["ap", "h"], [1, "f", 2.5]))[0] == 1
         server.pause()
         try:
             t0 = time.monotonic()
             with pytest.raises(rex.TimeoutError):
-                engine.write(fenced_file("fence_hset"), ["ap", "h"], [1, "f", 3])
+                run_one(engine, (fenced_file("fence_hset"), ["ap", "h"], [1, "f", 3]))[0]
             assert time.monotonic() - t0 < 1.5
             with pytest.raises(rex.TimeoutError):
                 run_one(engine, (load("release"), ["n:leader"], ["me"]), timeout=0.2)[0]
@@ -63,7 +63,7 @@ def test_engine_over_a_unix_socket_with_a_write_timeout(server: Server) -> None:
         # A timed-out write may still have been applied: the outcome is unknown,
         # and the engine says so with TimeoutError rather than guessing.
         assert server.client().hget("h", "f") in (b"2.5", b"3")
-        assert engine.write(fenced_file("fence_hset"), ["ap", "h"], [2, "f", 4]) == 1
+        assert run_one(engine, (fenced_file("fence_hset"), ["ap", "h"], [2, "f", 4]))[0] == 1
     finally:
         engine.close()
 

@@ -33,6 +33,7 @@ from helpers import (
     require_native,
     stays,
 )
+from redlease._engine import run_one
 from redlease._engine.client import native_endpoint
 from redlease._engine.native import NativeEngine
 from redlease._scripts import fenced_file
@@ -252,7 +253,10 @@ def test_a_tls_cluster_signed_by_another_ca_is_rejected(
     native = NativeEngine(bad, write_timeout=2.0)
     try:
         with pytest.raises(rex.ConnectionError) as write_info:
-            native.write(fenced_file("fence_set"), [f"{TAG}:x:fence:applied", f"{TAG}:x"], [1, "v"])
+            run_one(
+                native,
+                (fenced_file("fence_set"), [f"{TAG}:x:fence:applied", f"{TAG}:x"], [1, "v"]),
+            )[0]
         assert "certificate verify failed" in str(write_info.value)
     finally:
         native.close()
