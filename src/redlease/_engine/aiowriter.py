@@ -51,6 +51,7 @@ from typing import Any, Protocol
 import hiredis
 from redis.exceptions import (
     ConnectionError,
+    InvalidResponse,
     RedisError,
     TimeoutError,
 )
@@ -266,13 +267,13 @@ class LoopWriter:
             if kind == DONE:
                 reply = check(script, reply)
                 if type(reply) is UnexpectedReply:
-                    # Not a result, and whatever follows on this stream is
-                    # suspect: every call still in flight fails unknown.
+                    # Not a result. The stream is still in step (a malformed
+                    # one fails in read()), but this server is not to be
+                    # trusted: reconnect once nothing is in flight.
+                    self._reroute = True
                     if not fut.done():
                         fut.set_exception(reply)
-                    self._fail(ConnectionError(f"redlease: connection reset after: {reply}"))
-                    return
-                if not fut.done():  # else the task was cancelled: the reply is dropped
+                elif not fut.done():  # else the task was cancelled: the reply is dropped
                     fut.set_result(reply)
             elif kind == NOSCRIPT:
                 # Not run: load the script with EVAL and wait for that reply instead.
@@ -492,8 +493,15 @@ class PyLoopConn:
             if len(data) < 65536 and not self._tls:
                 break
         replies = []
-        while (reply := reader.gets()) is not False:
-            replies.append(reply)
+        try:
+            while (reply := reader.gets()) is not False:
+                replies.append(reply)
+        except hiredis.ProtocolError as exc:
+            # Past a malformed reply nothing on this stream can be trusted.
+            self.drop()
+            raise InvalidResponse(
+                f"Protocol error: the server sent a malformed reply ({exc})"
+            ) from exc
         return replies
 
     def clear(self) -> None:
