@@ -62,7 +62,7 @@ from redis.exceptions import (
 )
 
 from .._scripts import Script
-from .base import EncodableT
+from .encodable import EncodableT
 
 try:
     from redis._parsers import BaseParser as _BaseParser

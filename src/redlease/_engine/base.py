@@ -29,11 +29,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from redis.exceptions import ConnectionError, MasterDownError, ReadOnlyError, ResponseError
 
 from .._scripts import Script
+from .encodable import EncodableT as EncodableT
 
 if TYPE_CHECKING:
     from .aiowriter import LoopWriter
-
-EncodableT = str | bytes | int | float
 
 ScriptRequest = tuple[Script, Sequence["str | bytes"], Sequence[EncodableT]]
 """One script to run: the script, its keys and its args."""
