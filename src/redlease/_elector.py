@@ -29,10 +29,10 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from . import _notices, _scripts
+from . import _scripts
 from ._config import Config, Duration
 from ._driver import driver
-from ._engine import ACTIVE, EncodableT, Engine, Keeper, is_cluster, shared_engine
+from ._engine import ACTIVE, EncodableT, Engine, Keeper, is_cluster, sharded_notices, shared_engine
 from ._engine.base import NoticeSubscription
 from ._errors import ConfigError, NotReplicated
 from ._fence import Fence, FencedPipeline, Fencer
@@ -264,7 +264,7 @@ class Election:
         self.engine: Engine = shared_engine(client, engine)
         self._client = client
         # Releases announce in the name's slot on a cluster (SPUBLISH).
-        self._sharded_notice = "1" if _notices.sharded(client) else "0"
+        self._sharded_notice = "1" if sharded_notices(client) else "0"
         self._observer = observer or _NO_OBSERVER
         self.keys = ElectionKeys(self.config.name)
         # Acquires of many started runs on this engine may share a round trip:

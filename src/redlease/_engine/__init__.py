@@ -3,7 +3,9 @@
 ``base`` holds the Engine and Keeper protocols and the keeper states;
 ``select`` picks an engine for a client; ``keeper`` is the Python keeper
 (shared by the Python engine and ``MemoryLocker``); ``python`` and
-``native`` are the engines; ``_native`` is the Cython core.
+``native`` are the engines; ``_native`` is the Cython core. ``notices``
+says what a release notice is; ``pynotices`` and ``nativenotices`` are the
+engines' listeners, reached only through ``Engine.notices(client)``.
 """
 
 from .base import (
@@ -19,6 +21,7 @@ from .base import (
     is_failover_reply,
 )
 from .client import call_timeout, is_cluster, socket_timeout, write_timeout
+from .notices import sharded_notices
 from .select import make_engine, native_available, resolve_engine_name, shared_engine
 
 __all__ = [
@@ -37,6 +40,7 @@ __all__ = [
     "make_engine",
     "native_available",
     "resolve_engine_name",
+    "sharded_notices",
     "shared_engine",
     "socket_timeout",
     "write_timeout",

@@ -210,7 +210,7 @@ class Keeper(Protocol):
 
 
 class NoticeSubscription(Protocol):
-    """One waiter's interest in the release notices of one lease (see ``redlease._notices``)."""
+    """One waiter's interest in the release notices of one lease (see ``_engine.notices``)."""
 
     def wait(self, timeout: float) -> bool:
         """Sleep until a notice arrives (True, its wake-up delivered) or ``timeout`` passes."""

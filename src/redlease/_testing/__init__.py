@@ -10,6 +10,8 @@
 - ``ClusterSet`` (``cluster``): three masters with a replica each; failover,
   master crash, live slot migration, frozen nodes. ``tls=TLSMaterials()``
   makes every node TLS-only, its bus and replication included.
+- ``notices`` (imported on its own): what this process's release-notice
+  listeners hold (hubs per server, the driver's routing).
 
 Everything started here and still running at interpreter exit is stopped by
 an ``atexit`` hook, and its temporary files removed.
