@@ -22,7 +22,7 @@ from .base import (
 )
 from .client import call_timeout, is_cluster, socket_timeout, write_timeout
 from .notices import sharded_notices
-from .select import make_engine, native_available, resolve_engine_name, shared_engine
+from .select import make_engine, native_available, shared_engine
 
 __all__ = [
     "ACTIVE",
@@ -39,7 +39,6 @@ __all__ = [
     "is_failover_reply",
     "make_engine",
     "native_available",
-    "resolve_engine_name",
     "sharded_notices",
     "shared_engine",
     "socket_timeout",
