@@ -2,8 +2,9 @@
 
 - ``RedisServer`` (``server``): one private server on a free loopback port or
   a unix socket; pause (SIGSTOP), kill (SIGKILL), restart, stop.
-- ``TLSMaterials``, ``ServerTLS``, ``TLSRedisServer`` (``tls``): certificates
-  minted in the test and TLS-only servers using them.
+  ``TLSRedisServer`` (``server`` too): a TLS-only one.
+- ``TLSMaterials``, ``ServerTLS`` (``tls``): certificates minted in the test,
+  and how a server speaks TLS with them.
 - ``SentinelSet`` (``sentinel``): a master, replicas and three sentinels;
   failover, master crash, frozen nodes. ``tls=TLSMaterials()`` makes it
   TLS-only (``tls_sentinels=False``: the sentinels stay plain).
@@ -31,12 +32,11 @@ from ._common import (
 from ._sentinel_events import SwitchWatcher
 from .cluster import ClusterSet, SlotMigration, key_slot
 from .sentinel import SentinelSet
-from .server import RedisServer, client_for
+from .server import RedisServer, TLSRedisServer, client_for
 from .tls import (
     ServerTLS,
     TLSMaterials,
     TLSNotSupported,
-    TLSRedisServer,
     find_tls_redis_server,
     tls_unsupported_reason,
 )
