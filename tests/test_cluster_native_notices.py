@@ -32,8 +32,9 @@ from helpers import (
     require_native,
     wait_until,
 )
-from redlease import _notices
+from redlease._engine.nativenotices import NativeSubscription
 from redlease._testing import ClusterSet
+from redlease._testing.notices import native_hubs, python_hubs
 from tls_helpers import require_native_tls
 from topology_helpers import close_all_engines
 
@@ -77,8 +78,7 @@ def sharded(cluster: ClusterSet) -> bool:
 
 def native_cluster_hubs() -> list[Any]:
     """The native hubs of this process that listen on a cluster node."""
-    with _notices._registry_lock:
-        return [hub for (_, sharded), hub in _notices._native_hubs.items() if sharded]
+    return native_hubs(sharded=True)
 
 
 def timed_handover(release: Any, successor: redlease.Elector) -> float:
@@ -175,8 +175,8 @@ def _woken_during_a_gil_hold(
         assert run is not None
         notices = run.driven.notices if driven else run.notices
         # Heard by a native reader on the slot's master, not by a Python listener.
-        assert isinstance(notices, _notices.NativeSubscription)
-        assert not _notices._hubs
+        assert isinstance(notices, NativeSubscription)
+        assert not python_hubs()
         assert native_cluster_hubs()
         hog_started, hog_ended, before, released, rung = release_during_a_gil_hold(releaser)
         wait_until(lambda: elected, timeout=10, what="the follower's election")
@@ -252,7 +252,7 @@ def test_a_native_cluster_handover_after_resign_is_pushed(
                 timeout=5,
                 what="a listener on the slot's master",
             )
-            assert native_cluster_hubs() and not _notices._hubs
+            assert native_cluster_hubs() and not python_hubs()
             # SSUBSCRIBE on Redis 7+; SUBSCRIBE after "unknown command" before.
             expected = sharded(cluster_set)
             for hub in native_cluster_hubs():
@@ -271,7 +271,7 @@ def test_a_native_cluster_lock_waiter_hears_the_release_natively(cluster_set: Cl
         time.sleep(0.3)  # the waiter's first attempt failed and it listens
 
     took = lock_handover(locker, "job", listening)
-    assert not _notices._hubs, "the lock waiter listened through the Python listener"
+    assert not python_hubs(), "the lock waiter listened through the Python listener"
     locker.close()
     client.close()
     assert took < PUSHED
@@ -327,7 +327,7 @@ def _follows_the_slot(
             time.sleep(0.5)
             leader, follower = (a, b) if a.token() else (b, a)
             took = timed_handover(leader.resign, follower)
-    assert not _notices._hubs, "a Python listener was used"
+    assert not python_hubs(), "a Python listener was used"
     client.close()
     return took
 

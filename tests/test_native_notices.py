@@ -23,9 +23,10 @@ import redis
 
 import redlease
 from helpers import gil_call_size, hold_gil, release_during_a_gil_hold, require_native, wait_until
-from redlease import _notices
 from redlease._engine import make_engine
+from redlease._engine.nativenotices import NativeSubscription
 from redlease._testing import RedisServer
+from redlease._testing.notices import driver_notices, native_hubs, python_hubs
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "eventfd"), reason="needs os.eventfd (Linux)")
 
@@ -179,7 +180,7 @@ def test_native_waiters_of_one_server_share_one_hub_and_one_connection(
     for i in range(5):
         wait_until(lambda i=i: subscribed(client, f"many-{i}:released"), timeout=5, what="subs")
     port = client.connection_pool.connection_kwargs["port"]
-    hubs = [h for h in _notices.native_hubs() if not h.closed and h.target.port == port]
+    hubs = [h for h in native_hubs() if not h.closed and h.target.port == port]
     assert len(hubs) == 1
     assert len([c for c in client.client_list() if "P" in c["flags"]]) == 1
     for sub in subs:
@@ -197,7 +198,7 @@ def test_a_forked_child_inherits_no_running_notice_thread(
     if pid == 0:  # the child: no reader thread, no hub; its own listen works
         code = 1
         try:
-            if not notice_tasks() and not _notices.native_hubs():
+            if not notice_tasks() and not native_hubs():
                 own = make_engine(redis.Redis(port=redis_server.port), "native")
                 mine = own.notices(client).listen("forked-child", lambda _p: None)
                 r = redis.Redis(port=redis_server.port)
@@ -322,8 +323,8 @@ def test_a_started_follower_hears_its_notice_natively_while_another_thread_holds
         assert run is not None and run.driven is not None
         notices = run.driven.notices
         # The started run listens through the native reader, not a Python listener.
-        assert isinstance(notices, _notices.NativeSubscription)
-        assert not _notices._hubs
+        assert isinstance(notices, NativeSubscription)
+        assert not python_hubs()
         hog_started, hog_ended, before, released, rung = release_during_a_gil_hold(releaser)
         wait_until(lambda: elected, timeout=10, what="the follower's election")
     finally:
@@ -355,7 +356,7 @@ def test_started_runs_stop_listening_on_stop_and_the_reader_ends_after_the_last(
     ]
     for follower in followers:
         follower.start()
-    routing = _notices._driver_notices
+    routing = driver_notices()
     assert routing is not None
     wait_until(lambda: routing.routed() >= 21, timeout=5, what="every run routed")
     routed = routing.routed()  # these 21, and any other test's left over

@@ -60,6 +60,6 @@ def close_all_engines() -> None:
     for election in list(_election._live_elections):
         with contextlib.suppress(Exception):
             election.engine.close()
-    # Engines of electors already collected: their watchers outlive them.
-    for watcher in list(failover._live_watchers):
-        watcher.close()
+    # Engines of electors already collected: their listeners outlive them.
+    for listener in list(failover._live_listeners):
+        listener.close()

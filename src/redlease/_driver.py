@@ -20,8 +20,8 @@ when the run is ended there.
 The driver sleeps on a doorbell (an eventfd, else a pipe) with the GIL
 released, until the next item is due. ``schedule``/``poke``/``watch`` ring
 it from Python; a native notice reader rings it without the GIL (see
-``_notices.DriverNotices``), and what rang is found by the driver's ring
-hooks, which run on the driver thread after every wake-up.
+``_engine.nativenotices.DriverNotices``), and what rang is found by the
+driver's ring hooks, which run on the driver thread after every wake-up.
 """
 
 from __future__ import annotations

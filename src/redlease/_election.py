@@ -25,9 +25,9 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
-from . import _notices, _scripts
+from . import _scripts
 from ._config import Config, Duration
-from ._engine import Engine, Keeper, is_cluster, run_one, shared_engine
+from ._engine import Engine, Keeper, is_cluster, run_one, sharded_notices, shared_engine
 from ._engine.base import NoticeSubscription
 from ._errors import ConfigError
 from ._fence import Fence
@@ -268,7 +268,7 @@ class Election:
         self.engine: Engine = shared_engine(client, engine)
         self.client = client
         # Releases announce in the name's slot on a cluster (SPUBLISH).
-        self.sharded_notice = "1" if _notices.sharded(client) else "0"
+        self.sharded_notice = "1" if sharded_notices(client) else "0"
         self.observer = observer or _NO_OBSERVER
         self.keys = ElectionKeys(self.config.name)
         # Acquires of many started runs on this engine may share a round trip:

@@ -30,9 +30,16 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from . import _notices
 from ._config import Duration, ReplicationGuard
-from ._engine import Engine, Keeper, call_timeout, is_cluster, make_engine, run_one
+from ._engine import (
+    Engine,
+    Keeper,
+    call_timeout,
+    is_cluster,
+    make_engine,
+    run_one,
+    sharded_notices,
+)
 from ._engine.renewer import Lease, Renewer
 from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
 from ._keys import LockKeys, has_hash_tag
@@ -130,7 +137,7 @@ class RedisLocker(Locker):
         self._engine: Engine = make_engine(client, engine)
         self._client = client
         # Releases announce in the lock's slot on a cluster (SPUBLISH).
-        self._sharded_notice = "1" if _notices.sharded(client) else "0"
+        self._sharded_notice = "1" if sharded_notices(client) else "0"
 
     @property
     def engine(self) -> str:

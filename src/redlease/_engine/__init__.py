@@ -4,7 +4,9 @@
 ``replies`` says what a reply means;
 ``select`` picks an engine for a client; ``keeper`` is the Python keeper
 (shared by the Python engine and ``MemoryLocker``); ``python`` and
-``native`` are the engines; ``_native`` is the Cython core.
+``native`` are the engines; ``_native`` is the Cython core. ``notices``
+says what a release notice is; ``pynotices`` and ``nativenotices`` are the
+engines' listeners, reached only through ``Engine.notices(client)``.
 """
 
 from .base import (
@@ -20,8 +22,9 @@ from .base import (
     run_one,
 )
 from .client import call_timeout, is_cluster, socket_timeout, write_timeout
+from .notices import sharded_notices
 from .replies import FAILOVER_REPLIES, UnexpectedReply, is_failover_reply
-from .select import make_engine, native_available, resolve_engine_name, shared_engine
+from .select import make_engine, native_available, shared_engine
 
 __all__ = [
     "ACTIVE",
@@ -40,8 +43,8 @@ __all__ = [
     "is_failover_reply",
     "make_engine",
     "native_available",
-    "resolve_engine_name",
     "run_one",
+    "sharded_notices",
     "shared_engine",
     "socket_timeout",
     "write_timeout",

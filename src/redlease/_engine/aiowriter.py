@@ -57,7 +57,7 @@ from redis.exceptions import (
 )
 
 from .._scripts import Script
-from .base import EncodableT
+from .encodable import EncodableT
 from .replies import (
     ASK,
     DONE,

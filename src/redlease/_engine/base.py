@@ -27,11 +27,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._config import ReplicationGuard
 from .._scripts import Script
+from .encodable import EncodableT as EncodableT
 
 if TYPE_CHECKING:
     from .aiowriter import LoopWriter
-
-EncodableT = str | bytes | int | float
 
 ScriptRequest = tuple[Script, Sequence["str | bytes"], Sequence[EncodableT]]
 """One script to run: the script, its keys and its args."""
@@ -181,7 +180,7 @@ class Keeper(Protocol):
 
 
 class NoticeSubscription(Protocol):
-    """One waiter's interest in the release notices of one lease (see ``redlease._notices``)."""
+    """One waiter's interest in the release notices of one lease (see ``_engine.notices``)."""
 
     def wait(self, timeout: float) -> bool:
         """Sleep until a notice arrives (True, its wake-up delivered) or ``timeout`` passes."""

@@ -5,10 +5,10 @@ sentinels reconfigure it (about ten seconds on default settings): a lease
 renewed there, and a fenced write sent there, land on a server whose data is
 about to be thrown away. The sentinels announce the switch on their
 ``+switch-master`` channel (``<service> <old ip> <old port> <new ip> <new
-port>``); ``SwitchWatcher`` listens there and calls back at once, so the
+port>``); ``SwitchListener`` listens there and calls back at once, so the
 engine can end every term the old master granted and look for the new one.
 
-One watcher per engine, started with its first keeper, on a daemon thread
+One listener per engine, started with its first keeper, on a daemon thread
 that only listens: losing its subscription costs nothing but the early
 notice (the renewal deadline still bounds every term), and it resubscribes,
 trying the sentinels in turn.
@@ -77,7 +77,7 @@ def parse_switch(data: object) -> tuple[str, tuple[str, int], tuple[str, int]] |
         return None
 
 
-class SwitchWatcher:
+class SwitchListener:
     """Calls ``on_switch(old, new)`` when the sentinels switch ``sentinels.service``'s master."""
 
     def __init__(
@@ -94,23 +94,16 @@ class SwitchWatcher:
             still_wanted, "__self__"
         ) else (lambda: still_wanted)
         self._closed = threading.Event()
-        self._subscribed = threading.Event()
         self._pid = os.getpid()
         self._thread = threading.Thread(
             target=self._main, name=f"redlease-sentinel-{sentinels.service}", daemon=True
         )
-        _live_watchers.add(self)
+        _live_listeners.add(self)
         self._thread.start()
 
-    @property
-    def finished(self) -> bool:
-        """True once the watcher stopped (closed, or nothing to listen for any more)."""
-        return self._closed.is_set()
-
-    @property
-    def subscribed(self) -> threading.Event:
-        """Set while a subscription is live (for tests and diagnostics)."""
-        return self._subscribed
+    def stop(self) -> None:
+        """Let the thread end at its next poll, without waiting for it (from any thread)."""
+        self._closed.set()
 
     def close(self) -> None:
         """Stop listening and join the thread (bounded by one poll). Idempotent."""
@@ -136,7 +129,6 @@ class SwitchWatcher:
                 self._listen(host, port)
             except Exception:
                 # Any failure only costs the early notice: try the next sentinel.
-                self._subscribed.clear()
                 self._closed.wait(_RETRY)
 
     def _listen(self, host: str, port: int) -> None:
@@ -149,8 +141,6 @@ class SwitchWatcher:
                 on_switch = self._on_switch()
                 if on_switch is None:
                     return  # the engine that listened is gone
-                if pubsub.subscribed:
-                    self._subscribed.set()
                 if message is None or message.get("type") != "message":
                     continue
                 switch = parse_switch(message.get("data"))
@@ -158,20 +148,19 @@ class SwitchWatcher:
                     on_switch(switch[1], switch[2])
                 del on_switch
         finally:
-            self._subscribed.clear()
             with contextlib.suppress(Exception):
                 pubsub.close()
             with contextlib.suppress(Exception):
                 client.close()
 
 
-_live_watchers: weakref.WeakSet[SwitchWatcher] = weakref.WeakSet()
+_live_listeners: weakref.WeakSet[SwitchListener] = weakref.WeakSet()
 
 
 def _forget_after_fork() -> None:
     # The listening thread does not exist in a forked child.
-    for watcher in list(_live_watchers):
-        watcher._closed.set()
+    for listener in list(_live_listeners):
+        listener.stop()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -310,9 +299,9 @@ def _text(value: Any) -> str:
 
 
 class MasterSwitches:
-    """The keepers of one engine, and the watcher that ends their terms on a switch.
+    """The keepers of one engine, and the listener that ends their terms on a switch.
 
-    ``track(keeper)`` starts the watcher with the first keeper of a
+    ``track(keeper)`` starts the listener with the first keeper of a
     Sentinel-managed engine (nothing happens for other endpoints). On a
     switch, ``forget_master()`` runs first (the engine drops what points at
     the old master), then the ACTIVE term of every tracked keeper that the
@@ -342,7 +331,7 @@ class MasterSwitches:
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()
-        self._watcher: SwitchWatcher | None = None
+        self._listener: SwitchListener | None = None
         self._probes = SentinelProbes()
 
     def track(self, keeper: Any) -> None:
@@ -350,8 +339,8 @@ class MasterSwitches:
             return
         with self._lock:
             self._keepers.add(keeper)
-            if self._watcher is None:
-                self._watcher = SwitchWatcher(self._sentinels, self._switched, self._wanted)
+            if self._listener is None:
+                self._listener = SwitchListener(self._sentinels, self._switched, self._wanted)
 
     def began(self, keeper: Any, token: int) -> None:
         """``keeper``'s term ``token`` just started, on the master the engine last used."""
@@ -412,9 +401,9 @@ class MasterSwitches:
         # under the lock track() takes, so a new run always gets a listener.
         with self._lock:
             wanted = any(not keeper.closed for keeper in self._keepers)
-            if not wanted and self._watcher is not None:
-                self._watcher._closed.set()
-                self._watcher = None
+            if not wanted and self._listener is not None:
+                self._listener.stop()
+                self._listener = None
             return wanted
 
     def _switched(self, old: tuple[str, int], new: tuple[str, int]) -> None:
@@ -434,13 +423,13 @@ class MasterSwitches:
 
     def close(self) -> None:
         with self._lock:
-            watcher, self._watcher = self._watcher, None
-        if watcher is not None:
-            watcher.close()
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
         self._probes.close()
 
     def __del__(self) -> None:
         # The engine is gone without close(): let the listening thread go too.
-        watcher = self._watcher
-        if watcher is not None:
-            watcher._closed.set()
+        listener = self._listener
+        if listener is not None:
+            listener.stop()

@@ -32,6 +32,7 @@ from .base import (
 )
 from .client import Endpoint
 from .failover import MasterSwitches
+from .nativenotices import NativeNotices
 from .replies import check
 
 
@@ -216,11 +217,9 @@ class NativeEngine:
         failovers and migrations: it is heard on a hub per node, and re-homed
         after the slot map of the user's cluster ``client``.
         """
-        from .. import _notices
-
         if self.endpoint.kind == "cluster":
-            return _notices.NativeNotices(self.endpoint, cluster=client)
-        return _notices.NativeNotices(self.endpoint)
+            return NativeNotices(self.endpoint, cluster=client)
+        return NativeNotices(self.endpoint)
 
     def close(self) -> None:
         """Close every connection of this engine, its keepers' included. Idempotent."""

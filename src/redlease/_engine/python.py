@@ -16,7 +16,6 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.backoff import NoBackoff
 from redis.exceptions import (
     AskError,
     ConnectionError,
@@ -26,7 +25,6 @@ from redis.exceptions import (
     ResponseError,
     TimeoutError,
 )
-from redis.retry import Retry
 
 from .._config import ReplicationGuard
 from .._scripts import Script
@@ -42,53 +40,13 @@ from .base import (
     run_one,
 )
 from .client import is_cluster, sentinels_of
+from .connect import connection_factory
 from .failover import MasterSwitches
+from .pynotices import PythonNotices
 from .renewer import Lease, Renewer
 from .replies import ASK, UnexpectedReply, check, classify, ran_elsewhere, server_changed
 
 _MAX_REDIRECTS = 3
-
-
-def _connection_factory(
-    client: Any,
-    key: str | bytes | None,
-    node_addr: tuple[str, int] | None = None,
-    **overrides: Any,
-) -> Callable[[], Any]:
-    """A factory of standalone redis-py connections like ``client``'s, with no retries.
-
-    The user's client keeps its own settings for its own commands; ours get a
-    per-call deadline instead of whatever retry policy the client carries.
-    On a cluster the connection goes to the owner of ``key``'s slot, or to
-    ``node_addr`` when given (an ASK redirection). ``overrides`` replace
-    connection settings (the notice listener's RESP protocol, for one).
-    """
-    if is_cluster(client):
-        node = client.get_default_node() if key is None else client.get_node_from_key(key)
-        pool = node.redis_connection.connection_pool
-    else:
-        pool = client.connection_pool
-    kwargs = dict(pool.connection_kwargs)
-    if node_addr is not None:
-        kwargs["host"], kwargs["port"] = node_addr
-    for private in ("maint_notifications_pool_handler", "maint_notifications_config"):
-        kwargs.pop(private, None)
-    if pool.__class__.__name__ == "SentinelConnectionPool":
-        kwargs["connection_pool"] = pool
-    kwargs.update(
-        retry=Retry(NoBackoff(), 0),
-        retry_on_timeout=False,
-        retry_on_error=[],
-        health_check_interval=0,
-        decode_responses=False,
-    )
-    kwargs.update(overrides)
-    cls = pool.connection_class
-
-    def make() -> Any:
-        return cls(**kwargs)
-
-    return make
 
 
 class BoundedConnection:
@@ -108,7 +66,7 @@ class BoundedConnection:
         self._cluster = is_cluster(client)
         self._key = key
         self._node_addr = node_addr
-        self._make = _connection_factory(client, key, node_addr)
+        self._make = connection_factory(client, key, node_addr)
         self._conn: Any = None
         self._stale = False
 
@@ -210,7 +168,7 @@ class BoundedConnection:
             return  # an ASK target: one node on purpose, for one redirected call
         with contextlib.suppress(RedisError):
             self._client.nodes_manager.initialize()
-        self._make = _connection_factory(self._client, self._key)
+        self._make = connection_factory(self._client, self._key)
 
     def eval_script(
         self,
@@ -568,7 +526,7 @@ class PythonEngine:
         writer = self._loop_writers.get(loop)
         if writer is None and self._loop_ok:
             conn = PyLoopConn(
-                _connection_factory(self._client, None), lambda: self._master_generation
+                connection_factory(self._client, None), lambda: self._master_generation
             )
             writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self._write_one)
             self._loop_writers[loop] = writer
@@ -650,9 +608,7 @@ class PythonEngine:
         self._switches.confirm(timeout, release)
 
     def notices(self, client: Any) -> Notices:
-        """The Python listener thread (``redlease._notices.PythonNotices``)."""
-        from .._notices import PythonNotices
-
+        """The Python listener thread (``pynotices.PythonNotices``)."""
         return PythonNotices(client)
 
     def close(self) -> None:

@@ -91,11 +91,6 @@ def choose_engine(client: object, engine: str | None) -> tuple[str, str, Endpoin
     return "native", "", endpoint
 
 
-def resolve_engine_name(client: object, engine: str | None) -> str:
-    """Which engine ``engine`` means for ``client``: ``"native"`` or ``"python"``."""
-    return choose_engine(client, engine)[0]
-
-
 def make_engine(client: object, engine: str | None) -> Engine:
     """Build the engine ``engine`` names for ``client`` (see ``choose_engine``).
 

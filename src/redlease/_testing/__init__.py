@@ -2,14 +2,17 @@
 
 - ``RedisServer`` (``server``): one private server on a free loopback port or
   a unix socket; pause (SIGSTOP), kill (SIGKILL), restart, stop.
-- ``TLSMaterials``, ``ServerTLS``, ``TLSRedisServer`` (``tls``): certificates
-  minted in the test and TLS-only servers using them.
+  ``TLSRedisServer`` (``server`` too): a TLS-only one.
+- ``TLSMaterials``, ``ServerTLS`` (``tls``): certificates minted in the test,
+  and how a server speaks TLS with them.
 - ``SentinelSet`` (``sentinel``): a master, replicas and three sentinels;
   failover, master crash, frozen nodes. ``tls=TLSMaterials()`` makes it
   TLS-only (``tls_sentinels=False``: the sentinels stay plain).
 - ``ClusterSet`` (``cluster``): three masters with a replica each; failover,
   master crash, live slot migration, frozen nodes. ``tls=TLSMaterials()``
   makes every node TLS-only, its bus and replication included.
+- ``notices`` (imported on its own): what this process's release-notice
+  listeners hold (hubs per server, the driver's routing).
 
 Everything started here and still running at interpreter exit is stopped by
 an ``atexit`` hook, and its temporary files removed.
@@ -29,12 +32,11 @@ from ._common import (
 from ._sentinel_events import SwitchWatcher
 from .cluster import ClusterSet, SlotMigration, key_slot
 from .sentinel import SentinelSet
-from .server import RedisServer, client_for
+from .server import RedisServer, TLSRedisServer, client_for
 from .tls import (
     ServerTLS,
     TLSMaterials,
     TLSNotSupported,
-    TLSRedisServer,
     find_tls_redis_server,
     tls_unsupported_reason,
 )

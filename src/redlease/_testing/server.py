@@ -24,16 +24,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
 from ._common import LOOPBACK, RedisServerError, find_redis_server, free_port, register, unregister
+from .tls import AuthClients, ServerTLS, TLSMaterials, tls_binary
 
-if TYPE_CHECKING:
-    from .tls import ServerTLS
-
-__all__ = ["RedisServer", "client_for"]
+__all__ = ["RedisServer", "TLSRedisServer", "client_for"]
 
 _BIND_ATTEMPTS = 5
 _LOG_TAIL_LINES = 20
@@ -189,8 +187,6 @@ class RedisServer:
             if self.running:
                 raise RedisServerError("the server is already running")
             if self._tls is not None:
-                from .tls import tls_binary
-
                 self._binary = tls_binary(self._binary)
             if self._dir is None:
                 self._dir = Path(tempfile.mkdtemp(prefix="redlease-redis-"))
@@ -412,3 +408,27 @@ def client_for(url: str | None) -> Iterator[redis.Redis]:
             yield client
         finally:
             client.close()
+
+
+class TLSRedisServer(RedisServer):
+    """A TLS-only ``RedisServer``; with no ``materials`` it mints (and later removes) its own."""
+
+    def __init__(
+        self,
+        materials: TLSMaterials | None = None,
+        *,
+        auth_clients: AuthClients = "no",
+        mismatched: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self._owns_materials = materials is None
+        self.materials = materials if materials is not None else TLSMaterials()
+        super().__init__(
+            tls=ServerTLS(self.materials, auth_clients=auth_clients, mismatched=mismatched),
+            **kwargs,
+        )
+
+    def stop(self) -> None:
+        super().stop()
+        if self._owns_materials:
+            self.materials.stop()

@@ -17,7 +17,7 @@ directory that ``stop()`` (or interpreter exit) removes:
   signed, which the servers here must reject.
 
 ``RedisServer(tls=materials.server_tls(auth_clients="yes"))`` (or
-``TLSRedisServer(...)``) is a TLS-only redis-server using them.
+``server.TLSRedisServer(...)``) is a TLS-only redis-server using them.
 """
 
 from __future__ import annotations
@@ -33,13 +33,11 @@ from types import TracebackType
 from typing import Any, Literal
 
 from ._common import RedisServerError, redis_server_candidates, register, unregister
-from .server import RedisServer
 
 __all__ = [
     "ServerTLS",
     "TLSMaterials",
     "TLSNotSupported",
-    "TLSRedisServer",
     "find_tls_redis_server",
     "tls_unsupported_reason",
 ]
@@ -313,27 +311,3 @@ class ServerTLS:
         return self.materials.client_kwargs(
             client_cert=self.auth_clients != "no", check_hostname=not self.mismatched
         )
-
-
-class TLSRedisServer(RedisServer):
-    """A TLS-only ``RedisServer``; with no ``materials`` it mints (and later removes) its own."""
-
-    def __init__(
-        self,
-        materials: TLSMaterials | None = None,
-        *,
-        auth_clients: AuthClients = "no",
-        mismatched: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        self._owns_materials = materials is None
-        self.materials = materials if materials is not None else TLSMaterials()
-        super().__init__(
-            tls=ServerTLS(self.materials, auth_clients=auth_clients, mismatched=mismatched),
-            **kwargs,
-        )
-
-    def stop(self) -> None:
-        super().stop()
-        if self._owns_materials:
-            self.materials.stop()

@@ -1,0 +1,59 @@
+"""Standalone redis-py connections like the user's client's, for the Python engine's own use.
+
+The Python engine's control calls, fenced writes and renewals, and the
+Python notice listener, each open connections of their own with the
+client's settings (address, credentials, TLS, database) but none of its
+retry policy: every call carries its own deadline instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .client import is_cluster
+
+
+def connection_factory(
+    client: Any,
+    key: str | bytes | None,
+    node_addr: tuple[str, int] | None = None,
+    **overrides: Any,
+) -> Callable[[], Any]:
+    """A factory of standalone redis-py connections like ``client``'s, with no retries.
+
+    The user's client keeps its own settings for its own commands; ours get a
+    per-call deadline instead of whatever retry policy the client carries.
+    On a cluster the connection goes to the owner of ``key``'s slot, or to
+    ``node_addr`` when given (an ASK redirection). ``overrides`` replace
+    connection settings (the notice listener's RESP protocol, for one).
+    """
+    if is_cluster(client):
+        node = client.get_default_node() if key is None else client.get_node_from_key(key)
+        pool = node.redis_connection.connection_pool
+    else:
+        pool = client.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    if node_addr is not None:
+        kwargs["host"], kwargs["port"] = node_addr
+    for private in ("maint_notifications_pool_handler", "maint_notifications_config"):
+        kwargs.pop(private, None)
+    if pool.__class__.__name__ == "SentinelConnectionPool":
+        kwargs["connection_pool"] = pool
+    kwargs.update(
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+        retry_on_error=[],
+        health_check_interval=0,
+        decode_responses=False,
+    )
+    kwargs.update(overrides)
+    cls = pool.connection_class
+
+    def make() -> Any:
+        return cls(**kwargs)
+
+    return make
