@@ -66,6 +66,32 @@ class Timed(Protocol):
         ...
 
 
+class Contender(Timed, Protocol):
+    """A timed item whose next step sends an acquire, which the driver may batch.
+
+    An item offers this by having ``hold_acquire``; the driver sends the
+    acquires of due contenders on one engine in shared round trips, and each
+    step then reads its own reply.
+    """
+
+    def hold_acquire(self) -> tuple[Any, Any] | None:
+        """``(engine, request)`` of the acquire the next step would send now, or None.
+
+        When it returns a request the item is held (no step or stop of it
+        runs) until ``prefetch`` or ``unhold``; when it returns None it is
+        not held.
+        """
+        ...
+
+    def prefetch(self, reply: Any, sent: float) -> None:
+        """The batched acquire's reply (or the exception in its place); ends the hold."""
+        ...
+
+    def unhold(self) -> None:
+        """End the hold without a reply (the batch was not sent)."""
+        ...
+
+
 def _source(keeper: Any) -> int:
     """Which change counter a keeper reports through (0: none, look every tick)."""
     renewer = getattr(keeper, "renewer", None)
@@ -184,11 +210,6 @@ class Driver:
                     del self._watched[source]
                     self._seen.pop(source, None)
 
-    def watching(self) -> int:
-        """How many items are watched (for tests)."""
-        with self._lock:
-            return sum(len(group) for group in self._watched.values())
-
     def _ensure_thread(self) -> None:
         # Caller holds the lock.
         if self._thread is None:
@@ -244,24 +265,24 @@ class Driver:
     def _prefetch(self, due: list[Timed]) -> None:
         """Send the acquires that due contending runs are about to make, a batch per engine.
 
-        A run that contends now hands over its acquire (``acquire_request``);
-        runs on one engine share one round trip, and each step then reads its
-        own reply. A lone acquire is left to its step. Each run is held
-        (``busy``) from its request to its reply, so a ``stop()`` meanwhile
-        waits and then finds the reply (and gives back a lease it won).
+        A run that contends now hands over its acquire (``Contender``); runs
+        on one engine share one round trip, and each step then reads its own
+        reply. A lone acquire is left to its step. Each run is held from its
+        request to its reply, so a ``stop()`` meanwhile waits and then finds
+        the reply (and gives back a lease it won).
         """
-        groups: dict[int, tuple[Any, list[tuple[Any, Any]]]] = {}
-        held: list[Any] = []
+        groups: dict[int, tuple[Any, list[tuple[Contender, Any]]]] = {}
+        held: list[Contender] = []
         try:
             for item in due:
-                ask = getattr(item, "acquire_request", None)
-                if ask is None or not item.busy.acquire(blocking=False):  # type: ignore[attr-defined]
+                hold = getattr(item, "hold_acquire", None)  # a Contender's
+                want = hold() if hold is not None else None
+                if want is None:
                     continue
-                held.append(item)
-                want = ask()
-                if want is not None:
-                    engine, request = want
-                    groups.setdefault(id(engine), (engine, []))[1].append((item, request))
+                contender: Contender = item  # type: ignore[assignment]
+                held.append(contender)
+                engine, request = want
+                groups.setdefault(id(engine), (engine, []))[1].append((contender, request))
             for engine, entries in groups.values():
                 if len(entries) < 2:
                     continue
@@ -276,14 +297,15 @@ class Driver:
                             raise RuntimeError("a batched acquire lost replies")
                     except Exception as exc:  # each step reports it as its acquire's error
                         replies = [exc] * len(chunk)
-                    for (item, _), reply in zip(chunk, replies, strict=True):
-                        item.prefetched = (reply, sent)
+                    for (contender, _), reply in zip(chunk, replies, strict=True):
+                        held.remove(contender)
+                        contender.prefetch(reply, sent)
                     self.batched_acquires += len(chunk)
         except Exception:  # never the driver's end: the steps acquire one by one instead
             logging.getLogger("redlease").debug("batched acquires failed", exc_info=True)
         finally:
-            for item in held:
-                item.busy.release()
+            for contender in held:
+                contender.unhold()
 
     def _step(self, item: Timed) -> None:
         when = item.step()

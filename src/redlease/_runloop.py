@@ -244,8 +244,12 @@ class RunLoop:
         self._begin(token, sent)
         return None
 
-    def acquire_request(self) -> tuple[Engine, Any] | None:
-        """The acquire this run's next step would send now, for the driver to batch; or None."""
+    # -- the driver's batched acquires (``_driver.Contender``) --------------------------
+
+    def hold_acquire(self) -> tuple[Engine, Any] | None:
+        """The acquire this run's next step would send now, the run held; or None."""
+        if not self.busy.acquire(blocking=False):
+            return None  # a step or a stop is under way
         run, election = self.run, self.election
         if (
             self.phase != self.CONTEND
@@ -254,8 +258,16 @@ class RunLoop:
             or run.should_stop()
             or (not run.noticed and time.monotonic() < self.not_before)
         ):
+            self.busy.release()
             return None
         return election.engine, election.acquire_request()
+
+    def prefetch(self, reply: Any, sent: float) -> None:
+        self.prefetched = (reply, sent)
+        self.busy.release()
+
+    def unhold(self) -> None:
+        self.busy.release()
 
     def _begin(self, token: int, acquired_at: float) -> None:
         election, run, keeper = self.election, self.run, self.keeper
