@@ -122,6 +122,38 @@ def test_ten_thousand_concurrent_writes_with_cancellations_each_get_their_own_re
     assert client.get(f"{NAME}:after") == b"after"
 
 
+def test_an_async_pipeline_rides_the_loop_connection_without_a_thread_hop(
+    redis_server: RedisServer, engine: str
+) -> None:
+    async def body() -> None:
+        e, token = await leading(redis_server, engine)
+        loop = asyncio.get_running_loop()
+        hops: list[Any] = []
+        real = loop.run_in_executor
+
+        def counting(*args: Any) -> Any:
+            hops.append(args)
+            return real(*args)
+
+        loop.run_in_executor = counting  # type: ignore[method-assign]
+        try:
+            pipe = redlease.aio.Fencer(e, token).pipeline()
+            for i in range(50):
+                pipe.set(f"{NAME}:p{i}", i)
+            assert await pipe.execute() == [True] * 50
+            stale = redlease.aio.Fencer(e, token - 1).pipeline().set(f"{NAME}:p0", "old")
+            assert await stale.execute() == [False]
+        finally:
+            loop.run_in_executor = real  # type: ignore[method-assign]
+            await e.stop()
+        # Every write went out on the loop's own connection: no executor thread.
+        assert hops == []
+
+    run(body)
+    c = redis_server.client()
+    assert [c.get(f"{NAME}:p{i}") for i in (0, 49)] == [b"0", b"49"]
+
+
 def test_one_elector_writes_from_one_loop_then_another_each_on_its_own_connection(
     redis_server: RedisServer, client: redis.Redis, engine: str
 ) -> None:
