@@ -172,7 +172,7 @@ class Run:
         self.own_threads = _Threads()
         # Set when the process's driver runs this run instead of a thread.
         self.driven: Driven | None = None
-        # The run's release notices (set as the run starts; see Election.execute).
+        # The run's release notices (set as the run starts; see _runloop.run_here).
         self.notices: NoticeSubscription = _NO_NOTICES
 
     def should_stop(self) -> bool:
