@@ -28,9 +28,9 @@ from ._election import Election, Run, check_leader_fn
 from ._engine import EncodableT
 from ._engine.aioclient import sync_twin
 from ._errors import NotHeld
-from ._fence import AsyncFencedPipeline as FencedPipeline
 from ._fence import check_token
 from ._lock import LockerCore, release_after_failure
+from ._pipeline import AsyncFencedPipeline as FencedPipeline
 from ._runloop import RunLoop
 from ._term import Leader, Observer, Term, when_ended
 
