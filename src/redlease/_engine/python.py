@@ -26,7 +26,7 @@ from redis.exceptions import (
 
 from .._config import ReplicationGuard
 from .._scripts import Script
-from .aiowriter import LoopWriter, PyLoopConn
+from .aiowriter import LoopWriter
 from .base import (
     CALL_CONNECTIONS,
     DEFAULT_WRITE_TIMEOUT,
@@ -41,6 +41,7 @@ from .client import is_cluster, sentinels_of
 from .connect import connection_factory
 from .failover import MasterSwitches
 from .pyconn import BoundedConnection
+from .pyloopconn import PyLoopConn
 from .pynotices import PythonNotices
 from .renewer import Lease, Renewer
 from .replies import ASK, UnexpectedReply, check, classify, ran_elsewhere
