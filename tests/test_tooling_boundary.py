@@ -185,20 +185,13 @@ PRIVATE_EXCEPTIONS: dict[str, str] = {
     "redlease/_engine/pynotices.py: conn._sock": (
         "redis-py >= 5 has no public 'is this connection open' (is_connected came later)"
     ),
-    "redlease/_engine/python.py: conn._sock": "the same, for a bounded connection's socket",
+    "redlease/_engine/pyconn.py: conn._sock": "the same, for a bounded connection's socket",
 }
 
 MAX_LINES = 500
 SOURCE_SUFFIXES = (".py", ".pyx", ".pxi", ".pxd", ".pyi", ".h")
 # Files still over MAX_LINES, to be split (each shrinks off the list).
 LONG_FILES: dict[str, str] = {
-    "redlease/_fence.py": "fenced requests, the body cache and both pipelines",
-    "redlease/_lock.py": "the Lock, the Locker base and the watchdog",
-    "redlease/aio.py": "the asyncio Elector and lockers",
-    "redlease/_cli/bench.py": "the benchmark command and its report",
-    "redlease/_engine/aiowriter.py": "the loop writer and the Python engine's loop connection",
-    "redlease/_engine/python.py": "the pure-Python engine and its pools",
-    "redlease/_engine/renewer.py": "the Python renewer and its leases",
     "redlease/_engine/_native/_renewer.pxi": "the native renewer",
     "redlease/_engine/_native/_notices.pxi": "the native notice hub and its reader",
 }

@@ -23,7 +23,7 @@ from ._errors import (
     RedleaseError,
     TooManyEvalBodies,
 )
-from ._fence import FencedPipeline
+from ._pipeline import FencedPipeline
 from ._term import Leader, Observer, Term
 from ._version import __version__
 from .lock import (

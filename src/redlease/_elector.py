@@ -14,7 +14,8 @@ from typing import Any
 from ._config import Config, Duration
 from ._election import NEVER, Election, LeaderFn, check_leader_fn
 from ._engine import EncodableT
-from ._fence import Fence, FencedPipeline, check_token
+from ._fence import Fence, check_token
+from ._pipeline import FencedPipeline
 from ._runloop import RunLoop, run_here
 from ._term import Leader, Observer
 

@@ -14,9 +14,9 @@ write may or may not have landed, and it is never sent again behind the
 caller's back — a resent script could apply twice, or be "rejected" by the
 mark its own first copy raised. The same holds for every write of a batch.
 
-``FencedPipeline`` (and its asyncio twin) queues fenced writes with one
-token for one round trip; the public ``Fencer`` handles (threaded and
-asyncio) live beside their electors and hold a ``Fence``.
+The pipelines (``_pipeline``) queue fenced writes with one token for one
+round trip; the public ``Fencer`` handles (threaded and asyncio) live
+beside their electors and hold a ``Fence``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import asyncio
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from redis.crc import key_slot
 from redis.exceptions import RedisError, ResponseError
@@ -46,8 +46,8 @@ MAX_EVAL_BODIES = 256
 MAX_TOKEN = 2**53
 """Tokens at or above this cannot be compared exactly by Redis' Lua (doubles)."""
 
-_FENCE_SET = _scripts.fenced_file("fence_set")
-_FENCE_HSET = _scripts.fenced_file("fence_hset")
+FENCE_SET = _scripts.fenced_file("fence_set")
+FENCE_HSET = _scripts.fenced_file("fence_hset")
 
 FenceRequest = tuple["Script", tuple["str | bytes", ...], tuple[EncodableT, ...]]
 """What one fenced write sends: the script, its keys and its args."""
@@ -74,13 +74,13 @@ def check_token(token: object) -> int:
     return token
 
 
-def _check_key(key: object, what: str = "key") -> str | bytes:
+def check_key(key: object, what: str = "key") -> str | bytes:
     if not isinstance(key, (str, bytes)):
         raise TypeError(f"{what} must be str or bytes, got {type(key).__name__} {key!r}")
     return key
 
 
-def _check_value(value: object, what: str = "value") -> EncodableT:
+def check_value(value: object, what: str = "value") -> EncodableT:
     if isinstance(value, bool) or not isinstance(value, (str, bytes, int, float)):
         raise TypeError(
             f"{what} must be str, bytes, int or float, got {type(value).__name__} {value!r}"
@@ -152,17 +152,17 @@ class Fence:
             and type(value) in _VALUE_TYPES
         ):
             # Exact types and a live token (the common case): nothing to check one by one.
-            return self.bind(str(token), _FENCE_SET, (key,), (value,))  # type: ignore[arg-type]
-        return self._request(token, _FENCE_SET, (_check_key(key),), (_check_value(value),))
+            return self.bind(str(token), FENCE_SET, (key,), (value,))  # type: ignore[arg-type]
+        return self._request(token, FENCE_SET, (check_key(key),), (check_value(value),))
 
     def hset_request(
         self, token: object, key: object, field: object, value: object
     ) -> FenceRequest | None:
         return self._request(
             token,
-            _FENCE_HSET,
-            (_check_key(key),),
-            (_check_value(field, "field"), _check_value(value)),
+            FENCE_HSET,
+            (check_key(key),),
+            (check_value(field, "field"), check_value(value)),
         )
 
     def eval_request(
@@ -178,10 +178,10 @@ class Fence:
         if not isinstance(body, str):
             raise TypeError(f"body must be a str of Lua, got {type(body).__name__}")
         checked_keys = tuple(
-            _check_key(k, "each key") for k in _check_sequence(keys, "keys", "str/bytes")
+            check_key(k, "each key") for k in _check_sequence(keys, "keys", "str/bytes")
         )
         checked_args = tuple(
-            _check_value(a, "each arg") for a in _check_sequence(args, "args", "values")
+            check_value(a, "each arg") for a in _check_sequence(args, "args", "values")
         )
         return self._eval_script(body), checked_keys, checked_args
 
@@ -403,108 +403,6 @@ class Fence:
                 f"{foreign!r} are not in slot {self._slot} of {self._name!r}; on a cluster "
                 f"give every key the name's hash tag"
             )
-
-
-_P = TypeVar("_P", bound="_PipelineWrites")
-
-
-class _PipelineWrites:
-    """The chainable writes of a fenced pipeline, validated as they are added.
-
-    The token is checked once, when the pipeline is made; each write then
-    costs only its own arguments' checks (a pipeline is for many writes).
-    """
-
-    __slots__ = ("_fence", "_requests", "_token_arg", "token")
-
-    def __init__(self, fence: Fence, token: object) -> None:
-        self._fence = fence
-        self.token = check_token(token)
-        # None: the inert and non-positive tokens never write, nor send.
-        self._token_arg = str(self.token) if self.token >= 1 else None
-        self._requests: list[FenceRequest | None] = []
-
-    def set(self: _P, key: str | bytes, value: EncodableT) -> _P:
-        """Queue a fenced ``SET key value``; bad arguments raise here, before anything is sent."""
-        self._add(_FENCE_SET, (_check_key(key),), (_check_value(value),))
-        return self
-
-    def hset(self: _P, key: str | bytes, field: str | bytes, value: EncodableT) -> _P:
-        """Queue a fenced ``HSET key field value``."""
-        self._add(
-            _FENCE_HSET, (_check_key(key),), (_check_value(field, "field"), _check_value(value))
-        )
-        return self
-
-    def eval(
-        self: _P,
-        body: str,
-        keys: Sequence[str | bytes] = (),
-        args: Sequence[EncodableT] = (),
-    ) -> _P:
-        """Queue a fenced Lua write (body rules as ``Elector.fence_eval``)."""
-        self._add(*self._fence.eval_parts(body, keys, args))
-        return self
-
-    def _add(
-        self, script: Script, keys: tuple[str | bytes, ...], args: tuple[EncodableT, ...]
-    ) -> None:
-        token_arg = self._token_arg
-        self._requests.append(
-            None if token_arg is None else self._fence.bind(token_arg, script, keys, args)
-        )
-
-    def __len__(self) -> int:
-        return len(self._requests)
-
-    def _take(self) -> list[FenceRequest | None]:
-        requests, self._requests = self._requests, []
-        return requests
-
-
-class FencedPipeline(_PipelineWrites):
-    """Fenced writes queued with one token and sent together by ``execute()``.
-
-    Made by ``Fencer.pipeline()`` or ``Elector.fence_pipeline(token)``.
-    ``set``, ``hset`` and ``eval`` validate their arguments at once (raising
-    before anything is sent) and return the pipeline, so calls chain.
-    ``execute()`` sends every queued write in one round trip and returns one
-    ``applied`` per write, in order. Each write is fenced on its own (token
-    check, write, mark advanced), in order: once one is rejected every later
-    one is rejected too, because the mark only rises. An error reply raises
-    its ``ResponseError`` after every reply was read (the other writes are
-    as Redis did them). A write whose script the server had lost (NOSCRIPT)
-    did not run, and only it is sent again, as EVAL, after the rest. The
-    pipeline is empty again after ``execute()``, whatever it raised. Like
-    redis-py's pipelines, one pipeline belongs to one thread at a time;
-    any number of pipelines may execute at once.
-    """
-
-    __slots__ = ()
-
-    def execute(self) -> list[bool]:
-        """Send the queued writes in one round trip; ``[]`` without one when none are queued."""
-        return self._fence.write_many(self._take())
-
-    def __repr__(self) -> str:
-        return f"<redlease.FencedPipeline token={self.token} writes={len(self)}>"
-
-
-class AsyncFencedPipeline(_PipelineWrites):
-    """``FencedPipeline`` for asyncio, as ``redlease.aio.FencedPipeline``.
-
-    ``await pipe.execute()`` sends the batch, pipelined on the engine's
-    connection for the running loop (no thread hop) where it has one.
-    """
-
-    __slots__ = ()
-
-    async def execute(self) -> list[bool]:
-        """Send the queued writes in one round trip; ``[]`` without one when none are queued."""
-        return await self._fence.write_many_async(self._take())
-
-    def __repr__(self) -> str:
-        return f"<redlease.aio.FencedPipeline token={self.token} writes={len(self)}>"
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

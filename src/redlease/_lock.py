@@ -2,7 +2,8 @@
 
 The public module is ``redlease.lock``; the lockers (``RedisLocker``,
 ``MemoryLocker``) live there. ``release_after_failure`` is the internal API
-the asyncio shell shares with ``Locker.hold``.
+the asyncio shell shares with ``Locker.hold``. The watchdog of an
+auto-renewed lock lives in ``_watchdog``.
 
 What a lock guarantees, and what it does not, is told in ``redlease.lock``.
 """
@@ -26,9 +27,10 @@ from typing import Any, TypeVar
 
 from ._config import Duration, to_seconds, whole_ms
 from ._driver import driver
-from ._engine import ENDED, LOST, Keeper
+from ._engine import Keeper
 from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
 from ._log import Events
+from ._watchdog import Watchdog, stop_renewing
 
 T = TypeVar("T")
 _LockerT = TypeVar("_LockerT", bound="Locker")
@@ -102,62 +104,6 @@ def _add_note(exc: BaseException, note: str) -> None:
 # -- the lock --------------------------------------------------------------------
 
 
-class _Watchdog:
-    """Sets ``done`` the moment the keeper reports the lease LOST; logs the renewal errors.
-
-    Watched by the process's driver (no thread of its own): looked at when
-    the keeper reports a change, and once a second during an outage, to see
-    it end.
-    """
-
-    def __init__(
-        self, keeper: Keeper, done: threading.Event, stopping: threading.Event, events: Events
-    ) -> None:
-        self.keeper = keeper
-        self._done = done
-        self._stopping = stopping
-        self._events = events
-        self._finished = False
-        self._look_pending = False
-
-    def check(self) -> bool:
-        """True once there is nothing more to watch."""
-        if self._finished:
-            return True
-        events = self._events
-        for exc in events.drain(self.keeper):
-            events.error(exc)
-        state = self.keeper.state
-        if state == LOST:
-            self._finished = True
-            self._done.set()
-            events.released("lost")
-            return True
-        if state == ENDED or self._stopping.is_set():
-            self._finished = True
-            return True
-        if events.failing() and not self._look_pending:
-            self._look_pending = True
-            driver().schedule(self, time.monotonic() + 1.0)
-        return False
-
-    def step(self) -> float | None:
-        self._look_pending = False
-        if self.check():
-            driver().unwatch(self)
-        return None
-
-
-def _stop_renewing(keeper: Keeper, stopping: threading.Event, pid: int) -> None:
-    """Stop the watchdog of a lock dropped without release: the lease then expires on its own."""
-    if os.getpid() != pid:
-        return  # a forked child's copy: the keeper is the parent's business
-    stopping.set()
-    keeper.end()
-    keeper.notify()
-    keeper.close()
-
-
 class Lock:
     """One acquisition of a lock: its name, its fencing token, and the means to end it.
 
@@ -191,7 +137,7 @@ class Lock:
         self._released = False
         self._keeper: Keeper | None = None
         self._auto_renew = False
-        self._watcher: _Watchdog | None = None
+        self._watcher: Watchdog | None = None
         self._abandon: weakref.finalize[Any, Any] | None = None
         self._stopping = threading.Event()
         self._events = locker._core.events.child("lock", name)
@@ -290,9 +236,9 @@ class Lock:
         self._auto_renew = True
         keeper.begin(self._fencing_token, acquired_at)
         self._events.keeper_opened(keeper)
-        self._watcher = _Watchdog(keeper, self.done, self._stopping, self._events)
+        self._watcher = Watchdog(keeper, self.done, self._stopping, self._events)
         driver().watch(self._watcher)
-        self._abandon = weakref.finalize(self, _stop_renewing, keeper, self._stopping, self._pid)
+        self._abandon = weakref.finalize(self, stop_renewing, keeper, self._stopping, self._pid)
 
     def _stop_watchdog(self) -> None:
         keeper, watcher = self._keeper, self._watcher

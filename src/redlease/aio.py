@@ -9,28 +9,27 @@ the way ``asyncio.timeout`` cancels its block.
 
 Observer callbacks run on the elector's run thread, not on the event loop;
 like their threaded counterparts they must not block.
+
+The asyncio lockers (``RedisLocker``, ``MemoryLocker``, ``Lock``,
+``with_lock``) live in ``_aiolock`` and are re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import sys
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
-from . import lock
+from ._aiolock import Lock, MemoryLocker, RedisLocker, off_loop, with_lock
 from ._config import Config, Duration
 from ._election import Election, Run, check_leader_fn
 from ._engine import EncodableT
 from ._engine.aioclient import sync_twin
-from ._errors import NotHeld
-from ._fence import AsyncFencedPipeline as FencedPipeline
 from ._fence import check_token
-from ._lock import LockerCore, release_after_failure
+from ._pipeline import AsyncFencedPipeline as FencedPipeline
 from ._runloop import RunLoop
 from ._term import Leader, Observer, Term, when_ended
 
@@ -47,7 +46,6 @@ __all__ = [
 ]
 
 LeaderCoroutine = Callable[[Term, "Fencer"], Awaitable[object]]
-T = TypeVar("T")
 
 
 class Fencer:
@@ -177,7 +175,7 @@ class Elector:
 
     async def leader(self) -> Leader | None:
         """Who holds the lease now (one round trip, off the event loop); None when nobody does."""
-        return await _off_loop(self._core.leader)
+        return await off_loop(self._core.leader)
 
     def renew_lateness(self) -> list[float]:
         """How late each renewal of the current run was sent, in seconds (see the threaded one)."""
@@ -365,266 +363,6 @@ class _LeaderBridge:
         finished.wait()
         if outcome:
             raise outcome[0]
-
-
-# -- locks ---------------------------------------------------------------------------
-
-
-async def _off_loop(fn: Callable[..., T], *args: Any) -> T:
-    """Run a blocking lock operation on the default executor."""
-    return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
-
-
-class Lock:
-    """One acquisition of a lock, for asyncio: ``await held.release()``.
-
-    Wraps ``redlease.Lock`` with the same guarantees; ``done`` is the
-    underlying ``threading.Event`` (set once the lease is found lost while
-    auto-renewed).
-    """
-
-    __slots__ = ("_inner",)
-
-    def __init__(self, inner: lock.Lock) -> None:
-        self._inner = inner
-
-    @property
-    def name(self) -> str:
-        """The lock's name."""
-        return self._inner.name
-
-    @property
-    def fencing_token(self) -> int:
-        """This acquisition's fencing token, greater than every earlier one of the store."""
-        return self._inner.fencing_token
-
-    @property
-    def ttl(self) -> float:
-        """The lease duration in seconds."""
-        return self._inner.ttl
-
-    @property
-    def done(self) -> threading.Event:
-        """Set once the lease is found lost (auto-renewed locks only)."""
-        return self._inner.done
-
-    async def refresh(self) -> None:
-        """Extend the lease to a full TTL; ``NotHeld`` once it is not ours."""
-        await _off_loop(self._inner.refresh)
-
-    async def release(self) -> None:
-        """Give the lock up; ``NotHeld`` when the lease was already lost."""
-        await _off_loop(self._inner.release)
-
-    def __repr__(self) -> str:
-        return f"<redlease.aio.Lock of {self._inner!r}>"
-
-
-class _AsyncLocker:
-    """The asyncio face of a threaded locker: the same store, the same rules."""
-
-    def __init__(self, inner: lock.Locker) -> None:
-        self._inner = inner
-
-    @property
-    def _core(self) -> LockerCore:
-        """The threaded locker's core (what ``metrics`` attaches to)."""
-        return self._inner._core
-
-    @property
-    def engine(self) -> str:
-        """Which engine serves the locker: ``"native"``, ``"python"`` or ``"memory"``."""
-        return self._inner.engine
-
-    async def acquire(
-        self,
-        name: str,
-        *,
-        ttl: Duration = lock.DEFAULT_TTL,
-        wait: Duration = 0.0,
-        retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
-        auto_renew: bool = False,
-    ) -> Lock:
-        """Take the lock ``name``, retrying for up to ``wait``; see ``redlease.Locker.acquire``.
-
-        Cancelling the waiting coroutine never leaks a lock: an acquisition
-        that completes after the cancellation is released at once.
-        """
-        attempt = asyncio.get_running_loop().run_in_executor(
-            None,
-            functools.partial(
-                self._inner.acquire,
-                name,
-                ttl=ttl,
-                wait=wait,
-                retry_interval=retry_interval,
-                auto_renew=auto_renew,
-            ),
-        )
-        try:
-            return Lock(await asyncio.shield(attempt))
-        except asyncio.CancelledError:
-            attempt.add_done_callback(_release_orphan)
-            raise
-
-    async def try_acquire(
-        self, name: str, *, ttl: Duration = lock.DEFAULT_TTL, auto_renew: bool = False
-    ) -> Lock:
-        """One attempt at the lock ``name``; ``NotAcquired`` when someone else holds it."""
-        return await self.acquire(name, ttl=ttl, wait=0.0, auto_renew=auto_renew)
-
-    def hold(
-        self,
-        name: str,
-        ttl: Duration = lock.DEFAULT_TTL,
-        wait: Duration = 0.0,
-        retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
-        auto_renew: bool = True,
-    ) -> _Hold:
-        """``async with locker.hold(name) as held:`` — auto-renewed, released on every path.
-
-        If the lease is lost, the task running the block is cancelled (as
-        ``asyncio.timeout`` does) and the block ends with ``NotHeld``. A
-        release that finds the lease lost raises ``NotHeld`` even when the
-        block succeeded, chained with the block's exception when it raised.
-        """
-        return _Hold(
-            self,
-            name,
-            dict(ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew),
-        )
-
-    async def close(self) -> None:
-        """Free the locker's own connections. Release its locks first."""
-        await _off_loop(self._inner.close)
-
-    async def __aenter__(self) -> _AsyncLocker:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-
-def _release_orphan(attempt: asyncio.Future[lock.Lock]) -> None:
-    if attempt.cancelled() or attempt.exception() is not None:
-        return
-    threading.Thread(target=_quiet_release, args=(attempt.result(),), daemon=True).start()
-
-
-def _quiet_release(held: lock.Lock) -> None:
-    with contextlib.suppress(Exception):
-        held.release()
-
-
-class RedisLocker(_AsyncLocker):
-    """``redlease.RedisLocker`` for asyncio: ``client`` is a ``redis.asyncio.Redis``.
-
-    Same keys, scripts and guarantees; the watchdog of an auto-renewed lock
-    runs on the engine's keeper thread (native on the native engine), so a
-    blocked event loop cannot cost the lease.
-    """
-
-    def __init__(
-        self,
-        client: Any,
-        prefix: str = lock.DEFAULT_PREFIX,
-        engine: str | None = "auto",
-        *,
-        min_replicas: int = 0,
-        replica_timeout: Duration | None = None,
-    ) -> None:
-        super().__init__(
-            lock.RedisLocker(
-                sync_twin(client),
-                prefix=prefix,
-                engine=engine,
-                min_replicas=min_replicas,
-                replica_timeout=replica_timeout,
-            )
-        )
-
-
-class MemoryLocker(_AsyncLocker):
-    """``redlease.MemoryLocker`` for asyncio: in-process only, same semantics."""
-
-    def __init__(self) -> None:
-        super().__init__(lock.MemoryLocker())
-
-
-class _Hold:
-    """The context manager ``hold`` returns."""
-
-    def __init__(self, locker: _AsyncLocker, name: str, options: dict[str, Any]) -> None:
-        self._locker = locker
-        self._name = name
-        self._options = options
-        self._held: Lock | None = None
-        self._task: asyncio.Task[Any] | None = None
-        self._exited = threading.Event()
-        self._cancelled_for_loss = False
-
-    async def __aenter__(self) -> Lock:
-        held = await self._locker.acquire(self._name, **self._options)
-        self._held = held
-        self._task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        threading.Thread(
-            target=self._watch, args=(held.done, loop), name="redlease-aio-hold", daemon=True
-        ).start()
-        return held
-
-    def _watch(self, done: threading.Event, loop: asyncio.AbstractEventLoop) -> None:
-        while not self._exited.is_set():
-            if done.wait(0.05):
-                if not self._exited.is_set():
-                    loop.call_soon_threadsafe(self._cancel_for_loss)
-                return
-
-    def _cancel_for_loss(self) -> None:
-        if self._task is not None and not self._exited.is_set():
-            self._cancelled_for_loss = True
-            self._task.cancel()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._exited.set()
-        held = self._held
-        assert held is not None
-        lost = self._cancelled_for_loss and isinstance(exc, asyncio.CancelledError)
-        if lost and self._task is not None and sys.version_info >= (3, 11):
-            self._task.uncancel()
-        if exc is None:
-            await held.release()
-            return
-        if lost:
-            with contextlib.suppress(NotHeld):
-                await held.release()
-            raise NotHeld(
-                f"lock {held.name!r} (fencing token {held.fencing_token}) was lost while held; "
-                "the block was cancelled"
-            ) from exc
-        await _off_loop(release_after_failure, held._inner, exc)
-
-
-async def with_lock(
-    locker: _AsyncLocker,
-    name: str,
-    fn: Callable[[Lock], Awaitable[T]],
-    *,
-    ttl: Duration = lock.DEFAULT_TTL,
-    wait: Duration = 0.0,
-    retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
-    auto_renew: bool = True,
-) -> T:
-    """Run ``await fn(held)`` holding the lock ``name``; the guarantees of ``hold``."""
-    async with locker.hold(
-        name, ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew
-    ) as held:
-        return await fn(held)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

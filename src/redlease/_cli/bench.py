@@ -5,18 +5,20 @@ thread runs the chosen load; the keeper records how late each renewal was
 sent after its scheduled time. A Python keeper thread needs the GIL to send,
 so a load that holds the GIL delays it; the native keeper never takes it.
 Then one thread does fenced SETs in a loop for the same time.
+
+The run's settings and results are in ``benchrun``, the table and the plot
+in ``benchreport``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,38 +29,14 @@ import redlease
 from .. import _scripts
 from .._keys import ElectionKeys
 from . import writers as _writers
+from .benchreport import draw_plot, render
+from .benchreport import percentile as percentile  # the benchmarks import it from here
+from .benchrun import GIL_CALL_SECONDS, RENEW_INTERVAL, TTL, Result
 from .redisurl import CliError, one_line
 from .topology import BenchServer, bench_server
 
-TTL = 2.0
-"""Lease TTL of the benchmark's electors: long enough to survive a 200 ms GIL hold."""
-
-RENEW_INTERVAL = 0.02
-"""Renewal period: many samples per second, far below the TTL."""
-
-GIL_CALL_SECONDS = 0.2
-
 RENEW_SHA = _scripts.load("renew").sha
 """What marks a renewal among the commands MONITOR shows: its script's SHA1."""
-
-LOAD_DESCRIPTIONS = {
-    "idle": "the main thread sleeps",
-    "python": "the main thread runs a pure-Python busy loop",
-    "gil": f"the main thread makes ~{GIL_CALL_SECONDS * 1000:.0f} ms C calls that hold the GIL, "
-    "sum(range(n))",
-}
-
-
-@dataclass
-class Result:
-    """One engine's measurements, or why it could not be measured."""
-
-    engine: str
-    unavailable: str | None = None
-    lateness: list[float] | None = None
-    server_lateness: list[float] | None = None
-    kept_lease: bool = False
-    writes_per_second: float = 0.0
 
 
 class Progress:
@@ -126,13 +104,6 @@ def native_engine_available() -> tuple[bool, str]:
         _, found, reason = message.partition(" is unavailable: ")
         return False, reason if found else message
     return True, ""
-
-
-def percentile(samples: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty sequence."""
-    ordered = sorted(samples)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 def gil_call_size() -> int:
@@ -333,85 +304,6 @@ def wait_for_token(elector: redlease.Elector, timeout: float = TTL + 5.0) -> int
     raise CliError(f"the {elector.engine} elector was not elected within {timeout:g} s")
 
 
-def render(results: list[Result], load: str, seconds: float, target: BenchServer) -> str:
-    """The side-by-side table."""
-    lines = [
-        f"redlease bench: {seconds:g} s per measurement; load {load!r}: {LOAD_DESCRIPTIONS[load]}",
-        f"server: {target.description}",
-        f"elector: lease TTL {TTL:g} s, renewal every {RENEW_INTERVAL * 1000:g} ms",
-        "",
-    ]
-    headers = [r.engine for r in results]
-    both = len(results) == 2 and all(r.lateness for r in results)
-    width = 14
-    lines.append(
-        f"{'':<26}" + "".join(f"{h:>{width}}" for h in headers)
-        + (f"{'python/native':>{width + 2}}" if both else "")
-    )
-
-    def row(label: str, cells: list[str], ratio: str = "") -> None:
-        lines.append(f"{label:<26}" + "".join(f"{c:>{width}}" for c in cells)
-                     + (f"{ratio:>{width + 2}}" if both else ""))
-
-    def cells(fn: Callable[[Result], str]) -> list[str]:
-        out = []
-        for r in results:
-            if r.unavailable is not None:
-                out.append("unavailable")
-            elif not r.lateness:
-                out.append("no samples")
-            else:
-                out.append(fn(r))
-        return out
-
-    def ratio(python: float | None, native: float | None) -> str:
-        if not both or python is None or native is None or native <= 0:
-            return ""
-        return f"{python / native:,.1f}x"
-
-    by_engine = {r.engine: r for r in results}
-    row("renewals sent", cells(lambda r: str(len(r.lateness or []))))
-    row("renewals at the server", cells(
-        lambda r: str(len(r.server_lateness) + 1) if r.server_lateness is not None else "-"))
-    for label, q in (("late at the server p50", 50.0), ("late at the server p99", 99.0),
-                     ("late at the server max", 100.0)):
-        def at_server(r: Result, q: float = q) -> float | None:
-            return percentile(r.server_lateness, q) if r.server_lateness else None
-
-        row(label, cells(lambda r: _ms(at_server(r))),
-            ratio(*(at_server(by_engine[e]) if e in by_engine else None
-                    for e in ("python", "native"))))
-    for label, q in (("late by own clock p50", 50.0), ("late by own clock p99", 99.0),
-                     ("late by own clock max", 100.0)):
-        def at(r: Result, q: float = q) -> float | None:
-            return percentile(r.lateness, q) if r.lateness else None
-
-        row(label, cells(lambda r: _ms(at(r))),
-            ratio(*(at(by_engine[e]) if e in by_engine else None for e in ("python", "native"))))
-    row("lease kept under load", cells(lambda r: "yes" if r.kept_lease else "LOST"))
-    row("fenced writes/s", cells(lambda r: f"{r.writes_per_second:,.0f}"),
-        ratio(*(by_engine[e].writes_per_second if e in by_engine else None
-                for e in ("python", "native"))))
-    lines.append("")
-    lines.append(
-        "late at the server: how much more than one renew interval passed between two "
-        "renewals as Redis received them (MONITOR); own clock: send time minus the "
-        "renewer's schedule."
-    )
-    for r in results:
-        if r.unavailable is not None:
-            lines.append("")
-            lines.append(f"{r.engine}: unavailable: {r.unavailable}")
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def _ms(value: float | None) -> str:
-    if value is None:
-        return "-"
-    ms = value * 1000
-    return f"{ms:.3f} ms" if ms < 10 else f"{ms:.1f} ms"
-
-
 WRITER_TOPOLOGIES = ("plain", "tls")
 """Where ``--writers`` runs: one server, which a ``redis.asyncio`` client reaches as well."""
 
@@ -495,41 +387,3 @@ def main(
             draw_plot(plot, by_load, seconds, target)
             sys.stdout.write(f"\nplot written to {plot}\n")
     return 0
-
-
-def draw_plot(
-    path: str, by_load: dict[str, list[Result]], seconds: float, target: BenchServer
-) -> None:
-    """The picture of ``by_load``'s measurements (see ``_cli.plot``)."""
-    from . import plot as _plot
-
-    # The server's view when every measurement has it (what the lease
-    # feels), else the renewers' own clocks throughout: one scale per picture.
-    measured = [
-        (this_load, r) for this_load, results in by_load.items() for r in results
-        if r.unavailable is None
-    ]
-    at_server = bool(measured) and all(r.server_lateness is not None for _, r in measured)
-    curves = [
-        _plot.Curve(
-            r.engine,
-            this_load,
-            (r.server_lateness or []) if at_server else (r.lateness or []),
-            r.kept_lease,
-            at_server=at_server,
-        )
-        for this_load, r in measured
-    ]
-    writes: dict[str, list[float]] = {}
-    for results in by_load.values():
-        for r in results:
-            if r.unavailable is None:
-                writes.setdefault(r.engine, []).append(r.writes_per_second)
-    subtitle = (
-        f"{target.description}; lease TTL {TTL:g} s, renewal every "
-        f"{RENEW_INTERVAL * 1000:g} ms, {seconds:g} s per measurement"
-    )
-    try:
-        _plot.draw(path, curves, {e: sum(v) / len(v) for e, v in writes.items()}, subtitle)
-    except OSError as exc:
-        raise CliError(f"cannot write the plot to {path}: {one_line(exc)}") from None

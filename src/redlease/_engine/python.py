@@ -4,12 +4,14 @@ It is the reference the native engine is measured against, and the engine
 for clients the native one cannot serve (TLS, where the build lacks it). Its
 renewals run on a Python thread, so they are late whenever another thread
 holds the GIL for long: that is the limitation the native engine removes.
+
+Its one connection type, ``BoundedConnection``, is in ``pyconn``; here are
+the pools of them and the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 import weakref
@@ -17,18 +19,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.exceptions import (
-    AskError,
-    ConnectionError,
     MovedError,
-    NoScriptError,
-    RedisError,
     ResponseError,
     TimeoutError,
 )
 
 from .._config import ReplicationGuard
 from .._scripts import Script
-from .aiowriter import LoopWriter, PyLoopConn
+from .aiowriter import LoopWriter
 from .base import (
     CALL_CONNECTIONS,
     DEFAULT_WRITE_TIMEOUT,
@@ -42,236 +40,13 @@ from .base import (
 from .client import is_cluster, sentinels_of
 from .connect import connection_factory
 from .failover import MasterSwitches
+from .pyconn import BoundedConnection
+from .pyloopconn import PyLoopConn
 from .pynotices import PythonNotices
 from .renewer import Lease, Renewer
-from .replies import ASK, UnexpectedReply, check, classify, ran_elsewhere, server_changed
+from .replies import ASK, UnexpectedReply, check, classify, ran_elsewhere
 
 _MAX_REDIRECTS = 3
-
-
-class BoundedConnection:
-    """One connection whose every round trip, connect included, has a deadline.
-
-    Not thread-safe by itself; callers serialize. After any error the
-    connection is dropped and reopened on the next call.
-    """
-
-    def __init__(
-        self,
-        client: Any,
-        key: str | bytes | None = None,
-        node_addr: tuple[str, int] | None = None,
-    ) -> None:
-        self._client = client
-        self._cluster = is_cluster(client)
-        self._key = key
-        self._node_addr = node_addr
-        self._make = connection_factory(client, key, node_addr)
-        self._conn: Any = None
-        self._stale = False
-
-    def invalidate(self) -> None:
-        """Reconnect before the next round trip: the server behind this one has changed."""
-        self._stale = True
-
-    @property
-    def address(self) -> tuple[str, int] | None:
-        """``(host, port)`` of the server this connection talks to, when connected."""
-        conn = self._conn
-        host, port = getattr(conn, "host", None), getattr(conn, "port", None)
-        if host is None or port is None:
-            return None
-        return str(host), int(port)
-
-    def execute(self, args: Sequence[Any], timeout: float) -> Any:
-        deadline = time.monotonic() + timeout
-
-        def one(conn: Any) -> Any:
-            conn.send_command(*args)
-            return conn.read_response(timeout=remaining(deadline))
-
-        return self._round_trip(one, deadline)
-
-    def execute_many(self, commands: Sequence[Sequence[Any]], timeout: float) -> list[Any]:
-        """Send every command at once, then read every reply, in order.
-
-        An error reply is kept in the list as the ResponseError it is (not
-        raised), so the connection stays in step and the caller sees every
-        reply; a failure that leaves replies unread raises and drops the
-        connection.
-        """
-        deadline = time.monotonic() + timeout
-
-        def many(conn: Any) -> list[Any]:
-            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
-            replies: list[Any] = []
-            try:
-                for _ in commands:
-                    try:
-                        replies.append(conn.read_response(timeout=remaining(deadline)))
-                    except ResponseError as exc:
-                        replies.append(exc)
-            except BaseException:
-                # Replies are still owed (an interrupt between two reads, too):
-                # the connection is out of step and must not be used again.
-                conn.disconnect()
-                raise
-            return replies
-
-        replies: list[Any] = self._round_trip(many, deadline)
-        return replies
-
-    def _round_trip(self, exchange: Callable[[Any], Any], deadline: float) -> Any:
-        if self._stale:
-            self._stale = False
-            self.drop()
-        conn = self._conn
-        try:
-            if conn is None:
-                conn = self._conn = self._make()
-            left = remaining(deadline)
-            conn.socket_timeout = left
-            conn.socket_connect_timeout = left
-            conn.connect()
-            sock = getattr(conn, "_sock", None)
-            if sock is not None:
-                sock.settimeout(remaining(deadline))
-            return exchange(conn)
-        except MovedError:
-            if self._cluster:
-                self._reroute()
-            raise
-        except ResponseError as exc:
-            # An error reply: the connection is in step and stays, unless the
-            # server says it is no longer the one to ask (NOSCRIPT, ASK,
-            # TRYAGAIN and the script's own errors say nothing of the kind;
-            # on an ASK target, dropping it would send the EVAL that follows
-            # a NOSCRIPT to the migrating node instead).
-            if server_changed(exc):
-                if self._cluster:
-                    self._reroute()
-                else:
-                    self.drop()
-            raise
-        except (RedisError, OSError) as exc:
-            if self._cluster:
-                self._reroute()  # drops too; the slot may have moved
-            else:
-                self.drop()
-            if isinstance(exc, RedisError):
-                raise
-            raise ConnectionError(str(exc)) from exc
-
-    def _reroute(self) -> None:
-        self.drop()
-        if self._node_addr is not None:
-            return  # an ASK target: one node on purpose, for one redirected call
-        with contextlib.suppress(RedisError):
-            self._client.nodes_manager.initialize()
-        self._make = connection_factory(self._client, self._key)
-
-    def eval_script(
-        self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
-        timeout: float,
-        asking: bool = False,
-        wait: tuple[int, int] | None = None,
-    ) -> Any:
-        """EVALSHA, and EVAL once on NOSCRIPT, within one overall deadline.
-
-        With ``wait`` = ``(replicas, ms)`` the script is followed by ``WAIT
-        replicas ms`` on this same connection (the one that ran it), and the
-        result is ``(reply, acknowledged)``; an error reply raises unwaited.
-
-        On a cluster, an ASK redirection (the slot is being migrated and the
-        keys have moved) is followed once: ASKING + the script on the target
-        node. A MOVED reply raises after the slot map was refreshed; nothing
-        ran, so the caller may send again.
-        """
-        deadline = time.monotonic() + timeout
-        try:
-            try:
-                reply = self._script(("EVALSHA", script.sha), keys, args, deadline, asking)
-            except NoScriptError:
-                reply = self._script(("EVAL", script.source), keys, args, deadline, asking)
-        except MovedError:
-            raise
-        except AskError as exc:
-            if asking or not self._cluster:
-                raise
-            target = BoundedConnection(self._client, self._key, exc.node_addr)
-            try:
-                return target.eval_script(
-                    script, keys, args, remaining(deadline), asking=True, wait=wait
-                )
-            finally:
-                target.drop()
-        if wait is None:
-            return reply
-        replicas, wait_ms = wait
-        acked = self.execute(("WAIT", replicas, wait_ms), wait_ms / 1000 + remaining(deadline))
-        return reply, int(acked)
-
-    def eval_many(
-        self, requests: Sequence[ScriptRequest], timeout: float, asking: bool = False
-    ) -> list[Any]:
-        """Every ``(script, keys, args)`` as EVALSHA in one round trip, replies in order.
-
-        Error replies are ResponseError objects in the list. The commands
-        answered NOSCRIPT did not run: only they are sent again, as EVAL, in
-        a second round trip within the same deadline. With ``asking`` (this
-        connection goes to the node a migrating slot's keys moved to), each
-        command follows its own ``ASKING``.
-        """
-        deadline = time.monotonic() + timeout
-        replies = self._send_scripts("EVALSHA", requests, deadline, asking)
-        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-        if missing:
-            again = self._send_scripts("EVAL", [requests[i] for i in missing], deadline, asking)
-            for i, reply in zip(missing, again, strict=True):
-                replies[i] = reply
-        return replies
-
-    def _send_scripts(
-        self, how: str, requests: Sequence[ScriptRequest], deadline: float, asking: bool
-    ) -> list[Any]:
-        commands: list[tuple[Any, ...]] = []
-        for script, keys, args in requests:
-            if asking:
-                commands.append(("ASKING",))
-            name = script.sha if how == "EVALSHA" else script.source
-            commands.append((how, name, len(keys), *keys, *args))
-        replies = self.execute_many(commands, remaining(deadline))
-        if not asking:
-            return replies
-        refused = [reply for reply in replies[0::2] if isinstance(reply, Exception)]
-        if refused:
-            # The command after a refused ASKING met the migration on its own.
-            self.drop()
-            raise refused[0]
-        return replies[1::2]
-
-    def _script(
-        self,
-        head: tuple[str, str],
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
-        deadline: float,
-        asking: bool,
-    ) -> Any:
-        if asking:
-            self.execute(("ASKING",), remaining(deadline))
-        return self.execute((*head, len(keys), *keys, *args), remaining(deadline))
-
-    def drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            # A dying socket must not mask the error that killed it.
-            with contextlib.suppress(Exception):
-                conn.disconnect()
-
 
 _RETRY_PAUSE = 0.05
 """Seconds between two sends of a batch the server did not run (READONLY, LOADING...)."""
@@ -382,7 +157,7 @@ class _Pool:
                 if not all(ran_elsewhere(reply, self._cluster) for reply in replies):
                     return _then_wait(conn, replies, wait, deadline)
                 if isinstance(replies[0], MovedError):
-                    conn._reroute()
+                    conn.reroute()
                 else:
                     time.sleep(min(_RETRY_PAUSE, max(deadline - time.monotonic(), 0.0)))
                 if attempt == _MAX_REDIRECTS or time.monotonic() >= deadline:

@@ -248,12 +248,7 @@ class Lease:
         self.notify()
 
     def _apply(
-        self,
-        generation: int,
-        scheduled: float,
-        sent: float,
-        reply: Any,
-        error: Exception | None,
+        self, generation: int, scheduled: float, sent: float, reply: Any, error: Exception | None
     ) -> bool:
         """One renewal's outcome (a reply, or the error that replaced it), under ``self._cond``.
 
@@ -331,12 +326,7 @@ class Lease:
             return generation, scheduled, self._deadline, now
 
     def _finish(
-        self,
-        generation: int,
-        scheduled: float,
-        sent: float,
-        reply: Any,
-        error: Exception | None,
+        self, generation: int, scheduled: float, sent: float, reply: Any, error: Exception | None
     ) -> None:
         """Apply one renewal's outcome, then schedule the next while the term goes on."""
         with self._cond:
@@ -470,10 +460,7 @@ def _tick_batch(keepers: list[Lease]) -> None:
             due.append((keeper, prepared))
     if not due:
         return
-    timeout = max(
-        min(min(k._interval, d[2] - d[3]) for k, d in due),
-        MIN_STEP,
-    )
+    timeout = max(min(min(k._interval, d[2] - d[3]) for k, d in due), MIN_STEP)
     try:
         send = due[0][0].batch
         assert send is not None
