@@ -217,8 +217,6 @@ class NativeEngine:
         return keeper
 
     def _shared_renewer(self) -> _native.Renewer | None:
-        if self.endpoint.kind == "cluster":
-            return None  # a cluster's leases live on as many masters as their slots
         with self._renewer_lock:
             if self._renewer is None or self._renewer.closed:
                 self._renewer = _native.Renewer(self._target)

@@ -43,6 +43,8 @@ any thread may block on it, the keeper thread included.
 #                      address, slot map), slot hashing, short-lived peers
 #   _sentinel.pxi      asking the sentinels for the master, checking ROLE
 #   _cluster.pxi       the slot map from CLUSTER SLOTS, MOVED / ASK parsing
+#   _replies.pxi       what a reply means: done, MOVED, ASK, retry, failover,
+#                      error, or not the shape the caller expects
 #   _route.pxi         one routed round trip: MOVED / ASK / READONLY followed
 #   _pool.pxi          the Python-facing connection objects: ScriptRef,
 #                      Target, Pool, and failures as redis-py exceptions
@@ -85,6 +87,7 @@ include "_tls.pxi"
 include "_discovery.pxi"
 include "_sentinel.pxi"
 include "_cluster.pxi"
+include "_replies.pxi"
 include "_route.pxi"
 include "_pool.pxi"
 include "_loopconn.pxi"
