@@ -13,6 +13,21 @@
 
 cimport cython
 
+cdef extern from *:
+    """
+    #ifndef _GNU_SOURCE
+    #define _GNU_SOURCE
+    #endif
+    #include <pthread.h>
+    /* The renewer thread's name, as ps and /proc show it (at most 15 bytes). */
+    static void rl_name_renewer_thread(void) {
+    #if defined(__GLIBC__)
+        pthread_setname_np(pthread_self(), "redlease-renew");
+    #endif
+    }
+    """
+    void rl_name_renewer_thread() noexcept nogil
+
 cdef enum:
     RENEW_NODES_MAX = 64
     RENEW_BATCH_MAX = 512
@@ -872,6 +887,7 @@ cdef void* renewer_main(void* arg) noexcept nogil:
     cdef int64_t now, deadline, d, wake_at
     cdef int rc, left, nloads, j, fd
     cdef size_t i
+    rl_name_renewer_thread()
     pthread_mutex_lock(&r.mu)
     while not r.stop:
         if r.heap_len == 0:
