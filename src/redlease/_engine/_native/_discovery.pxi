@@ -5,7 +5,7 @@
 # (_conn.pxi) is untouched but for a few hook points.
 #
 # One ``rl_disco`` per Target, shared by every connection made from it (the
-# Pool slots and the keepers' own connections, each holding a reference): so
+# Pool slots and the renewer's connections, each holding a reference): so
 # one answer from the sentinels, or one CLUSTER SLOTS, serves them all. Its
 # mutex guards the master address, the node table and the slot map; it is
 # held only to copy a few bytes in or out, never across I/O, so a thread

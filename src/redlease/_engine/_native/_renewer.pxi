@@ -32,7 +32,6 @@ cdef enum:
     RENEW_NODES_MAX = 64
     RENEW_BATCH_MAX = 512
     RENEW_SCRIPTS_MAX = 8
-    LEASE_LATE_START = 16
 
 # Renewals due within this much of the earliest one are sent with it.
 cdef int64_t RENEW_WINDOW_NS = 1000000
@@ -40,46 +39,6 @@ cdef int64_t RENEW_WINDOW_NS = 1000000
 # connect fails at once; without a floor the thread would spin until the
 # deadline). The lease deadline is unchanged by it.
 cdef int64_t RENEW_RETRY_NS = 1000000
-
-
-cdef struct rl_lease:
-    # Read by Python without the lock: atomics only.
-    int64_t state
-    int64_t token
-    int64_t renewed_at
-    int64_t renewals
-    int64_t err_count_atomic
-    # Guarded by the renewer's mu.
-    uint64_t gen
-    int64_t interval_ns
-    int64_t ttl_ns
-    int64_t lease_deadline
-    int64_t next_send
-    int heap_idx          # position in the heap, -1 when not in it
-    int inflight          # part of the batch on the wire
-    int detached          # the Python object is gone: whoever lets go last frees
-    int closed
-    int wake_fd           # eventfd made on first use by Python (-1 until then)
-    int wake_pending      # a wake-up happened before the eventfd existed
-    uint64_t sent_gen     # the term the renewal on the wire is for
-    int64_t sched         # when that renewal was due
-    int64_t t_send
-    rl_buf cmd            # its EVALSHA, built once
-    double* late
-    size_t late_cap
-    uint64_t late_count
-    uint64_t late_hist[17]
-    double late_sum
-    int err_head
-    int err_count
-    rl_err* errs          # ERR_RING entries, allocated on the first error
-    int64_t* changes      # the renewer's change counter
-    # On a cluster (the renewer's thread only).
-    int slot              # its key's slot (-1: keyless)
-    int node              # the node connection its renewal of this batch went to
-    int ask_node          # an ASK redirection: the next renewal goes there, after ASKING
-    int asking            # this batch's renewal is preceded by ASKING (its reply is owed)
-    int redirects         # MOVED / ASK followed since the last answer
 
 
 cdef struct rl_renewer:
@@ -128,75 +87,6 @@ cdef struct rl_rnode:
 
 cdef inline int64_t lease_key(rl_lease* l) noexcept nogil:
     return l.next_send if l.next_send < l.lease_deadline else l.lease_deadline
-
-
-cdef void lease_wake(rl_lease* l) noexcept nogil:
-    # mu held: one counter tells a driver that some lease of the renewer
-    # changed, so it need not look at each of them to find out.
-    rl_store(l.changes, rl_load(l.changes) + 1)
-    if l.wake_fd >= 0:
-        fd_signal(l.wake_fd)
-    else:
-        l.wake_pending = 1
-
-
-cdef void lease_free(rl_lease* l) noexcept nogil:
-    if l.wake_fd >= 0:
-        close(l.wake_fd)
-        l.wake_fd = -1
-    buf_free(&l.cmd)
-    free(l.late)
-    free(l.errs)
-    free(l)
-
-
-cdef void lease_lose(rl_lease* l) noexcept nogil:
-    rl_store(&l.token, 0)
-    rl_store(&l.state, ST_LOST)
-    l.gen += 1
-    lease_wake(l)
-
-
-cdef void lease_record_error(rl_lease* l, int kind, const char* msg) noexcept nogil:
-    cdef int slot
-    if l.errs == NULL:
-        l.errs = <rl_err*>calloc(ERR_RING, sizeof(rl_err))
-        if l.errs == NULL:
-            return
-    slot = (l.err_head + l.err_count) % ERR_RING
-    if l.err_count == ERR_RING:
-        l.err_head = (l.err_head + 1) % ERR_RING
-        l.err_count -= 1
-    l.errs[slot].kind = kind
-    strncpy(l.errs[slot].msg, msg, ERR_MSG - 1)
-    l.errs[slot].msg[ERR_MSG - 1] = 0
-    l.err_count += 1
-    rl_store(&l.err_count_atomic, l.err_count)
-
-
-cdef void lease_record_lateness(rl_lease* l, double seconds) noexcept nogil:
-    cdef uint64_t idx = l.late_count
-    cdef size_t cap
-    cdef double* grown
-    cdef int b = 0
-    while b < LATE_BOUNDS_N and seconds > LATE_BOUNDS[b]:
-        b += 1
-    l.late_hist[b] += 1
-    l.late_sum += seconds
-    if idx < LATE_MAX:
-        if idx >= l.late_cap:
-            cap = l.late_cap * 2 if l.late_cap else LEASE_LATE_START
-            if cap > LATE_MAX:
-                cap = LATE_MAX
-            grown = <double*>realloc(l.late, cap * sizeof(double))
-            if grown == NULL:
-                return
-            l.late = grown
-            l.late_cap = cap
-        l.late[idx] = seconds
-    else:
-        l.late[idx % LATE_MAX] = seconds
-    l.late_count += 1
 
 
 # ---------------------------------------------------------------- the heap (mu held)
@@ -931,7 +821,7 @@ cdef void* renewer_main(void* arg) noexcept nogil:
         pthread_mutex_unlock(&r.mu)
         # Behind Sentinel this asks the sentinels where the master is when
         # the connection is new (and re-checks now and then): the renewals
-        # follow the master, as a keeper's own connection does.
+        # follow the master.
         rc = batch_prepare(c, <rl_disco*>c.disco, deadline)
         pthread_mutex_lock(&r.mu)
         if fd < 0 or c.fd != fd:
@@ -1005,9 +895,13 @@ cdef void* renewer_main(void* arg) noexcept nogil:
 # ---------------------------------------------------------------- Python faces
 
 cdef class Renewer:
-    """One native thread and one connection that renew every ``Lease`` made from it.
+    """One native thread that renews every ``Lease`` made from it.
 
-    Renewals falling due together are pipelined in one write. The thread
+    On a fixed address or behind Sentinel it renews over one connection
+    (which follows the master the sentinels name); on a cluster over one
+    connection per slot-owning master, each lease sent to its key's slot's
+    owner, MOVED and ASK followed per lease. Renewals falling due together
+    are pipelined in one write per connection. The thread
     starts with the first term begun and is joined by ``close()``. After
     ``os.fork()`` the child's copy is inert: no thread, its socket dropped
     without a byte sent, and every lease of it ended.
@@ -1228,12 +1122,14 @@ cdef class Renewer:
 
 @cython.no_gc_clear
 cdef class Lease:
-    """One lease renewed by a shared ``Renewer``: the Keeper protocol without a thread of its own.
+    """One lease renewed by a shared ``Renewer`` (the engine's ``Keeper`` protocol).
 
-    Same semantics as ``Keeper``: ``begin()`` sends the first renewal at once,
-    then one every ``interval`` on absolute deadlines; a reply of 1 extends
-    the lease to (send time + ``ttl``), 0 loses it at once, errors are
-    tolerated until the lease deadline. ``fileno()`` makes the lease's
+    ``begin()`` sends the first renewal at once, then one every ``interval``
+    on absolute deadlines; a reply of 1 extends the lease to (send time +
+    ``ttl``), 0 loses it at once, a failover reply (READONLY, MASTERDOWN,
+    NOREPLICAS) loses it at once; errors, a reply of any other shape
+    included, are tolerated until the lease deadline. ``token`` and
+    ``state`` are atomics: reading them never waits. ``fileno()`` makes the lease's
     eventfd on first use, so a lease nobody waits on costs no descriptor.
     """
 
@@ -1346,11 +1242,6 @@ cdef class Lease:
         if self.renewer is None or self.renewer.r == NULL:
             return 0
         return rl_load(&self.renewer.r.changes)
-
-    @property
-    def has_errors(self):
-        """Whether failed renewals wait to be popped (a lock-free peek)."""
-        return self.l != NULL and rl_load(&self.l.err_count_atomic) != 0
 
     @property
     def closed(self):
@@ -1623,6 +1514,7 @@ cdef class Lease:
         l.inflight = 0
         self._forked = True
         self._waiters = 0
+        l.wake_pending = 0  # the parent's wake-ups, not the child's
         if l.wake_fd >= 0:
             # Shared with the parent: waking it would wake the parent.
             close(l.wake_fd)

@@ -6,8 +6,8 @@ cdef int classify_reply(rl_conn* c, rl_disco* d) noexcept nogil:
 
     Redirections and the cluster's retry replies count on a cluster only;
     LOADING anywhere; a READONLY or MASTERDOWN at the start of the reply is
-    resent (to the master looked up again) unless the caller's failovers
-    are final, which route_run checks.
+    resent (to the master looked up again). (A renewal's failover reply is
+    final: the renewer decides that itself, from reply_class.)
     """
     cdef int what = reply_class(c, EXPECT_ANY)
     if what == REPLY_MOVED or what == REPLY_ASK:
@@ -137,17 +137,6 @@ cdef int route_run(rl_conn* c, int64_t deadline, const rl_script_cmd* cmd,
                 asking = True
             continue
         # REPLY_RETRY: not executed; look the server up again, then resend.
-        if c.failover_is_final and reply_is_failover(c):
-            # A renewal: the lease was granted on the server that now says it
-            # is not the master. Resending to the new one could keep a term
-            # alive that the failover may have lost: the reply is the answer.
-            # The next connection still asks where the master is.
-            conn_addr(c, &here)
-            if d.kind == DISCO_SENTINEL:
-                sentinel_forget(d, &here)
-            else:
-                cluster_forget(d)
-            return 0
         if rl_now_ns() + RETRY_PAUSE_NS >= deadline:
             return 0
         conn_consume(c)
