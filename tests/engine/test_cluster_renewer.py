@@ -58,6 +58,16 @@ def named_clients(node: redis.Redis) -> int:
     return sum(1 for c in node.client_list() if c.get("name") == NAME)
 
 
+def renewal_clients(renewer: Any, node: redis.Redis) -> int:
+    """How many of ``node``'s clients are connections of ``renewer`` (by their local address)."""
+    local = set()
+    for _, fd in renewer.connections:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            host, port = sock.getsockname()[:2]
+            local.add(f"{host}:{port}")
+    return sum(1 for c in node.client_list() if c.get("addr") in local)
+
+
 def names_on_every_master(topology: ClusterSet, count: int) -> list[str]:
     """``count`` names on distinct hash tags, spread over every master."""
     names = [f"{{rt{i}}}" for i in range(count)]
@@ -95,6 +105,9 @@ def test_200_cluster_electors_share_one_renewer_thread_and_one_renewal_connectio
         start_leading(group)
         renewers = {id(lease_of(e).renewer) for e in group}
         assert len(renewers) == 1
+        renewer = lease_of(group[0]).renewer
+        assert renewer.leases == len(group)
+        assert [renewal_clients(renewer, m) for m in masters] == [1] * len(masters)
         assert threads_named("redlease-renew") == 1
         # The driver, the renewer, and a notice reader per master (the
         # cluster's notices are heard per node): never a thread per lease.

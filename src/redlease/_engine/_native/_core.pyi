@@ -189,6 +189,9 @@ class Renewer:
     def sent(self) -> tuple[int, int]:
         """``(renewals, batches)`` written since the renewer was made."""
     @property
+    def connections(self) -> list[tuple[str, int]]:
+        """``[(server address, fd)]`` of its open connections (a snapshot)."""
+    @property
     def changes(self) -> int:
         """Bumped by every wake-up of any of its leases."""
     @property

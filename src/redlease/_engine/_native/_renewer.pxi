@@ -1063,6 +1063,27 @@ cdef class Renewer:
         return self.r.sent_total, self.r.batches_total
 
     @property
+    def connections(self):
+        """``[(server address, fd)]`` of the renewer's open connections (a snapshot)."""
+        cdef rl_renewer* r = self.r
+        cdef int j
+        out = []
+        if r == NULL:
+            return out
+        pthread_mutex_lock(&r.mu)
+        try:
+            if r.nodes != NULL:
+                for j in range(RENEW_NODES_MAX):
+                    if r.nodes[j].conn.fd >= 0:
+                        out.append((r.nodes[j].conn.address.decode("utf-8", "replace"),
+                                    r.nodes[j].conn.fd))
+            elif r.conn.fd >= 0:
+                out.append((r.conn.address.decode("utf-8", "replace"), r.conn.fd))
+        finally:
+            pthread_mutex_unlock(&r.mu)
+        return out
+
+    @property
     def changes(self):
         """A counter bumped by every wake-up of any of the renewer's leases."""
         if self.r == NULL:
