@@ -274,12 +274,6 @@ cdef bint error_has(rl_conn* c, rl_node* n, const char* text) noexcept nogil:
     return False
 
 
-cdef bint error_starts(rl_conn* c, rl_node* n, const char* text) noexcept nogil:
-    """Whether the error reply ``n`` begins with ``text``."""
-    cdef size_t k = strlen(text)
-    return n.kind == c'-' and n.ival >= 0 and <size_t>n.ival >= k and memcmp(c.r.data + n.off, text, k) == 0
-
-
 cdef enum:
     HUB_RESUBSCRIBE = 1      # hub_dispatch: subscribe every channel again, with SUBSCRIBE
 
@@ -312,7 +306,8 @@ cdef int hub_dispatch(rl_hub* h) noexcept nogil:
             h.sharded = 0
             pthread_mutex_unlock(&h.mu)
             return rc
-        if error_starts(c, top, b"MOVED ") or error_starts(c, top, b"ASK "):
+        rc = reply_node_class(c.r.data, top, EXPECT_ANY)
+        if rc == REPLY_MOVED or rc == REPLY_ASK:
             hub_moved(h, NULL, 0)
         return 0
     if top.kind != c'*' or top.ival != 3 or c.nodes.len < 4:

@@ -1,26 +1,8 @@
 # One routed round trip (no GIL): send to the server discovery chose, and
 # react to what comes back (MOVED, ASK, READONLY, TRYAGAIN...; see _replies.pxi).
 
-cdef int classify_reply(rl_conn* c, rl_disco* d) noexcept nogil:
-    """What route_run does with a reply, from reply_class: DONE, MOVED, ASK or RETRY.
-
-    Redirections and the cluster's retry replies count on a cluster only;
-    LOADING anywhere; a READONLY or MASTERDOWN at the start of the reply is
-    resent (to the master looked up again). (A renewal's failover reply is
-    final: the renewer decides that itself, from reply_class.)
-    """
-    cdef int what = reply_class(c, EXPECT_ANY)
-    if what == REPLY_MOVED or what == REPLY_ASK:
-        return what if d.kind == DISCO_CLUSTER else REPLY_DONE
-    if what == REPLY_RETRY:
-        if reply_starts(c, b"LOADING"):
-            return REPLY_RETRY
-        if d.kind == DISCO_CLUSTER and (reply_starts(c, b"CLUSTERDOWN") or reply_starts(c, b"TRYAGAIN")):
-            return REPLY_RETRY
-        return REPLY_DONE
-    if what == REPLY_FAILOVER and (reply_starts(c, b"READONLY") or reply_starts(c, b"MASTERDOWN")):
-        return REPLY_RETRY
-    return REPLY_DONE
+cdef inline int classify_reply(rl_conn* c, rl_disco* d) noexcept nogil:
+    return reply_route_class(c.r.data, &c.nodes.items[0], d)
 
 
 cdef int send_command(rl_conn* c, const char* data, size_t n, int64_t deadline,
