@@ -258,3 +258,42 @@ def test_a_renewal_reply_the_script_cannot_give_is_an_error_until_the_deadline_n
 
 def test_the_native_lateness_buckets_are_the_engine_contracts() -> None:
     assert require_native().LATENESS_BUCKETS == LATENESS_BUCKETS
+
+
+def test_a_cluster_lease_ends_lost_at_once_on_a_failover_reply_and_keeps_leading_through_moved(
+    cluster_set_fresh: ClusterSet,
+) -> None:
+    require_native()
+    from redlease._engine import shared_engine
+
+    topology = cluster_set_fresh
+    client = topology.client(socket_timeout=1)
+    engine = shared_engine(client, "native")
+    key = "{rt-fo}:leader"
+    slot = key_slot(key)
+    ttl = 10.0
+    lease = engine.keeper(RENEW, [key], ["me", int(ttl * 1000)], interval=0.2, ttl=ttl)
+    try:
+        t0 = time.monotonic()
+        assert client.set(key, "me", px=int(ttl * 1000))
+        lease.begin(3, t0)
+        wait_until(lambda: lease.renewals >= 2, 5.0, what="renewing")
+        # The slot moves: MOVED, the slot map updated, the lease renewed on the new owner.
+        target = next(m for m in topology.masters() if m is not topology.master_for_slot(slot))
+        assert topology.migrate_slot(slot, target) >= 1
+        after = lease.renewals
+        wait_until(lambda: lease.renewals >= after + 3, 5.0, what="renewals on the new owner")
+        assert (lease.state, lease.token) == (ACTIVE, 3)
+        assert 0 < target.client().pttl(key) <= ttl * 1000
+        # The new owner refuses writes as a failover leaves it: NOREPLICAS.
+        target.client().config_set("min-replicas-to-write", "5")
+        try:
+            began = time.monotonic()
+            assert wait_state(lease, LOST, ttl / 2) is not None
+            assert time.monotonic() - began < ttl / 2, "lost at the deadline, not at once"
+            assert any("NOREPLICAS" in str(e) for e in lease.pop_errors())
+        finally:
+            target.client().config_set("min-replicas-to-write", "0")
+    finally:
+        lease.close()
+        client.close()
