@@ -3,6 +3,8 @@
 # CLOCK_MONOTONIC, and scripts with the NOSCRIPT fallback. A Pool slot and a
 # renewer each own one ``rl_conn``; every failure is recorded in it as a kind
 # and a message, turned into a redis-py exception later, with the GIL.
+#
+# Needs: _posix, _resp_encode, _resp_parse; hooks into _tls, _discovery, _pool (signals) defined later.
 
 # Failure kinds, mapped to redis-py exceptions by make_exception().
 cdef enum:

@@ -12,6 +12,8 @@
 # holding the GIL may block on it (see the lock discipline in _core.pyx).
 # Every question asked (sentinels, CLUSTER SLOTS) goes over a short-lived
 # connection of its own, under the deadline of the round trip it serves.
+#
+# Needs: _posix, _resp_encode, _resp_parse, _conn, _tls; _pool (exceptions).
 
 from libc.stdint cimport int16_t, uint16_t
 from libc.stdlib cimport malloc

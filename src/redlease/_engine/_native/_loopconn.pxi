@@ -18,6 +18,8 @@
 # (READONLY, MASTERDOWN, LOADING; MOVED, ASK, TRYAGAIN, CLUSTERDOWN) makes
 # the next connect look the server up again; the driver sends such a call
 # again the blocking way, which follows the topology, and reconnects.
+#
+# Needs: _posix, _resp_encode, _resp_parse, _conn, _tls, _discovery, _sentinel, _cluster, _replies, _pool.
 
 
 cdef class LoopConn:

@@ -31,6 +31,8 @@
 # fd, which the driver sleeps on with the GIL released; the driver takes the
 # list (``NoticeBell.take()``: the tags of the fired subscriptions) and
 # wakes just those. The bell's mutex is taken inside a hub's, never around one.
+#
+# Needs: _posix, _resp_encode, _resp_parse, _conn, _tls, _discovery, _sentinel, _replies, _pool, _lease (states, fd_signal).
 
 cdef enum:
     NOTICE_PENDING = 8       # payloads a waiter keeps; more means "some were lost"

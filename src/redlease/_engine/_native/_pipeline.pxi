@@ -12,6 +12,8 @@
 # ran, and resending a part out of order is not a decision to take here. When
 # every reply is ASK (the slot is being migrated and the keys have left), the
 # batch goes once to the node named, each command after its own ASKING.
+#
+# Needs: _posix, _resp_encode, _resp_parse, _conn, _discovery, _sentinel, _cluster, _replies, _route, _pool.
 
 
 cdef struct rl_bcmd:

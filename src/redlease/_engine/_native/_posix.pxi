@@ -2,6 +2,8 @@
 # sockets, eventfd. Small C helpers are defined inline where the POSIX call
 # needs glue (CLOCK_MONOTONIC condition variables and timed locks, a signal
 # mask for the renewer thread, ppoll with a nanosecond timeout).
+#
+# Needs: nothing: the bottom layer.
 
 from libc.errno cimport EINPROGRESS, EINTR, errno
 from libc.limits cimport LLONG_MAX

@@ -10,6 +10,8 @@
 # state as atomics; everything else is guarded by the renewer's mutex ``mu``,
 # which the thread never holds across a wait for the server (the lock
 # discipline of _core.pyx): a Python thread may lock it with the GIL held.
+#
+# Needs: _posix, _resp_encode, _resp_parse, _conn, _tls, _discovery, _sentinel, _cluster, _replies, _pool, _pipeline (batch_prepare, batch_lost), _lease.
 
 cimport cython
 

@@ -1,5 +1,7 @@
 # One routed round trip (no GIL): send to the server discovery chose, and
 # react to what comes back (MOVED, ASK, READONLY, TRYAGAIN...; see _replies.pxi).
+#
+# Needs: _posix, _resp_encode, _conn, _discovery, _sentinel, _cluster, _replies.
 
 cdef inline int classify_reply(rl_conn* c, rl_disco* d) noexcept nogil:
     return reply_route_class(c.r.data, &c.nodes.items[0], d)
