@@ -66,7 +66,7 @@ def keepers(request: pytest.FixtureRequest, server: Server, rc: redis.Redis) -> 
 
 @pytest.fixture
 def native_keepers() -> Iterator[Callable[..., Any]]:
-    """Native ``Keeper`` objects made directly, for tests of the native thread itself."""
+    """Native leases made directly, each on a renewer of its own, for tests of the native thread."""
     native = require_native()
     made: list[Any] = []
 
@@ -80,15 +80,17 @@ def native_keepers() -> Iterator[Callable[..., Any]]:
         unix: bool = False,
     ) -> Any:
         target = server.unix_target() if unix else server.target()
-        k = native.Keeper(target, native_ref(RENEW), [key], [owner, int(ttl * 1000)], interval, ttl)
-        made.append(k)
+        renewer = native.Renewer(target)
+        k = native.Lease(renewer, native_ref(RENEW), [key], [owner, int(ttl * 1000)], interval, ttl)
+        made.append((k, renewer))
         return k
 
     try:
         yield make
     finally:
-        for k in made:
+        for k, renewer in made:
             k.close()
+            renewer.close()
 
 
 @pytest.fixture

@@ -392,7 +392,7 @@ def test_native_keeper_does_not_count_a_late_reply_for_an_ended_term(
 def test_native_keeper_validates_interval_and_ttl(server: Server) -> None:
     native = require_native()
     with pytest.raises(ValueError):
-        native.Keeper(server.target(), native_ref(RENEW), ["k"], ["me", 100], 0, 1.0)
+        native.Lease(native.Renewer(server.target()), native_ref(RENEW), ["k"], ["me", 100], 0, 1.0)
 
 
 def test_keeper_holds_the_lease_while_the_gil_is_held(
@@ -451,7 +451,7 @@ def test_a_dropped_keeper_stops_its_thread_and_frees_its_fds(
     gc.collect()
     fds, before = open_fds(), threads()
     for i in range(10):
-        k = native.Keeper(server.target(), ref, [f"d{i}"], ["me", 300], 0.05, 0.3)
+        k = native.Lease(native.Renewer(server.target()), ref, [f"d{i}"], ["me", 300], 0.05, 0.3)
         rc.set(f"d{i}", "me", px=300)
         k.begin(1, time.monotonic())
         wait_until(lambda k=k: k.renewals >= 1, 2.0)

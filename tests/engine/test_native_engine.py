@@ -85,7 +85,7 @@ def test_no_repr_or_error_shows_the_password(
     endpoint = server.endpoint(username="default", password=SECRET, client_name="sec")
     target = native.Target(endpoint)
     pool = native.Pool(target)
-    keeper = native.Keeper(target, lua("return 1"), ["k"], [SECRET], 0.05, 0.3)
+    keeper = native.Lease(native.Renewer(target), lua("return 1"), ["k"], [SECRET], 0.05, 0.3)
     engine = NativeEngine(endpoint, write_timeout=0.3)
     shown = [target, pool, keeper, engine, endpoint]
     try:

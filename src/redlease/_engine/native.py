@@ -3,8 +3,8 @@
 Every round trip runs with the GIL released on the engine's own connections,
 opened like the user's client (address, db, credentials, client name) but
 never borrowed from it, so the client's retry and timeout settings cannot
-stretch a call. Leases are renewed by ``_native.Keeper`` threads that never
-take the GIL.
+stretch a call. Every lease of an engine is renewed by its one
+``_native.Renewer`` thread, which never takes the GIL.
 """
 
 from __future__ import annotations
@@ -52,12 +52,6 @@ class _Tracked:
         super().begin(token, acquired_at)  # type: ignore[misc]
 
 
-class _Keeper(_Tracked, _native.Keeper):
-    """A lease with a native thread and connection of its own (on a cluster)."""
-
-    __slots__ = ("switches",)
-
-
 class _Lease(_Tracked, _native.Lease):
     """A lease renewed by the engine's one shared renewer."""
 
@@ -86,10 +80,9 @@ class NativeEngine:
         self._calls = _native.Pool(self._target, CALL_CONNECTIONS)
         self._writes = _native.Pool(self._target, WRITE_CONNECTIONS)
         self._refs: dict[str, _native.ScriptRef] = {}
-        self._keepers: weakref.WeakSet[_native.Keeper] = weakref.WeakSet()
-        # One thread and one connection renew every lease of this engine
-        # (fixed addresses; behind Sentinel or Cluster each keeper keeps its
-        # own, as its server may move). Made with the first keeper.
+        # One native thread renews every lease of this engine: over one
+        # connection (following the master behind Sentinel), or one per
+        # slot-owning master on a cluster. Made with the first keeper.
         self._renewer: _native.Renewer | None = None
         self._renewer_lock = threading.Lock()
         self._switches = MasterSwitches(
@@ -168,31 +161,22 @@ class NativeEngine:
         *,
         interval: float,
         ttl: float,
-    ) -> _native.Keeper | _native.Lease:
-        """A new lease keeper renewing with ``script``.
+    ) -> _native.Lease:
+        """A new lease renewed with ``script`` by the engine's one shared renewer.
 
-        On a fixed address or behind Sentinel: a ``Lease`` on the engine's
-        one shared renewer (every lease of the engine renewed by one native
-        thread over one connection, which follows the master the sentinels
-        name). On a cluster: a ``Keeper`` with a connection and a thread of
-        its own (the leases live on as many masters as their slots).
+        Every lease of the engine is renewed by one native thread: over one
+        connection on a fixed address or behind Sentinel (it follows the
+        master the sentinels name), over one connection per slot-owning
+        master on a cluster (each lease routed by its key's slot).
         """
-        renewer = self._shared_renewer()
-        keeper: _Keeper | _Lease
-        if renewer is not None:
-            # close() reaches these through the renewer, which ends them all.
-            keeper = _Lease(renewer, self._ref(script), keys, args, interval, ttl)
-        else:
-            keeper = _Keeper(self._target, self._ref(script), keys, args, interval, ttl)
-            self._keepers.add(keeper)
+        # close() reaches these through the renewer, which ends them all.
+        keeper = _Lease(self._shared_renewer(), self._ref(script), keys, args, interval, ttl)
         if self.endpoint.sentinels is not None:
             keeper.switches = weakref.ref(self._switches)
             self._switches.track(keeper)
         return keeper
 
-    def _shared_renewer(self) -> _native.Renewer | None:
-        if self.endpoint.kind == "cluster":
-            return None  # a cluster's leases live on as many masters as their slots
+    def _shared_renewer(self) -> _native.Renewer:
         with self._renewer_lock:
             if self._renewer is None or self._renewer.closed:
                 self._renewer = _native.Renewer(self._target)
@@ -200,7 +184,7 @@ class NativeEngine:
 
     @property
     def renewer(self) -> _native.Renewer | None:
-        """The shared renewer, once a keeper was made on a fixed address (else None)."""
+        """The shared renewer, once a keeper was made (else None)."""
         return self._renewer
 
     def _forget_master(self) -> None:
@@ -226,8 +210,6 @@ class NativeEngine:
         self._switches.close()
         for writer in list(self._loop_writers.values()):
             writer.close()
-        for keeper in list(self._keepers):
-            keeper.close()
         if self._renewer is not None:
             self._renewer.close()
         self._calls.close()

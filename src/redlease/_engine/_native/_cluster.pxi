@@ -1,5 +1,7 @@
 # Cluster: the slot map from CLUSTER SLOTS, MOVED and ASK parsing (no GIL).
 # Part of the discovery layer; shared state and helpers are in _discovery.pxi.
+#
+# Needs: _posix, _resp_parse, _conn, _discovery.
 
 cdef int node_index(rl_disco* d, const char* host, int port) noexcept nogil:
     """The node table index of ``host:port``, added when new; -1 when the table is full. Locked."""

@@ -1,8 +1,10 @@
 # One connection, driven without the GIL: resolve and connect, the handshake
 # (AUTH / SELECT / CLIENT SETNAME), sends and reads under one deadline on
 # CLOCK_MONOTONIC, and scripts with the NOSCRIPT fallback. A Pool slot and a
-# keeper each own one ``rl_conn``; every failure is recorded in it as a kind
+# renewer each own one ``rl_conn``; every failure is recorded in it as a kind
 # and a message, turned into a redis-py exception later, with the GIL.
+#
+# Needs: _posix, _resp_encode, _resp_parse; hooks into _tls, _discovery, _pool (signals) defined later.
 
 # Failure kinds, mapped to redis-py exceptions by make_exception().
 cdef enum:
@@ -37,15 +39,14 @@ cdef struct rl_conn:
     int is_unix
     int port
     int naddrs
-    int keep_addrs        # the keeper never resolves again: getaddrinfo has no deadline
+    int keep_addrs        # the renewer never resolves again: getaddrinfo has no deadline
     int python_signals    # a Python thread waits here: let signal handlers run on EINTR
     int drop_when_done    # Pool.close() ran inside this connection's call: drop it after
-    int cancel_fd         # readable -> abort the round trip (keeper close)
+    int cancel_fd         # readable -> abort the round trip (renewer close)
     int err_kind
     int tls_check_hostname  # with tls_ctx: the certificate must name ``host``
     int hello_replies
     int slot              # cluster slot of the command in ``w`` (-1: none); see _discovery.pxi
-    int failover_is_final  # a keeper's: READONLY / MASTERDOWN are answers, not resent (_route.pxi)
     int blocking_reads    # plain sockets: wait for a reply in recv itself (see conn_read_reply)
     int fd_blocking       # this socket's reads block, bounded by SO_RCVTIMEO = rcvtimeo_ns
     int64_t rcvtimeo_ns
@@ -421,11 +422,10 @@ cdef int conn_run_script(rl_conn* c, int64_t deadline, const rl_script_cmd* cmd,
                          rl_sender sender, void* ctx) noexcept nogil:
     """EVALSHA, and on NOSCRIPT one EVAL (which also loads the script), all before ``deadline``.
 
-    The one NOSCRIPT fallback of the core: a Pool call and a keeper renewal
-    both run their script through it. The EVALSHA is in ``c.w``; on NOSCRIPT
+    The one NOSCRIPT fallback of the core: every Pool call runs its script
+    through it. The EVALSHA is in ``c.w``; on NOSCRIPT
     its EVAL twin is built into ``c.e`` from ``cmd``, or, with ``cmd`` NULL,
-    is there already (a keeper builds its own up front, so its thread never
-    allocates one). ``sender`` writes each command (``first`` for the
+    is there already. ``sender`` writes each command (``first`` for the
     EVALSHA): it returns 0 once sent, -1 with the failure recorded in ``c``,
     or another negative value of its own, which is returned as it is.
     On 0 the reply is buffered (``c.nodes``), a top-level error included.

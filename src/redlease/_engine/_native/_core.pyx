@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""The native core: RESP2 on the wire, sockets without the GIL, the lease keeper thread.
+"""The native core: RESP2 on the wire, sockets without the GIL, the lease renewer thread.
 
 Three layers, each usable on its own:
 
@@ -9,22 +9,25 @@ Three layers, each usable on its own:
 * ``Pool``: a few connections, each guarded by a pthread mutex, each round
   trip done with the GIL released and bounded by one deadline on
   CLOCK_MONOTONIC (connect, handshake, send, NOSCRIPT reload and reply);
-* ``Keeper``: one pthread per keeper that renews a lease on absolute
-  deadlines. It never takes the GIL and never touches a Python object: it
-  talks to Python through atomics (state, token) and an eventfd (wake-ups).
+* ``Renewer`` and ``Lease``: one pthread per engine renews every lease of it
+  on absolute deadlines, from a timer heap, pipelining the renewals that
+  fall due together (one connection to the server, or on a cluster one per
+  slot-owning master). It never takes the GIL and never touches a Python
+  object: it talks to Python through atomics (state, token) and eventfds
+  (wake-ups).
 
 Linux only (eventfd, ppoll, CLOCK_MONOTONIC condition variables). Where the
 extension cannot be built the pure-Python engine is used instead.
 
 Lock discipline, the one rule that keeps this deadlock-free: a thread holding
 the GIL never *blocks* on one of our mutexes (it may ``trylock``), and the
-keeper thread never wants the GIL. A thread may take the GIL while holding a
+renewer thread never wants the GIL. A thread may take the GIL while holding a
 pool slot mutex, because whoever waits for that mutex waits with the GIL
 released.
 The discovery state a Target shares with its connections
 (master address, slot map; _discovery.pxi) has a mutex that is held only to
 copy a few bytes, never across I/O and never while waiting for anything, so
-any thread may block on it, the keeper thread included.
+any thread may block on it, the renewer thread included.
 """
 
 # One extension, one file per concern, included in dependency order. Every
@@ -43,22 +46,25 @@ any thread may block on it, the keeper thread included.
 #                      address, slot map), slot hashing, short-lived peers
 #   _sentinel.pxi      asking the sentinels for the master, checking ROLE
 #   _cluster.pxi       the slot map from CLUSTER SLOTS, MOVED / ASK parsing
+#   _replies.pxi       what a reply means: done, MOVED, ASK, retry, failover,
+#                      error, or not the shape the caller expects
 #   _route.pxi         one routed round trip: MOVED / ASK / READONLY followed
 #   _pool.pxi          the Python-facing connection objects: ScriptRef,
 #                      Target, Pool, and failures as redis-py exceptions
 #   _loopconn.pxi      LoopConn: a non-blocking connection an asyncio event
 #                      loop drives, for pipelined fenced writes
 #   _pipeline.pxi      many scripts in one round trip on a Pool connection
-#   _keeper_thread.pxi the renewal thread (no GIL, ever)
-#   _keeper.pxi        Keeper, the Python face of that thread
-#   _renewer.pxi       Renewer and Lease: one thread and one connection that
-#                      renew many leases from a timer heap, pipelined
+#   _lease.pxi         one lease's state: atomics, error ring, lateness
+#                      histogram (bounds: the engine's LATENESS_BUCKETS)
+#   _renewer.pxi       Renewer and Lease: one thread that renews every lease
+#                      from a timer heap, pipelined, on one connection (one
+#                      per slot-owning master on a cluster), no GIL, ever
 #   _notices.pxi       release notices: a subscription connection per server
 #                      read by a thread of its own (no GIL, ever), waiters
 #                      woken through eventfds
 #
-# Fork safety lives here, at the end: it reaches into Pool, LoopConn, Keeper and
-# NoticeHub.
+# Fork safety lives here, at the end: it reaches into Pool, LoopConn, Renewer,
+# Lease and NoticeHub.
 
 cimport cython
 from cpython.bytes cimport (
@@ -74,7 +80,7 @@ from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 import os
 import weakref
 
-# Every Pool, LoopConn and Keeper alive in this process, for the fork handler below.
+# Every Pool, LoopConn, Renewer, Lease and NoticeHub alive in this process, for the fork handler below.
 _live = weakref.WeakSet()
 
 include "_posix.pxi"
@@ -85,12 +91,12 @@ include "_tls.pxi"
 include "_discovery.pxi"
 include "_sentinel.pxi"
 include "_cluster.pxi"
+include "_replies.pxi"
 include "_route.pxi"
 include "_pool.pxi"
 include "_loopconn.pxi"
 include "_pipeline.pxi"
-include "_keeper_thread.pxi"
-include "_keeper.pxi"
+include "_lease.pxi"
 include "_renewer.pxi"
 include "_notices.pxi"
 
@@ -99,9 +105,7 @@ include "_notices.pxi"
 
 def _after_fork_in_child():
     for obj in list(_live):
-        if isinstance(obj, Keeper):
-            (<Keeper>obj).after_fork_in_child()
-        elif isinstance(obj, Pool):
+        if isinstance(obj, Pool):
             (<Pool>obj).after_fork_in_child()
         elif isinstance(obj, LoopConn):
             (<LoopConn>obj).after_fork_in_child()

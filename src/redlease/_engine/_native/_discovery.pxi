@@ -5,13 +5,15 @@
 # (_conn.pxi) is untouched but for a few hook points.
 #
 # One ``rl_disco`` per Target, shared by every connection made from it (the
-# Pool slots and the keepers' own connections, each holding a reference): so
+# Pool slots and the renewer's connections, each holding a reference): so
 # one answer from the sentinels, or one CLUSTER SLOTS, serves them all. Its
 # mutex guards the master address, the node table and the slot map; it is
 # held only to copy a few bytes in or out, never across I/O, so a thread
 # holding the GIL may block on it (see the lock discipline in _core.pyx).
 # Every question asked (sentinels, CLUSTER SLOTS) goes over a short-lived
 # connection of its own, under the deadline of the round trip it serves.
+#
+# Needs: _posix, _resp_encode, _resp_parse, _conn, _tls; _pool (exceptions).
 
 from libc.stdint cimport int16_t, uint16_t
 from libc.stdlib cimport malloc

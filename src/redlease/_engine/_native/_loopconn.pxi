@@ -18,17 +18,8 @@
 # (READONLY, MASTERDOWN, LOADING; MOVED, ASK, TRYAGAIN, CLUSTERDOWN) makes
 # the next connect look the server up again; the driver sends such a call
 # again the blocking way, which follows the topology, and reconnects.
-
-
-cdef bint ran_elsewhere(const char* p, long long n) noexcept nogil:
-    """Whether an error reply says the command did not run, and belongs on another server."""
-    return ((n >= 8 and memcmp(p, b"READONLY", 8) == 0)
-            or (n >= 10 and memcmp(p, b"MASTERDOWN", 10) == 0)
-            or (n >= 7 and memcmp(p, b"LOADING", 7) == 0)
-            or (n >= 6 and memcmp(p, b"MOVED ", 6) == 0)
-            or (n >= 4 and memcmp(p, b"ASK ", 4) == 0)
-            or (n >= 8 and memcmp(p, b"TRYAGAIN", 8) == 0)
-            or (n >= 11 and memcmp(p, b"CLUSTERDOWN", 11) == 0))
+#
+# Needs: _posix, _resp_encode, _resp_parse, _conn, _tls, _discovery, _sentinel, _cluster, _replies, _pool.
 
 
 cdef class LoopConn:
@@ -240,7 +231,7 @@ cdef class LoopConn:
                 replies.append(top.ival)
             elif top.kind == c'-':
                 replies.append(error_from_reply(c.r.data + off + top.off, <Py_ssize_t>top.ival))
-                if c.disco != NULL and ran_elsewhere(c.r.data + off + top.off, top.ival):
+                if c.disco != NULL and reply_ran_elsewhere(c.r.data + off, top):
                     # Not run here: the next connect looks the server up again.
                     if (<rl_disco*>c.disco).kind == DISCO_SENTINEL:
                         disco_forget_master(c.disco)

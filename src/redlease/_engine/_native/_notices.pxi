@@ -31,6 +31,8 @@
 # fd, which the driver sleeps on with the GIL released; the driver takes the
 # list (``NoticeBell.take()``: the tags of the fired subscriptions) and
 # wakes just those. The bell's mutex is taken inside a hub's, never around one.
+#
+# Needs: _posix, _resp_encode, _resp_parse, _conn, _tls, _discovery, _sentinel, _replies, _pool, _lease (states, fd_signal).
 
 cdef enum:
     NOTICE_PENDING = 8       # payloads a waiter keeps; more means "some were lost"
@@ -274,12 +276,6 @@ cdef bint error_has(rl_conn* c, rl_node* n, const char* text) noexcept nogil:
     return False
 
 
-cdef bint error_starts(rl_conn* c, rl_node* n, const char* text) noexcept nogil:
-    """Whether the error reply ``n`` begins with ``text``."""
-    cdef size_t k = strlen(text)
-    return n.kind == c'-' and n.ival >= 0 and <size_t>n.ival >= k and memcmp(c.r.data + n.off, text, k) == 0
-
-
 cdef enum:
     HUB_RESUBSCRIBE = 1      # hub_dispatch: subscribe every channel again, with SUBSCRIBE
 
@@ -312,7 +308,8 @@ cdef int hub_dispatch(rl_hub* h) noexcept nogil:
             h.sharded = 0
             pthread_mutex_unlock(&h.mu)
             return rc
-        if error_starts(c, top, b"MOVED ") or error_starts(c, top, b"ASK "):
+        rc = reply_node_class(c.r.data, top, EXPECT_ANY)
+        if rc == REPLY_MOVED or rc == REPLY_ASK:
             hub_moved(h, NULL, 0)
         return 0
     if top.kind != c'*' or top.ival != 3 or c.nodes.len < 4:

@@ -12,6 +12,8 @@
 # ran, and resending a part out of order is not a decision to take here. When
 # every reply is ASK (the slot is being migrated and the keys have left), the
 # batch goes once to the node named, each command after its own ASKING.
+#
+# Needs: _posix, _resp_encode, _resp_parse, _conn, _discovery, _sentinel, _cluster, _replies, _route, _pool.
 
 
 cdef struct rl_bcmd:
@@ -49,26 +51,9 @@ cdef void batch_free(rl_batch* b) noexcept nogil:
     b.n = 0
 
 
-cdef bint starts_with(const char* base, rl_node* top, const char* prefix) noexcept nogil:
-    cdef size_t n = strlen(prefix)
-    return <size_t>top.ival >= n and memcmp(base + top.off, prefix, n) == 0
-
-
-cdef int batch_classify(const char* base, rl_node* top, rl_disco* d) noexcept nogil:
-    """classify_reply for a reply parsed at ``base`` (not necessarily the buffer's start)."""
-    if top.kind != c'-' or d == NULL:
-        return REPLY_DONE
-    if d.kind == DISCO_CLUSTER:
-        if starts_with(base, top, b"MOVED "):
-            return REPLY_MOVED
-        if starts_with(base, top, b"ASK "):
-            return REPLY_ASK
-        if starts_with(base, top, b"CLUSTERDOWN") or starts_with(base, top, b"TRYAGAIN"):
-            return REPLY_RETRY
-    if (starts_with(base, top, b"READONLY") or starts_with(base, top, b"MASTERDOWN")
-            or starts_with(base, top, b"LOADING")):
-        return REPLY_RETRY
-    return REPLY_DONE
+cdef inline int batch_classify(const char* base, rl_node* top, rl_disco* d) noexcept nogil:
+    """reply_route_class for a reply parsed at ``base`` (not necessarily the buffer's start)."""
+    return reply_route_class(base, top, d)
 
 
 cdef int batch_keep(rl_conn* c, rl_batch* b, size_t i, const char* base, size_t n,
@@ -77,7 +62,7 @@ cdef int batch_keep(rl_conn* c, rl_batch* b, size_t i, const char* base, size_t 
     cdef rl_bcmd* cmd = &b.cmds[i]
     cdef rl_node* top = &c.nodes.items[0]
     cmd.kind = top.kind
-    cmd.noscript = top.kind == c'-' and starts_with(base, top, b"NOSCRIPT")
+    cmd.noscript = top.kind == c'-' and node_starts(base, top, b"NOSCRIPT")
     cmd.what = batch_classify(base, top, d)
     if top.kind == c':':
         cmd.ival = top.ival

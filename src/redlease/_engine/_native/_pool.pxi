@@ -5,6 +5,8 @@
 #
 # A slot's mutex is only ever waited for with the GIL released (see the lock
 # discipline in _core.pyx); with the GIL held it is only ``trylock``-ed.
+#
+# Needs: _posix, _resp_encode, _resp_parse, _conn, _tls, _discovery, _sentinel, _route.
 
 from redis.exceptions import ConnectionError as _RedisConnectionError
 from redis.exceptions import ResponseError as _RedisResponseError

@@ -1,7 +1,9 @@
 # C and system declarations: the monotonic clock, atomics, pthreads, poll,
 # sockets, eventfd. Small C helpers are defined inline where the POSIX call
 # needs glue (CLOCK_MONOTONIC condition variables and timed locks, a signal
-# mask for the keeper thread, ppoll with a nanosecond timeout).
+# mask for the renewer thread, ppoll with a nanosecond timeout).
+#
+# Needs: nothing: the bottom layer.
 
 from libc.errno cimport EINPROGRESS, EINTR, errno
 from libc.limits cimport LLONG_MAX
@@ -104,7 +106,7 @@ cdef extern from *:
     #endif
     }
 
-    /* The keeper thread blocks every signal: Python's handlers run on the
+    /* The renewer thread blocks every signal: Python's handlers run on the
        main thread, and a signal landing here would only cost an EINTR. */
     static int rl_spawn(pthread_t *t, void *(*fn)(void *), void *arg) {
         sigset_t all, old;

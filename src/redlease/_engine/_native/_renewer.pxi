@@ -10,13 +10,30 @@
 # state as atomics; everything else is guarded by the renewer's mutex ``mu``,
 # which the thread never holds across a wait for the server (the lock
 # discipline of _core.pyx): a Python thread may lock it with the GIL held.
+#
+# Needs: _posix, _resp_encode, _resp_parse, _conn, _tls, _discovery, _sentinel, _cluster, _replies, _pool, _pipeline (batch_prepare, batch_lost), _lease.
 
 cimport cython
 
+cdef extern from *:
+    """
+    #ifndef _GNU_SOURCE
+    #define _GNU_SOURCE
+    #endif
+    #include <pthread.h>
+    /* The renewer thread's name, as ps and /proc show it (at most 15 bytes). */
+    static void rl_name_renewer_thread(void) {
+    #if defined(__GLIBC__)
+        pthread_setname_np(pthread_self(), "redlease-renew");
+    #endif
+    }
+    """
+    void rl_name_renewer_thread() noexcept nogil
+
 cdef enum:
+    RENEW_NODES_MAX = 64
     RENEW_BATCH_MAX = 512
     RENEW_SCRIPTS_MAX = 8
-    LEASE_LATE_START = 16
 
 # Renewals due within this much of the earliest one are sent with it.
 cdef int64_t RENEW_WINDOW_NS = 1000000
@@ -24,40 +41,6 @@ cdef int64_t RENEW_WINDOW_NS = 1000000
 # connect fails at once; without a floor the thread would spin until the
 # deadline). The lease deadline is unchanged by it.
 cdef int64_t RENEW_RETRY_NS = 1000000
-
-
-cdef struct rl_lease:
-    # Read by Python without the lock: atomics only.
-    int64_t state
-    int64_t token
-    int64_t renewed_at
-    int64_t renewals
-    int64_t err_count_atomic
-    # Guarded by the renewer's mu.
-    uint64_t gen
-    int64_t interval_ns
-    int64_t ttl_ns
-    int64_t lease_deadline
-    int64_t next_send
-    int heap_idx          # position in the heap, -1 when not in it
-    int inflight          # part of the batch on the wire
-    int detached          # the Python object is gone: whoever lets go last frees
-    int closed
-    int wake_fd           # eventfd made on first use by Python (-1 until then)
-    int wake_pending      # a wake-up happened before the eventfd existed
-    uint64_t sent_gen     # the term the renewal on the wire is for
-    int64_t sched         # when that renewal was due
-    int64_t t_send
-    rl_buf cmd            # its EVALSHA, built once
-    double* late
-    size_t late_cap
-    uint64_t late_count
-    uint64_t late_hist[17]
-    double late_sum
-    int err_head
-    int err_count
-    rl_err* errs          # ERR_RING entries, allocated on the first error
-    int64_t* changes      # the renewer's change counter
 
 
 cdef struct rl_renewer:
@@ -82,81 +65,30 @@ cdef struct rl_renewer:
     int64_t sent_total    # renewals written (for tests and benchmarks)
     int64_t batches_total
     int saw_failover      # a reply of this batch said the server is no longer the master
+    int saw_unexpected    # a reply of this batch had a shape the script cannot give
+    # On a cluster: one connection per node that owns the slots of some lease.
+    int cluster
+    rl_rnode* nodes       # RENEW_NODES_MAX of them, made with the renewer
+    rl_lease* sorted[512] # the batch grouped by node
+
+
+cdef struct rl_rnode:
+    rl_conn conn
+    int used
+    int need_load         # SCRIPT LOAD every script before the next renewals here
+    int failed            # this batch: the connect failed
+    int drop              # this batch: a reply said the connection cannot be trusted
+    int loads_left        # SCRIPT LOAD replies still owed
+    size_t first          # its leases are batch[first:first + count]
+    size_t count
+    size_t done           # how many of them had their reply
+    int64_t deadline      # the earliest bound of its leases' round trip
 
 
 # ---------------------------------------------------------------- lease helpers (mu held)
 
 cdef inline int64_t lease_key(rl_lease* l) noexcept nogil:
     return l.next_send if l.next_send < l.lease_deadline else l.lease_deadline
-
-
-cdef void lease_wake(rl_lease* l) noexcept nogil:
-    # mu held: one counter tells a driver that some lease of the renewer
-    # changed, so it need not look at each of them to find out.
-    rl_store(l.changes, rl_load(l.changes) + 1)
-    if l.wake_fd >= 0:
-        fd_signal(l.wake_fd)
-    else:
-        l.wake_pending = 1
-
-
-cdef void lease_free(rl_lease* l) noexcept nogil:
-    if l.wake_fd >= 0:
-        close(l.wake_fd)
-        l.wake_fd = -1
-    buf_free(&l.cmd)
-    free(l.late)
-    free(l.errs)
-    free(l)
-
-
-cdef void lease_lose(rl_lease* l) noexcept nogil:
-    rl_store(&l.token, 0)
-    rl_store(&l.state, ST_LOST)
-    l.gen += 1
-    lease_wake(l)
-
-
-cdef void lease_record_error(rl_lease* l, int kind, const char* msg) noexcept nogil:
-    cdef int slot
-    if l.errs == NULL:
-        l.errs = <rl_err*>calloc(ERR_RING, sizeof(rl_err))
-        if l.errs == NULL:
-            return
-    slot = (l.err_head + l.err_count) % ERR_RING
-    if l.err_count == ERR_RING:
-        l.err_head = (l.err_head + 1) % ERR_RING
-        l.err_count -= 1
-    l.errs[slot].kind = kind
-    strncpy(l.errs[slot].msg, msg, ERR_MSG - 1)
-    l.errs[slot].msg[ERR_MSG - 1] = 0
-    l.err_count += 1
-    rl_store(&l.err_count_atomic, l.err_count)
-
-
-cdef void lease_record_lateness(rl_lease* l, double seconds) noexcept nogil:
-    cdef uint64_t idx = l.late_count
-    cdef size_t cap
-    cdef double* grown
-    cdef int b = 0
-    while b < LATE_BOUNDS_N and seconds > LATE_BOUNDS[b]:
-        b += 1
-    l.late_hist[b] += 1
-    l.late_sum += seconds
-    if idx < LATE_MAX:
-        if idx >= l.late_cap:
-            cap = l.late_cap * 2 if l.late_cap else LEASE_LATE_START
-            if cap > LATE_MAX:
-                cap = LATE_MAX
-            grown = <double*>realloc(l.late, cap * sizeof(double))
-            if grown == NULL:
-                return
-            l.late = grown
-            l.late_cap = cap
-        l.late[idx] = seconds
-    else:
-        l.late[idx % LATE_MAX] = seconds
-    l.late_count += 1
 
 
 # ---------------------------------------------------------------- the heap (mu held)
@@ -254,6 +186,21 @@ cdef void batch_release(rl_renewer* r, rl_lease* l) noexcept nogil:
         heap_fix(r, l)
 
 
+cdef void lease_failed(rl_lease* l, int kind, const char* msg, int64_t now) noexcept nogil:
+    """A failed renewal of ``l`` (mu held): tolerated until its deadline."""
+    if l.gen == l.sent_gen and rl_load(&l.state) == ST_ACTIVE and not l.closed:
+        # The failure is reported even when it ends the lease, as a
+        # keeper of its own reports the round trip its deadline cut short.
+        lease_record_error(l, kind, msg)
+        if now >= l.lease_deadline:
+            lease_lose(l)
+        else:
+            lease_wake(l)
+            l.next_send = l.sched + l.interval_ns
+            if l.next_send < now + RENEW_RETRY_NS:
+                l.next_send = now + RENEW_RETRY_NS
+
+
 cdef void batch_fail(rl_renewer* r, size_t first, int kind, const char* msg) noexcept nogil:
     """Every lease of the batch from ``first`` on: a failed renewal (mu held)."""
     cdef size_t i
@@ -261,39 +208,48 @@ cdef void batch_fail(rl_renewer* r, size_t first, int kind, const char* msg) noe
     cdef int64_t now = rl_now_ns()
     for i in range(first, r.batch_len):
         l = r.batch[i]
-        if l.gen == l.sent_gen and rl_load(&l.state) == ST_ACTIVE and not l.closed:
-            # The failure is reported even when it ends the lease, as a
-            # keeper of its own reports the round trip its deadline cut short.
-            lease_record_error(l, kind, msg)
-            if now >= l.lease_deadline:
-                lease_lose(l)
-            else:
-                lease_wake(l)
-                l.next_send = l.sched + l.interval_ns
-                if l.next_send < now + RENEW_RETRY_NS:
-                    l.next_send = now + RENEW_RETRY_NS
+        lease_failed(l, kind, msg, now)
         batch_release(r, l)
     r.batch_len = 0
+
+
+cdef void lease_renewed(rl_lease* l) noexcept nogil:
+    """A reply of 1 (mu held): the lease runs to its send time + ttl."""
+    cdef int64_t now
+    if l.t_send + l.ttl_ns > l.lease_deadline:
+        rl_store(&l.lease_deadline, l.t_send + l.ttl_ns)
+    rl_store(&l.renewed_at, l.t_send)
+    rl_store(&l.renewals, rl_load(&l.renewals) + 1)
+    l.redirects = 0
+    l.next_send = l.sched + l.interval_ns
+    now = rl_now_ns()
+    if l.next_send < now:
+        l.next_send = now
+
+
+cdef void lease_unexpected(rl_lease* l, rl_conn* c) noexcept nogil:
+    """A reply the renew script cannot give (mu held): an error, and the stream is not trusted."""
+    cdef char msg[ERR_MSG]
+    reply_describe(c, "renew", "0 or 1", msg, ERR_MSG)
+    lease_failed(l, RL_EUNEXPECTED, msg, rl_now_ns())
 
 
 cdef void lease_apply_reply(rl_renewer* r, rl_lease* l, rl_conn* c) noexcept nogil:
     """The buffered reply to ``l``'s renewal (mu held)."""
     cdef rl_node* top = &c.nodes.items[0]
-    cdef int64_t now
+    cdef int what
     if l.gen != l.sent_gen or rl_load(&l.state) != ST_ACTIVE or l.closed:
         return
-    if top.kind == c':' and top.ival == 1:
-        if l.t_send + l.ttl_ns > l.lease_deadline:
-            rl_store(&l.lease_deadline, l.t_send + l.ttl_ns)
-        rl_store(&l.renewed_at, l.t_send)
-        rl_store(&l.renewals, rl_load(&l.renewals) + 1)
-        l.next_send = l.sched + l.interval_ns
-        now = rl_now_ns()
-        if l.next_send < now:
-            l.next_send = now
+    what = reply_class(c, EXPECT_0_OR_1)
+    if what == REPLY_DONE:
+        if top.ival == 1:
+            lease_renewed(l)
+        else:
+            lease_lose(l)
         return
-    if top.kind == c':' and top.ival == 0:
-        lease_lose(l)
+    if what == REPLY_UNEXPECTED:
+        lease_unexpected(l, c)
+        r.saw_unexpected = 1
         return
     if reply_is_noscript(c):
         # The server lost its scripts (SCRIPT FLUSH, a restart): load them
@@ -301,24 +257,16 @@ cdef void lease_apply_reply(rl_renewer* r, rl_lease* l, rl_conn* c) noexcept nog
         r.need_load = 1
         l.next_send = rl_now_ns()
         return
-    if top.kind == c'-':
-        conn_fail_with_reply(c)
-        if reply_is_failover(c):
-            # READONLY / MASTERDOWN / NOREPLICAS: this server is no longer the
-            # master the lease was granted on; the term ends now, not at its
-            # deadline.
-            lease_record_error(l, c.err_kind, c.err_msg)
-            lease_lose(l)
-            r.saw_failover = 1
-            return
-    else:
-        conn_fail(c, RL_EUNEXPECTED, "unexpected reply to a renewal (expected 1 or 0)")
-    lease_record_error(l, c.err_kind, c.err_msg)
-    lease_wake(l)
-    now = rl_now_ns()
-    l.next_send = l.sched + l.interval_ns
-    if l.next_send < now + RENEW_RETRY_NS:
-        l.next_send = now + RENEW_RETRY_NS
+    conn_fail_with_reply(c)
+    if what == REPLY_FAILOVER:
+        # READONLY / MASTERDOWN / NOREPLICAS: this server is no longer the
+        # master the lease was granted on; the term ends now, not at its
+        # deadline.
+        lease_record_error(l, c.err_kind, c.err_msg)
+        lease_lose(l)
+        r.saw_failover = 1
+        return
+    lease_failed(l, c.err_kind, c.err_msg, rl_now_ns())
 
 
 cdef void renewer_lost(rl_renewer* r) noexcept nogil:
@@ -396,6 +344,433 @@ cdef int renewer_send_batch(rl_renewer* r, int64_t* deadline, int* nloads) noexc
     return <int>(r.out.len - <size_t>sent)
 
 
+# ---------------------------------------------------------------- on a cluster
+
+# A lease's renewal goes to the node that owns its key's slot, over that
+# node's one connection. A batch is grouped by node: one write per node, and
+# the replies are read from whichever node answers first, each node's under
+# the deadline of its own leases, so a slow or dead node holds up only the
+# renewals on it (for at most one round trip's bound; see cluster_round).
+
+cdef int rnode_find(rl_renewer* r, const rl_addr* a) noexcept nogil:
+    """The index of the node connection to ``a``, taking a free one when new; -1 if none is left."""
+    cdef int i, free_at = -1, idle_at = -1
+    cdef rl_rnode* n
+    for i in range(RENEW_NODES_MAX):
+        n = &r.nodes[i]
+        if n.used:
+            if n.conn.port == a.port and strcmp(n.conn.host, a.host) == 0:
+                return i
+            if idle_at < 0 and n.count == 0:
+                idle_at = i
+        elif free_at < 0:
+            free_at = i
+    if free_at < 0:
+        # A node table this full means nodes went away: reuse an idle one.
+        free_at = idle_at
+    if free_at < 0:
+        return -1
+    n = &r.nodes[free_at]
+    conn_set_addr(&n.conn, a)
+    n.used = 1
+    n.need_load = 1
+    return free_at
+
+
+cdef int64_t lease_trip_bound(rl_lease* l, int64_t now) noexcept nogil:
+    # A round trip may never outlive a lease: its deadline, or one interval.
+    cdef int64_t d = now + l.interval_ns
+    return d if d < l.lease_deadline else l.lease_deadline
+
+
+cdef void node_fail(rl_renewer* r, rl_rnode* n, int kind, const char* msg) noexcept nogil:
+    """The leases of ``n`` still without a reply: a failed renewal (mu held)."""
+    cdef size_t i
+    cdef rl_lease* l
+    cdef int64_t now = rl_now_ns()
+    for i in range(n.first + n.done, n.first + n.count):
+        l = r.batch[i]
+        lease_failed(l, kind, msg, now)
+        batch_release(r, l)
+    n.done = n.count
+    cluster_forget(<rl_disco*>r.conn.disco)
+
+
+cdef void cluster_apply_reply(rl_renewer* r, rl_rnode* n, rl_lease* l, rl_conn* c) noexcept nogil:
+    """The buffered reply to ``l``'s renewal on node ``n`` (mu held)."""
+    cdef rl_node* top = &c.nodes.items[0]
+    cdef rl_disco* d = <rl_disco*>r.conn.disco
+    cdef rl_addr there
+    cdef int what, slot, idx
+    cdef int64_t now
+    if l.gen != l.sent_gen or rl_load(&l.state) != ST_ACTIVE or l.closed:
+        return
+    what = reply_class(c, EXPECT_0_OR_1)
+    if what == REPLY_DONE:
+        if top.ival == 1:
+            lease_renewed(l)
+        else:
+            lease_lose(l)
+        return
+    if what == REPLY_UNEXPECTED:
+        lease_unexpected(l, c)
+        n.drop = 1
+        return
+    if reply_is_noscript(c):
+        n.need_load = 1
+        l.next_send = rl_now_ns()
+        return
+    if what == REPLY_MOVED or what == REPLY_ASK:
+        l.redirects += 1
+        if (l.redirects <= MAX_REDIRECTS
+                and parse_redirect(c, 6 if what == REPLY_MOVED else 4, &slot, &there) == 0):
+            if what == REPLY_MOVED:
+                # The slot has a new owner: the map says so, and this lease's
+                # renewal goes there at once (within its own deadline).
+                pthread_mutex_lock(&d.mu)
+                idx = node_index(d, there.host, there.port)
+                if idx >= 0:
+                    d.owner[slot] = <int16_t>idx
+                else:
+                    d.stale = 1
+                pthread_mutex_unlock(&d.mu)
+            else:
+                # Mid-migration: this renewal alone goes to the importing
+                # node, after ASKING; the map is unchanged.
+                l.ask_node = rnode_find(r, &there)
+            l.next_send = rl_now_ns()
+            return
+    conn_fail_with_reply(c)
+    if what == REPLY_FAILOVER:
+        lease_record_error(l, c.err_kind, c.err_msg)
+        lease_lose(l)
+        cluster_forget(d)
+        n.drop = 1
+        return
+    if what == REPLY_RETRY:
+        # Not executed (CLUSTERDOWN, TRYAGAIN, LOADING...): ask for the slot
+        # map again and resend after a pause, until the deadline.
+        lease_record_error(l, c.err_kind, c.err_msg)
+        lease_wake(l)
+        cluster_forget(d)
+        now = rl_now_ns()
+        l.next_send = now + RETRY_PAUSE_NS
+        return
+    lease_failed(l, c.err_kind, c.err_msg, rl_now_ns())
+
+
+cdef int node_try_send(rl_conn* c, const char* data, size_t n) noexcept nogil:
+    """Write what the socket takes without blocking; bytes still to send, or -1."""
+    cdef ssize_t sent = 0
+    if c.ssl != NULL:
+        sent = tls_try_send(c, data, n)
+        if sent < 0:
+            return -1
+        return <int>(n - <size_t>sent)
+    while True:
+        sent = send(c.fd, data, n, MSG_NOSIGNAL | MSG_DONTWAIT)
+        if sent >= 0 or errno != EINTR:
+            break
+    if sent < 0:
+        if not rl_would_block(errno):
+            return conn_io_error(c, errno, "writing to")
+        sent = 0
+    return <int>(n - <size_t>sent)
+
+
+cdef int node_encode(rl_renewer* r, rl_rnode* n) noexcept nogil:
+    """Encode ``n``'s part of the batch into r.out (mu held), dropping ended terms; -1: no memory."""
+    cdef size_t i, kept = 0
+    cdef int j
+    cdef rl_lease* l
+    cdef int64_t now
+    r.out.len = 0
+    n.loads_left = 0
+    if n.need_load:
+        for j in range(r.nscripts):
+            if buf_put(&r.out, r.loads[j].data, r.loads[j].len) < 0:
+                return -1
+        n.loads_left = r.nscripts
+    for i in range(n.first, n.first + n.count):
+        l = r.batch[i]
+        if l.gen != l.sent_gen or rl_load(&l.state) != ST_ACTIVE or l.closed:
+            batch_release(r, l)
+            continue
+        if l.asking and buf_put(&r.out, ASKING_CMD, strlen(ASKING_CMD)) < 0:
+            return -1
+        if buf_put(&r.out, l.cmd.data, l.cmd.len) < 0:
+            return -1
+        r.batch[n.first + kept] = l
+        kept += 1
+    n.count = kept
+    now = rl_now_ns()
+    for i in range(n.first, n.first + kept):
+        l = r.batch[i]
+        l.t_send = now
+        lease_record_lateness(l, <double>(now - l.sched) / 1e9 if now > l.sched else 0.0)
+    r.sent_total += <int64_t>kept
+    if kept:
+        r.batches_total += 1
+    return 0
+
+
+cdef int node_reply_buffered(rl_conn* c) noexcept nogil:
+    """Whether a whole reply is already in ``c``'s buffer (parsed into its nodes)."""
+    cdef Py_ssize_t rc
+    if c.reply_len != 0 or c.r.len == 0:
+        return 0
+    rc = resp_parse(c.r.data, c.r.len, &c.nodes)
+    if rc > 0:
+        c.reply_len = <size_t>rc
+        return 1
+    return 0
+
+
+cdef void node_take_reply(rl_renewer* r, rl_rnode* n) noexcept nogil:
+    """Apply the buffered reply of ``n`` to what it answers (mu held)."""
+    cdef rl_conn* c = &n.conn
+    cdef rl_lease* l
+    if n.loads_left > 0:
+        n.loads_left -= 1
+        if n.loads_left == 0:
+            n.need_load = 0
+        conn_consume(c)
+        return
+    l = r.batch[n.first + n.done]
+    if l.asking == 1:
+        # ASKING's own reply; the renewal's follows.
+        l.asking = 2
+        conn_consume(c)
+        return
+    cluster_apply_reply(r, n, l, c)
+    conn_consume(c)
+    batch_release(r, l)
+    n.done += 1
+    if n.drop:
+        # Whatever follows on this connection cannot be trusted (a reply of
+        # the wrong shape), or is not the master's (a failover reply).
+        n.drop = 0
+        conn_drop(c)
+        n.need_load = 1
+        if n.done < n.count:
+            node_fail(r, n, RL_ECONN, "connection dropped after a renewal reply it could not trust")
+
+
+cdef void cluster_round(rl_renewer* r) noexcept nogil:
+    """Renew the batch on a cluster (mu held on entry and on return; released for I/O)."""
+    cdef rl_disco* d = <rl_disco*>r.conn.disco
+    cdef rl_lease* l
+    cdef rl_rnode* n
+    cdef rl_addr a
+    cdef pollfd fds[65]
+    cdef int which[64]
+    cdef size_t i, pos, total
+    cdef int k, idx, own, need, nfds, rc, left, pending
+    cdef int64_t now, bound, overall, wait_until_ns
+    cdef char msg[ERR_MSG]
+    now = rl_now_ns()
+    overall = 0
+    need = 0
+    pthread_mutex_lock(&d.mu)
+    need = d.stale or d.nnodes == 0
+    for i in range(r.batch_len):
+        l = r.batch[i]
+        bound = lease_trip_bound(l, now)
+        if overall == 0 or bound < overall:
+            overall = bound
+        if l.ask_node < 0 and l.slot >= 0 and d.owner[l.slot] < 0:
+            need = 1
+    pthread_mutex_unlock(&d.mu)
+    if need:
+        pthread_mutex_unlock(&r.mu)
+        cluster_refresh(&r.conn, d, overall)
+        pthread_mutex_lock(&r.mu)
+        if r.stop:
+            batch_fail(r, 0, RL_ECANCELLED, "cancelled")
+            return
+    # Route: every lease to the node connection of its slot's owner.
+    for k in range(RENEW_NODES_MAX):
+        n = &r.nodes[k]
+        n.count = 0
+        n.done = 0
+        n.failed = 0
+        n.drop = 0
+        n.deadline = 0
+    now = rl_now_ns()
+    total = 0
+    for i in range(r.batch_len):
+        l = r.batch[i]
+        idx = -1
+        l.asking = 0
+        if l.ask_node >= 0:
+            idx = l.ask_node
+            l.ask_node = -1
+            l.asking = 1
+        else:
+            pthread_mutex_lock(&d.mu)
+            own = d.owner[l.slot] if l.slot >= 0 else (0 if d.nnodes > 0 else -1)
+            if own >= 0:
+                a = d.nodes[own]
+            pthread_mutex_unlock(&d.mu)
+            if own >= 0:
+                idx = rnode_find(r, &a)
+        l.node = idx
+        if idx < 0:
+            snprintf(msg, ERR_MSG, "Cluster: no node serves slot %d (%s)", l.slot, r.conn.err_msg)
+            lease_failed(l, RL_ECONN, msg, now)
+            batch_release(r, l)
+            continue
+        n = &r.nodes[idx]
+        n.count += 1
+        bound = lease_trip_bound(l, now)
+        if n.deadline == 0 or bound < n.deadline:
+            n.deadline = bound
+        r.sorted[total] = l
+        total += 1
+    # Group by node (stable), each node's leases one range of the batch.
+    pos = 0
+    for k in range(RENEW_NODES_MAX):
+        n = &r.nodes[k]
+        n.first = pos
+        pos += n.count
+        n.count = 0
+    for i in range(total):
+        l = r.sorted[i]
+        n = &r.nodes[l.node]
+        r.batch[n.first + n.count] = l
+        n.count += 1
+    r.batch_len = total
+    # Connect where there is no connection yet (each under its own bound).
+    pthread_mutex_unlock(&r.mu)
+    for k in range(RENEW_NODES_MAX):
+        n = &r.nodes[k]
+        if n.count == 0:
+            continue
+        conn_probe_idle(&n.conn)
+        if n.conn.fd < 0:
+            n.need_load = 1
+            if conn_connect(&n.conn, n.deadline) < 0:
+                n.failed = 1
+        if r.stop:
+            break
+    pthread_mutex_lock(&r.mu)
+    # One write per node; the first part under the lock, so that once end()
+    # has returned nothing more is sent for that term.
+    for k in range(RENEW_NODES_MAX):
+        n = &r.nodes[k]
+        if n.count == 0:
+            continue
+        if r.stop:
+            node_fail(r, n, RL_ECANCELLED, "cancelled")
+            continue
+        if n.failed:
+            node_fail(r, n, n.conn.err_kind, n.conn.err_msg)
+            continue
+        if node_encode(r, n) < 0:
+            conn_fail(&n.conn, RL_ENOMEM, "out of memory encoding renewals")
+            node_fail(r, n, n.conn.err_kind, n.conn.err_msg)
+            continue
+        if n.count == 0 and n.loads_left == 0:
+            continue
+        left = node_try_send(&n.conn, r.out.data, r.out.len)
+        if left > 0:
+            pthread_mutex_unlock(&r.mu)
+            rc = conn_send(&n.conn, r.out.data + (r.out.len - <size_t>left), <size_t>left, n.deadline)
+            pthread_mutex_lock(&r.mu)
+            if rc < 0:
+                left = -1
+        if left < 0:
+            node_fail(r, n, n.conn.err_kind, n.conn.err_msg)
+            n.count = 0
+            n.loads_left = 0
+    # Read the replies as they come, from any node; each node's up to its bound.
+    while True:
+        now = rl_now_ns()
+        nfds = 0
+        pending = 0
+        wait_until_ns = 0
+        for k in range(RENEW_NODES_MAX):
+            n = &r.nodes[k]
+            if n.done >= n.count and n.loads_left == 0:
+                continue
+            if n.conn.fd < 0:
+                node_fail(r, n, n.conn.err_kind, n.conn.err_msg)
+                n.loads_left = 0
+                continue
+            while (n.done < n.count or n.loads_left > 0) and node_reply_buffered(&n.conn):
+                node_take_reply(r, n)
+            if n.done >= n.count and n.loads_left == 0:
+                continue
+            if n.conn.fd < 0:
+                continue  # dropped by its last reply; the rest failed already
+            if now >= n.deadline:
+                conn_timeout(&n.conn, "reading from")
+                node_fail(r, n, n.conn.err_kind, n.conn.err_msg)
+                n.loads_left = 0
+                continue
+            pending += 1
+            if wait_until_ns == 0 or n.deadline < wait_until_ns:
+                wait_until_ns = n.deadline
+            if n.conn.ssl != NULL:
+                # TLS may hold a whole record already read: read it blockingly
+                # (bounded by this node's deadline) rather than poll.
+                pthread_mutex_unlock(&r.mu)
+                rc = conn_read_reply(&n.conn, n.deadline)
+                pthread_mutex_lock(&r.mu)
+                if rc < 0:
+                    node_fail(r, n, n.conn.err_kind, n.conn.err_msg)
+                    n.loads_left = 0
+                else:
+                    node_take_reply(r, n)
+                continue
+            fds[nfds].fd = n.conn.fd
+            fds[nfds].events = POLLIN
+            fds[nfds].revents = 0
+            which[nfds] = k
+            nfds += 1
+        if pending == 0:
+            break
+        if nfds == 0:
+            continue
+        fds[nfds].fd = r.ctl_fd
+        fds[nfds].events = POLLIN
+        fds[nfds].revents = 0
+        pthread_mutex_unlock(&r.mu)
+        now = rl_now_ns()
+        rc = rl_ppoll(fds, nfds + 1, wait_until_ns - now if wait_until_ns > now else 0)
+        pthread_mutex_lock(&r.mu)
+        if rc < 0 and errno != EINTR:
+            rc = 0
+        if fds[nfds].revents != 0 or r.stop:
+            for k in range(RENEW_NODES_MAX):
+                n = &r.nodes[k]
+                if n.done < n.count:
+                    node_fail(r, n, RL_ECANCELLED, "cancelled")
+                n.loads_left = 0
+            break
+        for k in range(nfds):
+            if fds[k].revents == 0:
+                continue
+            n = &r.nodes[which[k]]
+            # Readable: what has arrived is read (a partial reply is waited
+            # for, bounded by this node's deadline).
+            pthread_mutex_unlock(&r.mu)
+            rc = conn_read_reply(&n.conn, n.deadline)
+            pthread_mutex_lock(&r.mu)
+            if rc < 0:
+                node_fail(r, n, n.conn.err_kind, n.conn.err_msg)
+                n.loads_left = 0
+            else:
+                node_take_reply(r, n)
+    for k in range(RENEW_NODES_MAX):
+        n = &r.nodes[k]
+        n.count = 0
+        n.done = 0
+        if n.conn.fd >= 0:
+            n.conn.last_used = rl_now_ns()
+    r.batch_len = 0
+
+
 cdef void* renewer_main(void* arg) noexcept nogil:
     cdef rl_renewer* r = <rl_renewer*>arg
     cdef rl_conn* c = &r.conn
@@ -404,6 +779,7 @@ cdef void* renewer_main(void* arg) noexcept nogil:
     cdef int64_t now, deadline, d, wake_at
     cdef int rc, left, nloads, j, fd
     cdef size_t i
+    rl_name_renewer_thread()
     pthread_mutex_lock(&r.mu)
     while not r.stop:
         if r.heap_len == 0:
@@ -440,11 +816,14 @@ cdef void* renewer_main(void* arg) noexcept nogil:
                 deadline = d
         if r.batch_len == 0:
             continue
+        if r.cluster:
+            cluster_round(r)
+            continue
         fd = c.fd
         pthread_mutex_unlock(&r.mu)
         # Behind Sentinel this asks the sentinels where the master is when
         # the connection is new (and re-checks now and then): the renewals
-        # follow the master, as a keeper's own connection does.
+        # follow the master.
         rc = batch_prepare(c, <rl_disco*>c.disco, deadline)
         pthread_mutex_lock(&r.mu)
         if fd < 0 or c.fd != fd:
@@ -482,8 +861,9 @@ cdef void* renewer_main(void* arg) noexcept nogil:
             renewer_lost(r)
             continue
         r.saw_failover = 0
+        r.saw_unexpected = 0
         i = 0
-        while i < r.batch_len:
+        while i < r.batch_len and not r.saw_unexpected:
             pthread_mutex_unlock(&r.mu)
             rc = conn_read_reply(c, deadline)
             pthread_mutex_lock(&r.mu)
@@ -494,7 +874,13 @@ cdef void* renewer_main(void* arg) noexcept nogil:
             conn_consume(c)
             batch_release(r, l)
             i += 1
-        if i < r.batch_len:
+        if r.saw_unexpected:
+            # The replies after it cannot be matched to their renewals.
+            conn_drop(c)
+            r.need_load = 1
+            if i < r.batch_len:
+                batch_fail(r, i, RL_ECONN, "connection dropped after an unexpected renewal reply")
+        elif i < r.batch_len:
             batch_fail(r, i, c.err_kind, c.err_msg)
             renewer_lost(r)
         if r.saw_failover:
@@ -511,9 +897,13 @@ cdef void* renewer_main(void* arg) noexcept nogil:
 # ---------------------------------------------------------------- Python faces
 
 cdef class Renewer:
-    """One native thread and one connection that renew every ``Lease`` made from it.
+    """One native thread that renews every ``Lease`` made from it.
 
-    Renewals falling due together are pipelined in one write. The thread
+    On a fixed address or behind Sentinel it renews over one connection
+    (which follows the master the sentinels name); on a cluster over one
+    connection per slot-owning master, each lease sent to its key's slot's
+    owner, MOVED and ASK followed per lease. Renewals falling due together
+    are pipelined in one write per connection. The thread
     starts with the first term begun and is joined by ``close()``. After
     ``os.fork()`` the child's copy is inert: no thread, its socket dropped
     without a byte sent, and every lease of it ended.
@@ -531,7 +921,7 @@ cdef class Renewer:
 
     def __init__(self, Target target not None):
         cdef rl_renewer* r = <rl_renewer*>calloc(1, sizeof(rl_renewer))
-        cdef int rc
+        cdef int rc, j
         if r == NULL:
             raise MemoryError()
         r.ctl_fd = -1
@@ -545,10 +935,19 @@ cdef class Renewer:
         if r.ctl_fd < 0:
             raise OSError(errno, strerror(errno).decode("utf-8", "replace"))
         r.conn.cancel_fd = r.ctl_fd
-        if r.conn.disco != NULL and (<rl_disco*>r.conn.disco).kind != DISCO_SENTINEL:
-            # A cluster's leases live on as many masters as their slots.
-            raise ValueError("the shared renewer serves a fixed address or a Sentinel master only")
-        if r.conn.disco == NULL:
+        if r.conn.disco != NULL and (<rl_disco*>r.conn.disco).kind == DISCO_CLUSTER:
+            # A cluster's leases live on as many masters as their slots: one
+            # connection per node, made here (the thread never takes the GIL
+            # to make one), opened when a lease's slot first needs it. The
+            # renewer's own connection only asks for the slot map.
+            r.cluster = 1
+            r.nodes = <rl_rnode*>calloc(RENEW_NODES_MAX, sizeof(rl_rnode))
+            if r.nodes == NULL:
+                raise MemoryError()
+            for j in range(RENEW_NODES_MAX):
+                target.init_conn(&r.nodes[j].conn)
+                r.nodes[j].conn.cancel_fd = r.ctl_fd
+        elif r.conn.disco == NULL:
             # Resolve now, on the caller's thread: name lookups have no
             # deadline. (Behind Sentinel the address comes from the
             # sentinels, as an IP address, when the thread connects.)
@@ -567,6 +966,10 @@ cdef class Renewer:
         self.stop_thread()
         self.r = NULL
         conn_free(&r.conn)
+        if r.nodes != NULL:
+            for j in range(RENEW_NODES_MAX):
+                conn_free(&r.nodes[j].conn)
+            free(r.nodes)
         for j in range(r.nscripts):
             buf_free(&r.loads[j])
         buf_free(&r.out)
@@ -662,6 +1065,27 @@ cdef class Renewer:
         return self.r.sent_total, self.r.batches_total
 
     @property
+    def connections(self):
+        """``[(server address, fd)]`` of the renewer's open connections (a snapshot)."""
+        cdef rl_renewer* r = self.r
+        cdef int j
+        out = []
+        if r == NULL:
+            return out
+        pthread_mutex_lock(&r.mu)
+        try:
+            if r.nodes != NULL:
+                for j in range(RENEW_NODES_MAX):
+                    if r.nodes[j].conn.fd >= 0:
+                        out.append((r.nodes[j].conn.address.decode("utf-8", "replace"),
+                                    r.nodes[j].conn.fd))
+            elif r.conn.fd >= 0:
+                out.append((r.conn.address.decode("utf-8", "replace"), r.conn.fd))
+        finally:
+            pthread_mutex_unlock(&r.mu)
+        return out
+
+    @property
     def changes(self):
         """A counter bumped by every wake-up of any of the renewer's leases."""
         if self.r == NULL:
@@ -680,6 +1104,7 @@ cdef class Renewer:
         """
         cdef rl_renewer* r = self.r
         cdef rl_lease* l
+        cdef int j
         if r == NULL or self._closed:
             return
         self._closed = True
@@ -694,9 +1119,13 @@ cdef class Renewer:
         pthread_mutex_unlock(&r.mu)
         self.stop_thread()
         conn_drop(&r.conn)
+        if r.nodes != NULL:
+            for j in range(RENEW_NODES_MAX):
+                conn_drop(&r.nodes[j].conn)
 
     cdef void after_fork_in_child(self) noexcept:
         cdef rl_renewer* r = self.r
+        cdef int j
         if r == NULL:
             return
         pthread_mutex_init(&r.mu, NULL)
@@ -708,16 +1137,22 @@ cdef class Renewer:
         self._forked = True
         tls_forget_after_fork(&r.conn)
         conn_drop(&r.conn)
+        if r.nodes != NULL:
+            for j in range(RENEW_NODES_MAX):
+                tls_forget_after_fork(&r.nodes[j].conn)
+                conn_drop(&r.nodes[j].conn)
 
 
 @cython.no_gc_clear
 cdef class Lease:
-    """One lease renewed by a shared ``Renewer``: the Keeper protocol without a thread of its own.
+    """One lease renewed by a shared ``Renewer`` (the engine's ``Keeper`` protocol).
 
-    Same semantics as ``Keeper``: ``begin()`` sends the first renewal at once,
-    then one every ``interval`` on absolute deadlines; a reply of 1 extends
-    the lease to (send time + ``ttl``), 0 loses it at once, errors are
-    tolerated until the lease deadline. ``fileno()`` makes the lease's
+    ``begin()`` sends the first renewal at once, then one every ``interval``
+    on absolute deadlines; a reply of 1 extends the lease to (send time +
+    ``ttl``), 0 loses it at once, a failover reply (READONLY, MASTERDOWN,
+    NOREPLICAS) loses it at once; errors, a reply of any other shape
+    included, are tolerated until the lease deadline. ``token`` and
+    ``state`` are atomics: reading them never waits. ``fileno()`` makes the lease's
     eventfd on first use, so a lease nobody waits on costs no descriptor.
     """
 
@@ -756,6 +1191,8 @@ cdef class Lease:
         self.l = l
         self.renewer = renewer
         l.changes = &renewer.r.changes
+        l.slot = disco_slot_for(renewer.r.conn.disco, keys)
+        l.ask_node = -1
         put_evalsha(&l.cmd, ref.sha, ref.source, keys, args, &cmd)
         renewer.add_script(ref)
         _live.add(self)
@@ -828,11 +1265,6 @@ cdef class Lease:
         if self.renewer is None or self.renewer.r == NULL:
             return 0
         return rl_load(&self.renewer.r.changes)
-
-    @property
-    def has_errors(self):
-        """Whether failed renewals wait to be popped (a lock-free peek)."""
-        return self.l != NULL and rl_load(&self.l.err_count_atomic) != 0
 
     @property
     def closed(self):
@@ -1105,6 +1537,7 @@ cdef class Lease:
         l.inflight = 0
         self._forked = True
         self._waiters = 0
+        l.wake_pending = 0  # the parent's wake-ups, not the child's
         if l.wake_fd >= 0:
             # Shared with the parent: waking it would wake the parent.
             close(l.wake_fd)

@@ -1,6 +1,8 @@
 # Growable C buffers, and Python values -> the RESP2 bytes of a command.
 # Commands are written with the GIL held (the arguments are Python objects)
 # and sent later without it, from the same buffer.
+#
+# Needs: nothing but libc.
 
 # ---------------------------------------------------------------- buffers (no GIL)
 

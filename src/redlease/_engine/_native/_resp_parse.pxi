@@ -1,6 +1,8 @@
 # RESP2 parsing: a reply's bytes -> a flat array of C nodes, without the GIL,
 # so a connection can tell a whole reply from a partial one while the GIL is
 # released; then nodes -> Python objects, with the GIL, in the calling thread.
+#
+# Needs: _posix.
 
 try:
     from redis._parsers import BaseParser as _BaseParser

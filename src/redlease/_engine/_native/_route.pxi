@@ -1,60 +1,10 @@
 # One routed round trip (no GIL): send to the server discovery chose, and
-# react to what comes back (MOVED, ASK, READONLY, TRYAGAIN...).
+# react to what comes back (MOVED, ASK, READONLY, TRYAGAIN...; see _replies.pxi).
+#
+# Needs: _posix, _resp_encode, _conn, _discovery, _sentinel, _cluster, _replies.
 
-cdef enum:
-    REPLY_DONE = 0
-    REPLY_MOVED = 1
-    REPLY_ASK = 2
-    REPLY_RETRY = 3       # not executed, the server is not (yet) the one: ask again, resend
-
-
-cdef bint reply_starts(rl_conn* c, const char* prefix) noexcept nogil:
-    cdef rl_node* top = &c.nodes.items[0]
-    cdef size_t n = strlen(prefix)
-    return <size_t>top.ival >= n and memcmp(c.r.data + top.off, prefix, n) == 0
-
-
-cdef bint reply_mentions(rl_conn* c, const char* needle) noexcept nogil:
-    cdef rl_node* top = &c.nodes.items[0]
-    cdef size_t n = strlen(needle)
-    cdef size_t size = <size_t>top.ival
-    cdef size_t i
-    cdef const char* text = c.r.data + top.off
-    if size < n:
-        return False
-    for i in range(size - n + 1):
-        if text[i] == needle[0] and memcmp(text + i, needle, n) == 0:
-            return True
-    return False
-
-
-cdef bint reply_is_failover(rl_conn* c) noexcept nogil:
-    """A READONLY, MASTERDOWN or NOREPLICAS error reply: no longer the lease's master.
-
-    At the start of the reply (a command; a script on Redis 7), or wrapped in
-    a script error as Redis 6 does it ("ERR Error running script ...:
-    @user_script:1: -READONLY You can't ...").
-    """
-    if c.nodes.items[0].kind != c'-':
-        return False
-    return (reply_starts(c, b"READONLY") or reply_starts(c, b"MASTERDOWN")
-            or reply_starts(c, b"NOREPLICAS") or reply_mentions(c, b": -READONLY ")
-            or reply_mentions(c, b": -MASTERDOWN ") or reply_mentions(c, b": -NOREPLICAS "))
-
-
-cdef int classify_reply(rl_conn* c, rl_disco* d) noexcept nogil:
-    if c.nodes.items[0].kind != c'-':
-        return REPLY_DONE
-    if d.kind == DISCO_CLUSTER:
-        if reply_starts(c, b"MOVED "):
-            return REPLY_MOVED
-        if reply_starts(c, b"ASK "):
-            return REPLY_ASK
-        if reply_starts(c, b"CLUSTERDOWN") or reply_starts(c, b"TRYAGAIN"):
-            return REPLY_RETRY
-    if reply_starts(c, b"READONLY") or reply_starts(c, b"MASTERDOWN") or reply_starts(c, b"LOADING"):
-        return REPLY_RETRY
-    return REPLY_DONE
+cdef inline int classify_reply(rl_conn* c, rl_disco* d) noexcept nogil:
+    return reply_route_class(c.r.data, &c.nodes.items[0], d)
 
 
 cdef int send_command(rl_conn* c, const char* data, size_t n, int64_t deadline,
@@ -171,17 +121,6 @@ cdef int route_run(rl_conn* c, int64_t deadline, const rl_script_cmd* cmd,
                 asking = True
             continue
         # REPLY_RETRY: not executed; look the server up again, then resend.
-        if c.failover_is_final and reply_is_failover(c):
-            # A renewal: the lease was granted on the server that now says it
-            # is not the master. Resending to the new one could keep a term
-            # alive that the failover may have lost: the reply is the answer.
-            # The next connection still asks where the master is.
-            conn_addr(c, &here)
-            if d.kind == DISCO_SENTINEL:
-                sentinel_forget(d, &here)
-            else:
-                cluster_forget(d)
-            return 0
         if rl_now_ns() + RETRY_PAUSE_NS >= deadline:
             return 0
         conn_consume(c)

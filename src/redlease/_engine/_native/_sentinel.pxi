@@ -1,5 +1,7 @@
 # Sentinel: asking the sentinels for the master, checking its ROLE (no GIL).
 # Part of the discovery layer; shared state and helpers are in _discovery.pxi.
+#
+# Needs: _posix, _resp_parse, _conn, _discovery.
 
 cdef int sentinel_ask(rl_conn* c, rl_disco* d, int64_t deadline, rl_addr* out) noexcept nogil:
     """Ask the sentinels in turn for the master: 1 (in ``out``), 0 none named one, -1 stopped.

@@ -11,6 +11,8 @@
 #
 # Without OpenSSL at build time the glue is stubs: FEATURES lacks "tls" and
 # engine selection never hands a TLS endpoint to this core.
+#
+# Needs: _posix, _resp_encode, _conn; _pool (exceptions).
 
 cdef extern from "rl_tls.h" nogil:
     enum:
