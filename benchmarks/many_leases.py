@@ -267,7 +267,9 @@ def cluster_scenario(port: int, count: int, seconds: float) -> Row:
         if name in added:
             added.remove(name)
     row.extra["threads"] = ", ".join(sorted(added))
-    row.connections = sum(named_connections(m) - b for m, b in zip(masters, base_conns, strict=True))
+    row.connections = sum(
+        named_connections(m) - b for m, b in zip(masters, base_conns, strict=True)
+    )
     row.rss = rss_mib() - base_rss
     tokens = {e.config.name: e.token() for e in group}
     time.sleep(RENEW * 1.5)
