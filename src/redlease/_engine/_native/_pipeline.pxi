@@ -90,7 +90,7 @@ cdef int batch_take(rl_conn* c, rl_batch* b, size_t* i, bint* asking_owed, bint 
         asking_owed[0] = False
         if c.nodes.items[0].kind != c'+':
             conn_drop(c)     # the commands after it may have run without it
-            return conn_fail(c, RL_EPROTO, "ASKING was refused during a slot migration")
+            return conn_fail(c, RL_ECONN, "ASKING was refused during a slot migration")
         return 0
     if batch_keep(c, b, i[0], base, n, d) < 0:
         conn_drop(c)

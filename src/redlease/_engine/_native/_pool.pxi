@@ -9,6 +9,7 @@
 # Needs: _posix, _resp_encode, _resp_parse, _conn, _tls, _discovery, _sentinel, _route.
 
 from redis.exceptions import ConnectionError as _RedisConnectionError
+from redis.exceptions import InvalidResponse as _RedisInvalidResponse
 from redis.exceptions import ResponseError as _RedisResponseError
 from redis.exceptions import TimeoutError as _RedisTimeoutError
 
@@ -21,8 +22,11 @@ cdef object make_exception(int kind, bytes message):
     cdef str text = message.decode("utf-8", "replace")
     if kind == RL_ETIMEOUT:
         return _RedisTimeoutError(text)
-    if kind == RL_ECONN or kind == RL_EPROTO or kind == RL_ECANCELLED:
+    if kind == RL_ECONN or kind == RL_ECANCELLED:
         return _RedisConnectionError(text)
+    if kind == RL_EPROTO:
+        # A malformed reply: what redis-py's own parsers raise for one.
+        return _RedisInvalidResponse(text)
     if kind == RL_EREPLY:
         return _parse_error(text)
     if kind == RL_ENOMEM:
