@@ -303,6 +303,30 @@ class Engine(Protocol):
         ...
 
 
+class Pools:
+    """What both engines share: a pool for control calls, one for fenced writes, their bounds.
+
+    An engine sets ``calls``, ``writes`` and ``write_timeout``; ``pool_for``
+    is the one place that says which pool and which bound a ``run`` gets.
+    """
+
+    calls: Any
+    writes: Any
+    write_timeout: float
+
+    def pool_for(self, timeout: float | None) -> tuple[Any, float]:
+        """``(pool, bound)``: the write pool and its timeout for None, else the control pool."""
+        if timeout is None:
+            return self.writes, self.write_timeout
+        return self.calls, timeout
+
+    def write_one(
+        self, script: Script, keys: Sequence[str | bytes], args: Sequence[EncodableT]
+    ) -> Any:
+        """One fenced write, its error raised: the loop writer's way round a reply it cannot use."""
+        return run_one(self, (script, keys, args))[0]  # type: ignore[arg-type]
+
+
 def run_one(
     engine: Engine,
     request: ScriptRequest,

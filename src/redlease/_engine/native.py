@@ -27,8 +27,8 @@ from .base import (
     WRITE_CONNECTIONS,
     EncodableT,
     Notices,
+    Pools,
     ScriptRequest,
-    run_one,
 )
 from .client import Endpoint
 from .failover import MasterSwitches
@@ -58,7 +58,7 @@ class _Lease(_Tracked, _native.Lease):
     __slots__ = ("switches",)
 
 
-class NativeEngine:
+class NativeEngine(Pools):
     """Runs scripts and keeps leases with the native core (see ``_engine.Engine``).
 
     ``run`` is safe from any number of threads: it takes a free connection
@@ -77,8 +77,8 @@ class NativeEngine:
             DEFAULT_WRITE_TIMEOUT if write_timeout is None else float(write_timeout)
         )
         self._target = _native.Target(endpoint)
-        self._calls = _native.Pool(self._target, CALL_CONNECTIONS)
-        self._writes = _native.Pool(self._target, WRITE_CONNECTIONS)
+        self.calls = _native.Pool(self._target, CALL_CONNECTIONS)
+        self.writes = _native.Pool(self._target, WRITE_CONNECTIONS)
         self._refs: dict[str, _native.ScriptRef] = {}
         # One native thread renews every lease of this engine: over one
         # connection (following the master behind Sentinel), or one per
@@ -110,10 +110,7 @@ class NativeEngine:
         wait: ReplicationGuard | None = None,
     ) -> tuple[list[Any], int]:
         """Script calls in one round trip on a pooled connection, GIL released (see ``Engine``)."""
-        if timeout is None:
-            pool, bound = self._writes, self.write_timeout
-        else:
-            pool, bound = self._calls, timeout
+        pool, bound = self.pool_for(timeout)
         refs = self._refs
         if len(batch) == 1:
             # One call, the common case: the pool's single-script path.
@@ -138,18 +135,12 @@ class NativeEngine:
             )
         return [check(s, r) for (s, _k, _a), r in zip(batch, replies, strict=True)], acked
 
-    def _write_one(
-        self, script: Script, keys: Sequence[str | bytes], args: Sequence[EncodableT]
-    ) -> Any:
-        """One fenced write, its error raised: the loop writer's way round a reply it cannot use."""
-        return run_one(self, (script, keys, args))[0]
-
     def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
         """The pipelined writer on ``loop`` (made on first use)."""
         writer = self._loop_writers.get(loop)
         if writer is None:
             conn = _native.LoopConn(self._target, self._refs, self._ref)
-            writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self._write_one)
+            writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self.write_one)
             self._loop_writers[loop] = writer
         return writer
 
@@ -212,5 +203,5 @@ class NativeEngine:
             writer.close()
         if self._renewer is not None:
             self._renewer.close()
-        self._calls.close()
-        self._writes.close()
+        self.calls.close()
+        self.writes.close()

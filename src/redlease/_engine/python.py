@@ -33,9 +33,9 @@ from .base import (
     WRITE_CONNECTIONS,
     EncodableT,
     Notices,
+    Pools,
     ScriptRequest,
     remaining,
-    run_one,
 )
 from .client import is_cluster, sentinels_of
 from .connect import connection_factory
@@ -227,7 +227,7 @@ def _renewal_reply(reply: object) -> bool:
     return isinstance(reply, Exception) or (type(reply) is int and reply in (0, 1))
 
 
-class PythonEngine:
+class PythonEngine(Pools):
     """The Engine protocol on redis-py (see ``_engine.Engine``).
 
     Control calls and fenced writes each run on small pools of the engine's
@@ -245,8 +245,8 @@ class PythonEngine:
         self.write_timeout = (
             DEFAULT_WRITE_TIMEOUT if write_timeout is None else float(write_timeout)
         )
-        self._calls = _Pool(client, CALL_CONNECTIONS)
-        self._writes = _Pool(client, WRITE_CONNECTIONS)
+        self.calls = _Pool(client, CALL_CONNECTIONS)
+        self.writes = _Pool(client, WRITE_CONNECTIONS)
         self._keeper_conns: weakref.WeakSet[BoundedConnection] = weakref.WeakSet()
         # One thread renews every keeper of this engine; off a cluster, over
         # one connection (only that thread uses it).
@@ -255,7 +255,7 @@ class PythonEngine:
         self._renew_conn = BoundedConnection(client)
         self._keeper_conns.add(self._renew_conn)
         self._switches = MasterSwitches(
-            sentinels_of(client), self._forget_master, lambda: self._calls.served
+            sentinels_of(client), self._forget_master, lambda: self.calls.served
         )
         self._loop_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWriter] = (
             weakref.WeakKeyDictionary()
@@ -271,10 +271,8 @@ class PythonEngine:
         wait: ReplicationGuard | None = None,
     ) -> tuple[list[Any], int]:
         """Script calls in one round trip on a pooled connection (see ``Engine``)."""
-        if timeout is None:
-            pool, bound = self._writes, self.write_timeout
-        else:
-            pool, bound = self._calls, timeout
+        pool: _Pool
+        pool, bound = self.pool_for(timeout)
         if len(batch) == 1:
             script, keys, args = batch[0]
             try:
@@ -290,12 +288,6 @@ class PythonEngine:
             return pool.eval_many(batch, bound), 0
         return pool.eval_many_wait(batch, bound, wait.min_replicas, wait.timeout_ms)
 
-    def _write_one(
-        self, script: Script, keys: Sequence[str | bytes], args: Sequence[EncodableT]
-    ) -> Any:
-        """One fenced write, its error raised: the loop writer's way round a reply it cannot use."""
-        return run_one(self, (script, keys, args))[0]
-
     def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
         """The pipelined writer on ``loop`` (made on first use), or None where unserved."""
         writer = self._loop_writers.get(loop)
@@ -303,7 +295,7 @@ class PythonEngine:
             conn = PyLoopConn(
                 connection_factory(self._client, None), lambda: self._master_generation
             )
-            writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self._write_one)
+            writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self.write_one)
             self._loop_writers[loop] = writer
         return writer
 
@@ -374,8 +366,8 @@ class PythonEngine:
 
     def _forget_master(self) -> None:
         self._master_generation += 1
-        self._calls.invalidate()
-        self._writes.invalidate()
+        self.calls.invalidate()
+        self.writes.invalidate()
         for conn in list(self._keeper_conns):
             conn.invalidate()
 
@@ -390,8 +382,8 @@ class PythonEngine:
         self._switches.close()
         for writer in list(self._loop_writers.values()):
             writer.close()
-        self._calls.close()
-        self._writes.close()
+        self.calls.close()
+        self.writes.close()
         self._renewer.stop()
         self._renew_conn.drop()
 
