@@ -7,9 +7,9 @@ Every contender runs the same fenced SET script (``lua/fence_guard.lua`` +
 one connection to a private redis-server it starts (loopback TCP, or a unix
 socket with ``--unix``):
 
-- ``native``: ``NativeEngine.write`` (encode in Cython, round trip without the GIL);
+- ``native``: ``NativeEngine.run`` (encode in Cython, round trip without the GIL);
 - ``redis-py``: ``redis.Redis.evalsha`` with the hiredis parser when installed;
-- ``python engine``: ``PythonEngine.write``, the pure-Python engine's write path;
+- ``python engine``: ``PythonEngine.run``, the pure-Python engine's write path;
 - ``raw socket``: a pre-encoded EVALSHA through ``socket.sendall``/``recv``,
   the floor for any client that waits for each reply.
 

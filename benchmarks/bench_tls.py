@@ -9,8 +9,8 @@ the ``trustme`` test dependency) and measures, over TLS to it:
 1. Fenced-write throughput, one thread, one connection, the same fenced SET
    script (``fence_guard`` + ``fence_set`` + ``fence_epilogue``) back to back:
 
-   - ``native``: ``NativeEngine.write`` (OpenSSL driven without the GIL);
-   - ``python engine``: ``PythonEngine.write`` on a redis-py TLS client;
+   - ``native``: ``NativeEngine.run`` (OpenSSL driven without the GIL);
+   - ``python engine``: ``PythonEngine.run`` on a redis-py TLS client;
    - ``redis-py``: ``redis.Redis.evalsha`` over TLS, with hiredis when installed.
 
    Each runs ``--rounds`` times, the contenders' rounds taken in turn (a

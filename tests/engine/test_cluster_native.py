@@ -107,8 +107,10 @@ def test_a_fenced_write_with_a_key_in_another_slot_is_refused_before_sending(
         token = elected_token(e)
         sent: list[object] = []
         engine_obj = e._core.engine
-        real_write = engine_obj.write
-        monkeypatch.setattr(engine_obj, "write", lambda *a: sent.append(a) or real_write(*a))
+        real_run = engine_obj.run
+        monkeypatch.setattr(
+            engine_obj, "run", lambda *a, **k: sent.append(a) or real_run(*a, **k)
+        )
         with pytest.raises(redis.exceptions.ResponseError, match=r"^CROSSSLOT.*'elsewhere'"):
             e.fence_set(token, "elsewhere", "x")
         with pytest.raises(redis.exceptions.ResponseError, match=r"^CROSSSLOT.*'other:b'"):
