@@ -56,9 +56,19 @@ any thread may block on it, the renewer thread included.
 #   _pipeline.pxi      many scripts in one round trip on a Pool connection
 #   _lease.pxi         one lease's state: atomics, error ring, lateness
 #                      histogram (bounds: the engine's LATENESS_BUCKETS)
-#   _renewer.pxi       Renewer and Lease: one thread that renews every lease
-#                      from a timer heap, pipelined, on one connection (one
-#                      per slot-owning master on a cluster), no GIL, ever
+#   _renewer_heap.pxi  the shared renewer's state: limits, structs, the
+#                      timer heap, what a renewal's outcome does to its lease
+#   _renewer_cluster.pxi
+#                      on a cluster: one connection per slot-owning master,
+#                      renewals routed per node, MOVED / ASK per lease
+#   _renewer_thread.pxi
+#                      the renewer thread's main loop: due leases as one
+#                      pipelined batch on one connection (or cluster_round),
+#                      no GIL, ever
+#   _renewer_api.pxi   Renewer: the Python face that owns the thread
+#   _renewer_lease_api.pxi
+#                      Lease: one lease renewed by a Renewer (the Keeper
+#                      protocol), its state, errors and lateness for Python
 #   _notices.pxi       release notices: a subscription connection per server
 #                      read by a thread of its own (no GIL, ever), waiters
 #                      woken through eventfds
@@ -97,7 +107,11 @@ include "_pool.pxi"
 include "_loopconn.pxi"
 include "_pipeline.pxi"
 include "_lease.pxi"
-include "_renewer.pxi"
+include "_renewer_heap.pxi"
+include "_renewer_cluster.pxi"
+include "_renewer_thread.pxi"
+include "_renewer_api.pxi"
+include "_renewer_lease_api.pxi"
 include "_notices.pxi"
 
 

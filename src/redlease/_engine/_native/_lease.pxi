@@ -1,7 +1,7 @@
 # One lease's state, defined once: its atomics (what Python reads without a
 # lock), its error ring and its lateness figures (a histogram over the
 # engine's LATENESS_BUCKETS bounds, and the last LATE_MAX lateness values).
-# The renewer (_renewer.pxi) keeps every lease of an engine in a timer heap
+# The renewer (_renewer_heap.pxi) keeps every lease of an engine in a timer heap
 # and changes this state under its mutex; nothing here does I/O.
 #
 # Needs: the atomics, eventfds and clock of _posix.pxi, ERR_MSG of _conn.pxi.
