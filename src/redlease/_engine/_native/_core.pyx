@@ -69,9 +69,15 @@ any thread may block on it, the renewer thread included.
 #   _renewer_lease_api.pxi
 #                      Lease: one lease renewed by a Renewer (the Keeper
 #                      protocol), its state, errors and lateness for Python
-#   _notices.pxi       release notices: a subscription connection per server
-#                      read by a thread of its own (no GIL, ever), waiters
-#                      woken through eventfds
+#   _notices_queue.pxi release notices: the hub's and a waiter's state, the
+#                      bell, queueing a notice for a waiter
+#   _notices_thread.pxi
+#                      the hub's reader thread: a subscription connection per
+#                      server (no GIL, ever), waiters woken through eventfds
+#   _notices_hub_api.pxi
+#                      NoticeHub: the Python face of one hub and its thread
+#   _notices_sub_api.pxi
+#                      NoticeBell and NoticeSub: the Python faces of waiters
 #
 # Fork safety lives here, at the end: it reaches into Pool, LoopConn, Renewer,
 # Lease and NoticeHub.
@@ -112,7 +118,10 @@ include "_renewer_cluster.pxi"
 include "_renewer_thread.pxi"
 include "_renewer_api.pxi"
 include "_renewer_lease_api.pxi"
-include "_notices.pxi"
+include "_notices_queue.pxi"
+include "_notices_thread.pxi"
+include "_notices_hub_api.pxi"
+include "_notices_sub_api.pxi"
 
 
 # ---------------------------------------------------------------- fork safety

@@ -1,0 +1,181 @@
+# Release notices, read natively: what the reader thread and Python share.
+# ``rl_hub`` is one subscription connection's state; ``rl_nsub`` one waiter's
+# interest in one channel, with the payloads of the notices it has not taken
+# yet. The hub's mutex ``mu`` guards the waiter list, the pending payloads and
+# the outgoing commands; it is held only to copy a few bytes, never across
+# I/O (see the lock discipline in _core.pyx), so a thread holding the GIL may
+# block on it.
+#
+# A waiter without a thread of its own (a run the process's driver steps)
+# does not sleep on an eventfd of its own: its subscription rings a bell
+# (``rl_bell``), one for many subscriptions of any hubs. The thread links
+# the subscription into the bell's list of fired ones and writes the bell's
+# fd, which the driver sleeps on with the GIL released; the driver takes the
+# list (``NoticeBell.take()``: the tags of the fired subscriptions) and
+# wakes just those. The bell's mutex is taken inside a hub's, never around one.
+#
+# Here: those structs, the bell's fired list, queueing a notice for a waiter
+# (sub_push) and waking a hub's waiters. The reader thread is in
+# _notices_thread.pxi, the Python faces in _notices_hub_api.pxi and
+# _notices_sub_api.pxi.
+#
+# Needs: _posix, _resp_encode, _conn, _lease (fd_signal).
+
+cdef enum:
+    NOTICE_PENDING = 8       # payloads a waiter keeps; more means "some were lost"
+    NOTICE_PAYLOAD = 256     # longer payloads are kept as "lost" (None)
+
+
+cdef struct rl_payload:
+    int lost                 # 1: "look again" (a reconnect, an overflow, a long payload)
+    int len
+    char data[256]
+
+
+cdef struct rl_nsub:
+    char* channel
+    size_t channel_len
+    int fd                   # eventfd of its own: wait() polls it (-1 with a bell)
+    int signal_fd            # another eventfd to write on a notice (a keeper's), or -1
+    int npending
+    bint unkept              # a notice came that could not be kept (no memory): "look again"
+    bint moved               # a cluster node stopped serving its channel: re-home it (take_moved)
+    int64_t notices          # how many notices reached it (a test hook)
+    int64_t last_ns          # when the latest one did (rl_now_ns; a test hook)
+    # NOTICE_PENDING slots, allocated by the first notice and freed by take():
+    # thousands of waiters that hear nothing cost no payload space.
+    rl_payload* pending
+    int index                # where it is in the hub's ``subs``
+    # With a bell (else NULL): guarded by the bell's mutex.
+    void* bell               # the rl_bell rung on a notice
+    int64_t tag              # what NoticeBell.take() names this subscription by
+    bint fired               # linked into the bell's list of fired subscriptions
+    rl_nsub* fired_prev
+    rl_nsub* fired_next
+
+
+cdef struct rl_bell:
+    pthread_mutex_t mu
+    int fd                   # the fd written when a subscription fires (not owned)
+    # Guarded by mu.
+    rl_nsub* fired           # the fired subscriptions not taken yet (a doubly linked list)
+    int64_t nfired           # their number (written with rl_store: take() peeks without mu)
+    int64_t rings            # how many times a subscription fired (a test hook)
+
+
+cdef void bell_ring(rl_bell* b, rl_nsub* s) noexcept nogil:
+    """Link ``s`` into the bell's fired list (once until taken) and write the bell's fd."""
+    pthread_mutex_lock(&b.mu)
+    if not s.fired:
+        s.fired = True
+        s.fired_prev = NULL
+        s.fired_next = b.fired
+        if b.fired != NULL:
+            b.fired.fired_prev = s
+        b.fired = s
+        rl_store(&b.nfired, b.nfired + 1)
+    b.rings += 1
+    pthread_mutex_unlock(&b.mu)
+    fd_signal(b.fd)
+
+
+cdef void bell_unlink(rl_bell* b, rl_nsub* s) noexcept nogil:
+    """Under the bell's mutex: take ``s`` out of the fired list, if it is in it."""
+    if not s.fired:
+        return
+    if s.fired_prev != NULL:
+        s.fired_prev.fired_next = s.fired_next
+    else:
+        b.fired = s.fired_next
+    if s.fired_next != NULL:
+        s.fired_next.fired_prev = s.fired_prev
+    s.fired = False
+    s.fired_prev = s.fired_next = NULL
+    rl_store(&b.nfired, b.nfired - 1)
+
+
+cdef struct rl_hub:
+    rl_conn conn             # its ``w`` holds the SUBSCRIBE of a new session, ``e`` what ``out`` had
+    pthread_t thread
+    pthread_mutex_t mu
+    int cmd_fd               # eventfd: ``out`` has commands to send
+    int stop_fd              # eventfd: stop (the connection's cancel fd; never drained)
+    # Guarded by mu.
+    int thread_started
+    int stop
+    int exited
+    int detached             # the Python object is gone: the thread frees this struct
+    int cluster              # a cluster node's hub: channels live in slots that move (fixed)
+    int sharded              # SSUBSCRIBE (a cluster node with sharded pub/sub), else SUBSCRIBE
+    int64_t connects         # sessions established so far
+    int64_t subscribed_at    # when the current session sent its SUBSCRIBE (0: none)
+    rl_buf out               # SUBSCRIBE / UNSUBSCRIBE queued by Python for the thread
+    rl_nsub** subs
+    int nsubs
+    int cap
+
+
+cdef void hub_free(rl_hub* h) noexcept nogil:
+    conn_free(&h.conn)
+    buf_free(&h.out)
+    if h.cmd_fd >= 0:
+        close(h.cmd_fd)
+    if h.stop_fd >= 0:
+        close(h.stop_fd)
+    free(h.subs)
+    pthread_mutex_destroy(&h.mu)
+    free(h)
+
+
+cdef void sub_push(rl_nsub* s, const char* data, size_t n, bint lost) noexcept nogil:
+    """Under the hub's mutex: queue one notice for the waiter and wake it."""
+    cdef rl_payload* p
+    if s.pending == NULL:
+        s.pending = <rl_payload*>malloc(NOTICE_PENDING * sizeof(rl_payload))
+    if s.pending == NULL:
+        s.unkept = True
+    elif s.npending >= NOTICE_PENDING:
+        # Full: the waiter is told to look again, which covers every notice dropped.
+        s.pending[NOTICE_PENDING - 1].lost = 1
+    else:
+        p = &s.pending[s.npending]
+        s.npending += 1
+        if lost or n > NOTICE_PAYLOAD:
+            p.lost = 1
+            p.len = 0
+        else:
+            p.lost = 0
+            p.len = <int>n
+            memcpy(p.data, data, n)
+    s.notices += 1
+    s.last_ns = rl_now_ns()
+    fd_signal(s.fd)
+    fd_signal(s.signal_fd)
+    if s.bell != NULL:
+        bell_ring(<rl_bell*>s.bell, s)
+
+
+cdef void hub_wake_all(rl_hub* h) noexcept nogil:
+    cdef int i
+    pthread_mutex_lock(&h.mu)
+    for i in range(h.nsubs):
+        sub_push(h.subs[i], NULL, 0, True)
+    pthread_mutex_unlock(&h.mu)
+
+
+cdef void hub_moved(rl_hub* h, const char* channel, size_t n) noexcept nogil:
+    """A cluster node no longer carries ``channel`` (NULL: maybe none of its channels).
+
+    Its waiters are told to look again (a poll now instead of at their next
+    one) and marked moved: their subscriptions are re-homed, in Python, to
+    the node that owns the slot now.
+    """
+    cdef rl_nsub* s
+    cdef int i
+    pthread_mutex_lock(&h.mu)
+    for i in range(h.nsubs):
+        s = h.subs[i]
+        if channel == NULL or (s.channel_len == n and memcmp(s.channel, channel, n) == 0):
+            s.moved = True
+            sub_push(s, NULL, 0, True)
+    pthread_mutex_unlock(&h.mu)
