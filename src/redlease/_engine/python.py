@@ -44,7 +44,7 @@ from .pyconn import BoundedConnection
 from .pyloopconn import PyLoopConn
 from .pynotices import PythonNotices
 from .renewer import Lease, Renewer
-from .replies import ASK, UnexpectedReply, check, classify, ran_elsewhere
+from .replies import ASK, UnexpectedReply, check, classify, fits, ran_elsewhere
 
 _MAX_REDIRECTS = 3
 
@@ -222,11 +222,6 @@ def _then_wait(
     return replies
 
 
-def _renewal_reply(reply: object) -> bool:
-    """A reply a renewal can give: 0, 1 or an error reply."""
-    return isinstance(reply, Exception) or (type(reply) is int and reply in (0, 1))
-
-
 class PythonEngine(Pools):
     """The Engine protocol on redis-py (see ``_engine.Engine``).
 
@@ -326,7 +321,7 @@ class PythonEngine(Pools):
 
         def renew(timeout: float) -> Any:
             reply = conn.eval_script(script, keys, args, timeout)
-            if not _renewal_reply(reply):
+            if not fits("flag", reply):
                 conn.drop()
             return reply
 
@@ -360,7 +355,7 @@ class PythonEngine(Pools):
     def _renew_batch(self, commands: list[tuple[Any, ...]], timeout: float) -> list[Any]:
         """Renewals in one round trip on the renewal connection (dropped after a foreign reply)."""
         replies = self._renew_conn.execute_many(commands, timeout)
-        if not all(_renewal_reply(reply) for reply in replies):
+        if not all(fits("flag", reply) for reply in replies):
             self._renew_conn.drop()
         return replies
 

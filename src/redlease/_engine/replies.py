@@ -184,6 +184,11 @@ _SHAPES = {
 }
 
 
+def fits(shape: str, reply: object) -> bool:
+    """Whether ``reply`` is one a script of reply shape ``shape`` can give, or an error reply."""
+    return isinstance(reply, Exception) or _SHAPES[shape][0](reply)
+
+
 def describe(reply: object) -> str:
     """``reply`` in a few words, for an error message (never its whole content)."""
     if reply is None:
@@ -203,12 +208,9 @@ def check(script: Script, reply: Any) -> Any:
     """``reply`` itself when ``script`` can give it (or it is an error reply), else an
     ``UnexpectedReply`` naming both, in its place."""
     shape = script.reply
-    if shape == "flag":
-        if type(reply) is int and (reply == 0 or reply == 1):
-            return reply
-    elif _SHAPES[shape][0](reply):
-        return reply
-    if isinstance(reply, Exception):
+    if type(reply) is int and (reply == 0 or reply == 1) and shape == "flag":
+        return reply  # the common case, first
+    if fits(shape, reply):
         return reply
     return UnexpectedReply(
         f"{script.name} answered {describe(reply)}, a reply it cannot give "
