@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import time
@@ -13,6 +14,7 @@ import redlease
 from helpers import elected_token, make_elector, wait_until
 
 LEADER_KEY = "fork:leader"
+CHILD_TIMEOUT = 30.0
 
 # Forking a process that runs threads is exactly what these tests check is
 # safe; Python 3.12+ warns about it in general.
@@ -27,6 +29,9 @@ def in_child(fn: object) -> dict[str, object]:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
         os.close(read_fd)
+        # A child that hangs prints where, and exits: the parent then fails on
+        # its exit code instead of waiting on the pipe until the suite's timeout.
+        faulthandler.dump_traceback_later(CHILD_TIMEOUT, exit=True)
         try:
             result = fn()  # type: ignore[operator]
             payload = json.dumps(result).encode()

@@ -38,6 +38,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ._forksafe import ForkSafeLock
+
 TICK = 0.05
 """How often watched keepers are looked at (seconds), at most."""
 
@@ -328,7 +330,7 @@ class Driver:
 
 
 _driver: Driver | None = None
-_driver_lock = threading.Lock()
+_driver_lock = ForkSafeLock()
 
 
 def driver() -> Driver:
@@ -343,10 +345,9 @@ def driver() -> Driver:
 def _reset_after_fork() -> None:
     # The driver thread does not exist in a forked child, and the runs it
     # drove are the parent's: the child starts with a fresh, empty driver.
-    global _driver, _driver_lock
+    global _driver
     if _driver is not None:
         _driver._bell.close()
-    _driver_lock = threading.Lock()
     _driver = None
 
 

@@ -59,6 +59,7 @@ except ImportError:  # pragma: no cover - exercised in a subprocess without the 
 
 from ._election import Election
 from ._engine import LATENESS_BUCKETS
+from ._forksafe import ForkSafeLock
 from ._lock import LockerCore
 from ._log import Events
 
@@ -265,7 +266,7 @@ class _Collector:
 _collectors: weakref.WeakKeyDictionary[CollectorRegistry, _Collector] = (
     weakref.WeakKeyDictionary()
 )
-_collectors_mutex = threading.Lock()
+_collectors_mutex = ForkSafeLock()
 
 
 def _collector(registry: CollectorRegistry) -> _Collector:

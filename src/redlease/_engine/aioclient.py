@@ -8,7 +8,6 @@ database, credentials and timeouts.
 
 from __future__ import annotations
 
-import threading
 import weakref
 from typing import Any
 
@@ -19,9 +18,10 @@ import redis.cluster
 import redis.sentinel
 
 from .._errors import ConfigError
+from .._forksafe import ForkSafeLock
 
 _twins: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-_twins_lock = threading.Lock()
+_twins_lock = ForkSafeLock()
 
 
 def sync_twin(client: object) -> Any:

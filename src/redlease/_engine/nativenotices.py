@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .._driver import driver
+from .._forksafe import ForkSafeLock
 from .._log import logger
 from .notices import Wake, channel_of
 
@@ -296,7 +297,7 @@ class _Rehomer:
 
 
 _rehomer = _Rehomer()
-_refresh_lock = threading.Lock()
+_refresh_lock = ForkSafeLock()
 _refreshed: dict[int, float] = {}  # id(cluster client) -> when its last slot-map refresh began
 
 
@@ -455,9 +456,7 @@ registry = Registry()
 def _forget_after_fork() -> None:
     # A forked child has none of the parent's reader threads; its own
     # waiters get hubs of their own.
-    global _refresh_lock
     registry.after_fork()
-    _refresh_lock = threading.Lock()
     _rehomer.after_fork()
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError, ResponseError
 
+from .._forksafe import ForkSafeLock
 from .._log import logger
 from .client import is_cluster
 from .connect import connection_factory
@@ -358,7 +359,7 @@ def _text(value: object) -> str:
     return str(value)
 
 
-_registry_lock = threading.Lock()
+_registry_lock = ForkSafeLock()
 hubs: dict[tuple[Any, ...], _Hub] = {}
 """The process's listeners, by server: a waiter joins the one of its channel's server."""
 
@@ -366,8 +367,6 @@ hubs: dict[tuple[Any, ...], _Hub] = {}
 def _forget_after_fork() -> None:
     # A forked child has none of the parent's listener threads; its own
     # waiters open their own connection.
-    global _registry_lock
-    _registry_lock = threading.Lock()
     hubs.clear()
 
 

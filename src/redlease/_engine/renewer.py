@@ -347,14 +347,6 @@ class Lease:
 _live_leases: weakref.WeakSet[Lease] = weakref.WeakSet()
 
 
-def _reset_after_fork() -> None:
-    for lease in list(_live_leases):
-        lease._after_fork_in_child()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
-
-
 class Renewer:
     """One Python thread that renews every ``Lease`` of its owner (an engine, a locker).
 
@@ -371,6 +363,7 @@ class Renewer:
         self._seq = 0
         self._stopped = False
         self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
         _live_hosts.add(self)
 
     def stop(self, join_timeout: float | None = None) -> None:
@@ -379,7 +372,11 @@ class Renewer:
         From the garbage collector the join is bounded (``join_timeout``):
         the collector may in principle run on a thread that holds what the
         keeper thread needs to finish, and must then not wait forever.
+        In a forked child (an engine's finalizer may run there before the
+        fork handlers did) it does nothing: the thread is the parent's.
         """
+        if os.getpid() != self._pid:
+            return
         with self._cond:
             self._stopped = True
             self._heap.clear()
@@ -488,9 +485,12 @@ def _tick_batch(keepers: list[Lease]) -> None:
 _live_hosts: weakref.WeakSet[Renewer] = weakref.WeakSet()
 
 
-def _reset_hosts_after_fork() -> None:
+def _after_fork_in_child() -> None:
+    # No renewal thread exists in a forked child; the leases are the parent's.
     for host in list(_live_hosts):
         host._after_fork_in_child()
+    for lease in list(_live_leases):
+        lease._after_fork_in_child()
 
 
-os.register_at_fork(after_in_child=_reset_hosts_after_fork)
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 import weakref
 from typing import Any
 
 from .._errors import ConfigError
+from .._forksafe import ForkSafeLock
 from .base import Engine
 from .client import Endpoint, native_endpoint, write_timeout
 
@@ -115,7 +115,7 @@ def make_engine(client: object, engine: str | None) -> Engine:
 # lives as long as an election holds it (the values are weak), and forgets
 # its client when the client goes.
 _shared: dict[int, tuple[weakref.ref[Any], weakref.WeakValueDictionary[str, Any]]] = {}
-_shared_lock = threading.Lock()
+_shared_lock = ForkSafeLock()
 
 
 def shared_engine(client: object, engine: str | None) -> Engine:

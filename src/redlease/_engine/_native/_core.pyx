@@ -96,10 +96,12 @@ from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 import os
 import weakref
 
-# Every Pool, LoopConn, Renewer, Lease and NoticeHub alive in this process, for the fork handler below.
+# Every ProcessBound alive in this process (Pool, LoopConn, Renewer, Lease,
+# NoticeHub), for the fork handler below.
 _live = weakref.WeakSet()
 
 include "_posix.pxi"
+include "_process.pxi"
 include "_resp_encode.pxi"
 include "_resp_parse.pxi"
 include "_conn.pxi"
@@ -127,18 +129,10 @@ include "_notices_sub_api.pxi"
 # ---------------------------------------------------------------- fork safety
 
 def _after_fork_in_child():
+    # Each copy is made inert once, here or by whatever reached it first
+    # (see ProcessBound); a lease makes its renewer inert before itself.
     for obj in list(_live):
-        if isinstance(obj, Pool):
-            (<Pool>obj).after_fork_in_child()
-        elif isinstance(obj, LoopConn):
-            (<LoopConn>obj).after_fork_in_child()
-        elif isinstance(obj, NoticeHub):
-            (<NoticeHub>obj).after_fork_in_child()
-        elif isinstance(obj, Renewer):
-            (<Renewer>obj).after_fork_in_child()
-    for obj in list(_live):
-        if isinstance(obj, Lease):
-            (<Lease>obj).after_fork_in_child()
+        (<ProcessBound>obj).inherited()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

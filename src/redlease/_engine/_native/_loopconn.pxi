@@ -19,10 +19,10 @@
 # the next connect look the server up again; the driver sends such a call
 # again the blocking way, which follows the topology, and reconnects.
 #
-# Needs: _posix, _resp_encode, _resp_parse, _conn, _tls, _discovery, _sentinel, _cluster, _replies, _pool.
+# Needs: _posix, _process (ProcessBound), _resp_encode, _resp_parse, _conn, _tls, _discovery, _sentinel, _cluster, _replies, _pool.
 
 
-cdef class LoopConn:
+cdef class LoopConn(ProcessBound):
     """A non-blocking native connection for an event loop's pipelined fenced writes.
 
     Not thread-safe: every method but ``connect`` runs on the loop's thread,
@@ -54,6 +54,7 @@ cdef class LoopConn:
         _live.add(self)
 
     def __dealloc__(self):
+        self.inherited()
         conn_free(&self.conn)
         buf_free(&self.out)
 
@@ -279,8 +280,9 @@ cdef class LoopConn:
         self.clear()
         conn_drop(&self.conn)
 
-    cdef void after_fork_in_child(self) noexcept:
+    cdef void forget_parent(self) noexcept:
         # The parent still owns the stream: close our copy, send nothing.
         self.out.len = 0
         self.sent = 0
+        tls_forget_after_fork(&self.conn)
         conn_drop(&self.conn)

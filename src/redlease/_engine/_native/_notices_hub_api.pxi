@@ -3,14 +3,11 @@
 # UNSUBSCRIBE for the reader thread to send, and starts that thread with the
 # first waiter and joins it at close(). GIL held.
 #
-# Needs: _posix, _conn, _tls, _pool (Target), _notices_queue, _notices_thread (hub_main, hub_queue).
+# Needs: _posix, _process (ProcessBound), _conn, _tls, _pool (Target), _notices_queue, _notices_thread (hub_main, hub_queue).
 
 # ---------------------------------------------------------------- Python faces (GIL held)
 
-from posix.unistd cimport getpid
-
-
-cdef class NoticeHub:
+cdef class NoticeHub(ProcessBound):
     """One subscription connection to one server and its native reader thread.
 
     Made from a Target (a fixed address, or a Sentinel-managed master; TLS
@@ -28,8 +25,6 @@ cdef class NoticeHub:
 
     cdef rl_hub* h
     cdef bint _closed
-    cdef bint _forked
-    cdef int _pid            # the process that made it: in any other, it is inert
     cdef dict _counts        # channel -> how many subscriptions want it (GIL-guarded)
     cdef readonly Target target
     cdef object __weakref__
@@ -38,14 +33,6 @@ cdef class NoticeHub:
         self.h = NULL
         self._counts = {}
         self._closed = False
-        self._forked = False
-        self._pid = getpid()
-
-    cdef bint inherited(self) noexcept:
-        """True in a forked child, made inert on first sight whichever fork handler ran first."""
-        if not self._forked and getpid() != self._pid:
-            self.after_fork_in_child()
-        return self._forked
 
     def __init__(self, Target target not None, bint sharded=False):
         cdef rl_hub* h
@@ -277,9 +264,9 @@ cdef class NoticeHub:
             h.thread_started = 0
         conn_drop(&h.conn)
 
-    cdef void after_fork_in_child(self) noexcept:
+    cdef void forget_parent(self) noexcept:
         cdef rl_hub* h = self.h
-        if h == NULL or self._forked:
+        if h == NULL:
             return
         # The reader thread was not copied and its lock may have been held.
         # The struct stays allocated: freeing what a vanished thread may
@@ -287,6 +274,5 @@ cdef class NoticeHub:
         pthread_mutex_init(&h.mu, NULL)
         h.thread_started = 0
         h.stop = 1
-        self._forked = True
         tls_forget_after_fork(&h.conn)
         conn_drop(&h.conn)

@@ -3,9 +3,9 @@
 # waiter's interest in one channel of a NoticeHub: wait on its eventfd, take
 # the queued payloads). GIL held.
 #
-# Needs: _posix, _discovery (copy_bytes), _pool (deadline_after), _notices_queue, _notices_thread (drain_fd), _notices_hub_api (NoticeHub, getpid).
+# Needs: _posix, _process (ProcessBound), _discovery (copy_bytes), _pool (deadline_after), _notices_queue, _notices_thread (drain_fd), _notices_hub_api (NoticeHub).
 
-cdef class NoticeBell:
+cdef class NoticeBell(ProcessBound):
     """Where subscriptions without a thread of their own report their notices.
 
     ``NoticeBell(fd)``: each notice to a ``NoticeSub`` made with this bell
@@ -17,14 +17,10 @@ cdef class NoticeBell:
     """
 
     cdef rl_bell* b
-    cdef int _pid
-    cdef bint _forked
     cdef object __weakref__
 
     def __cinit__(self):
         self.b = NULL
-        self._pid = getpid()
-        self._forked = False
 
     def __init__(self, int fd):
         if self.b != NULL:
@@ -45,15 +41,14 @@ cdef class NoticeBell:
             free(self.b)
             self.b = NULL
 
-    cdef bint inherited(self) noexcept:
-        """True in a forked child: the parent's subscriptions are not this process's."""
-        if not self._forked and getpid() != self._pid:
-            # A reader thread of the parent may have held the lock: it is not copied.
-            pthread_mutex_init(&self.b.mu, NULL)
-            self.b.fired = NULL
-            rl_store(&self.b.nfired, 0)
-            self._forked = True
-        return self._forked
+    cdef void forget_parent(self) noexcept:
+        # The parent's subscriptions are not this process's, and a reader
+        # thread of the parent (not copied) may have held the lock.
+        if self.b == NULL:
+            return
+        pthread_mutex_init(&self.b.mu, NULL)
+        self.b.fired = NULL
+        rl_store(&self.b.nfired, 0)
 
     @property
     def fd(self):

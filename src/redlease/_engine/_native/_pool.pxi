@@ -6,7 +6,7 @@
 # A slot's mutex is only ever waited for with the GIL released (see the lock
 # discipline in _core.pyx); with the GIL held it is only ``trylock``-ed.
 #
-# Needs: _posix, _resp_encode, _resp_parse, _conn, _tls, _discovery, _sentinel, _route.
+# Needs: _posix, _process (ProcessBound), _resp_encode, _resp_parse, _conn, _tls, _discovery, _sentinel, _route.
 
 from redis.exceptions import ConnectionError as _RedisConnectionError
 from redis.exceptions import InvalidResponse as _RedisInvalidResponse
@@ -252,7 +252,7 @@ cdef inline void release_slot(rl_slot* slot) noexcept:
     pthread_mutex_unlock(&slot.mu)
 
 
-cdef class Pool:
+cdef class Pool(ProcessBound):
     """A few native connections to one server, lazily opened, safe from any thread.
 
     Each call takes a free connection (a new one is opened only when all open
@@ -295,6 +295,7 @@ cdef class Pool:
         cdef int i
         if self.slots == NULL:
             return
+        self.inherited()
         for i in range(self.size):
             conn_free(&self.slots[i].conn)
             pthread_mutex_destroy(&self.slots[i].mu)
@@ -427,8 +428,10 @@ cdef class Pool:
                 # socket is in use below us: the call drops it when done.
                 self.slots[i].conn.drop_when_done = 1
 
-    cdef void after_fork_in_child(self) noexcept:
+    cdef void forget_parent(self) noexcept:
         cdef int i
+        if self.slots == NULL:
+            return
         disco_after_fork(self.target.disco)
         for i in range(self.size):
             # The thread that held it does not exist in the child.

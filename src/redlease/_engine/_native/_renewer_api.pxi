@@ -3,11 +3,11 @@
 # new connection loads), starts the thread with the first term and joins it
 # at close(). GIL held.
 #
-# Needs: _posix, _resp_encode, _conn, _tls, _discovery, _pool (Target, ScriptRef, conn_exception), _lease, _renewer_heap, _renewer_thread (renewer_main).
+# Needs: _posix, _process (ProcessBound), _resp_encode, _conn, _tls, _discovery, _pool (Target, ScriptRef, conn_exception), _lease, _renewer_heap, _renewer_thread (renewer_main).
 
 # ---------------------------------------------------------------- Python faces
 
-cdef class Renewer:
+cdef class Renewer(ProcessBound):
     """One native thread that renews every ``Lease`` made from it.
 
     On a fixed address or behind Sentinel it renews over one connection
@@ -22,13 +22,11 @@ cdef class Renewer:
 
     cdef rl_renewer* r
     cdef bint _closed
-    cdef bint _forked
     cdef object __weakref__
 
     def __cinit__(self):
         self.r = NULL
         self._closed = False
-        self._forked = False
 
     def __init__(self, Target target not None):
         cdef rl_renewer* r = <rl_renewer*>calloc(1, sizeof(rl_renewer))
@@ -74,6 +72,7 @@ cdef class Renewer:
         cdef int j
         if r == NULL:
             return
+        self.inherited()  # a forked child's copy: its locks re-made before they are touched
         self.stop_thread()
         self.r = NULL
         conn_free(&r.conn)
@@ -234,7 +233,7 @@ cdef class Renewer:
             for j in range(RENEW_NODES_MAX):
                 conn_drop(&r.nodes[j].conn)
 
-    cdef void after_fork_in_child(self) noexcept:
+    cdef void forget_parent(self) noexcept:
         cdef rl_renewer* r = self.r
         cdef int j
         if r == NULL:
@@ -245,7 +244,6 @@ cdef class Renewer:
         r.stop = 1
         r.heap_len = 0
         r.batch_len = 0
-        self._forked = True
         tls_forget_after_fork(&r.conn)
         conn_drop(&r.conn)
         if r.nodes != NULL:

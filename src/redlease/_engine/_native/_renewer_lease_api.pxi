@@ -3,13 +3,13 @@
 # term, wait on its eventfd, read its token, state, errors and lateness
 # figures. GIL held; ``token`` and ``state`` are read as atomics.
 #
-# Needs: _posix, _resp_encode, _conn, _discovery, _pool (ScriptRef, exceptions), _lease, _renewer_heap, _renewer_api (Renewer).
+# Needs: _posix, _process (ProcessBound), _resp_encode, _conn, _discovery, _pool (ScriptRef, exceptions), _lease, _renewer_heap, _renewer_api (Renewer).
 
 cimport cython
 
 
 @cython.no_gc_clear
-cdef class Lease:
+cdef class Lease(ProcessBound):
     """One lease renewed by a shared ``Renewer`` (the engine's ``Keeper`` protocol).
 
     ``begin()`` sends the first renewal at once, then one every ``interval``
@@ -24,7 +24,6 @@ cdef class Lease:
     cdef rl_lease* l
     cdef readonly Renewer renewer
     cdef bint _closed
-    cdef bint _forked
     cdef int _waiters
     cdef readonly double interval
     cdef readonly double ttl
@@ -33,7 +32,6 @@ cdef class Lease:
     def __cinit__(self):
         self.l = NULL
         self._closed = False
-        self._forked = False
         self._waiters = 0
 
     def __init__(self, Renewer renewer not None, ScriptRef ref not None, keys, args,
@@ -67,6 +65,7 @@ cdef class Lease:
         cdef rl_renewer* r
         if l == NULL:
             return
+        self.inherited()  # before the renewer's lock is taken: in a forked child it is re-made
         self.l = NULL
         if self.renewer is None or self.renewer.r == NULL:
             lease_free(l)
@@ -143,7 +142,7 @@ cdef class Lease:
         cdef long long tok = token
         if l == NULL:
             raise RuntimeError("Lease is not initialised")
-        if self._forked or self.renewer._forked:
+        if self.inherited() or self.renewer.inherited():
             raise RuntimeError("this lease was inherited across fork(); make a new one in the child")
         if self._closed or self.renewer._closed:
             raise RuntimeError("Lease is closed")
@@ -388,19 +387,19 @@ cdef class Lease:
     def __exit__(self, *exc_info):
         self.close()
 
-    cdef void after_fork_in_child(self) noexcept:
+    cdef void forget_parent(self) noexcept:
         cdef rl_lease* l = self.l
+        if self.renewer is not None:
+            self.renewer.inherited()  # its mutex re-made first
         if l == NULL:
             return
-        # The renewer's mutex is re-made by the renewer's own handler; the
-        # lease is the parent's business: never renewed or released here.
+        # The lease is the parent's business: never renewed or released here.
         rl_store(&l.token, 0)
         if rl_load(&l.state) == ST_ACTIVE:
             rl_store(&l.state, ST_ENDED)
         l.gen += 1
         l.heap_idx = -1
         l.inflight = 0
-        self._forked = True
         self._waiters = 0
         l.wake_pending = 0  # the parent's wake-ups, not the child's
         if l.wake_fd >= 0:

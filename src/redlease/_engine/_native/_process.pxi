@@ -1,0 +1,40 @@
+# What a native object made in one process is in a forked child: the base
+# class of every object whose threads, locks or streams belong to the process
+# that made it (Pool, LoopConn, Renewer, Lease, NoticeHub, NoticeBell).
+#
+# Needs: nothing but getpid.
+
+from posix.unistd cimport getpid
+
+
+cdef class ProcessBound:
+    """A native object that belongs to the process that made it.
+
+    After ``os.fork()`` the child's copy is the parent's business: the
+    threads that used it were not copied, a lock one of them held stays
+    held, a condition variable one of them waited on still counts that
+    waiter, and its connections' streams are the parent's. ``inherited()``
+    makes the copy inert (``forget_parent``) the first time anything asks
+    in another process, whoever asks first: the fork handler in _core.pyx,
+    or the garbage collector freeing the copy before that handler ran (it
+    may run inside any earlier fork handler; freeing the parent's state
+    as it was would wait forever on a lock or condition variable).
+    """
+
+    cdef int _pid
+    cdef bint _forked
+
+    def __cinit__(self):
+        self._pid = getpid()
+        self._forked = False
+
+    cdef bint inherited(self) noexcept:
+        """True in a forked child; the first call there makes the copy inert."""
+        if not self._forked and getpid() != self._pid:
+            self._forked = True
+            self.forget_parent()
+        return self._forked
+
+    cdef void forget_parent(self) noexcept:
+        """Make a forked child's copy inert: re-made locks, no thread, streams dropped unsent."""
+        pass
