@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
 import redis
 
 import redlease
-from helpers import elected_token, make_elector, wait_until
+from helpers import elected_token, make_elector, require_native, wait_until
+from redlease._testing import RedisServer
 
 LEADER_KEY = "fork:leader"
 CHILD_TIMEOUT = 30.0
@@ -151,3 +156,84 @@ def test_started_followers_hear_release_notices_in_the_parent_and_in_a_forked_ch
     assert isinstance(seen["took"], float) and seen["took"] < 1.0, seen
     took = handover(*parents)
     assert took < 1.0, f"the parent's follower took over {took:.3f} s after the release"
+
+
+def test_a_child_gets_every_module_wide_lock_back_unlocked(
+    client: redis.Redis, engine: str
+) -> None:
+    # Another thread of the parent holds every registry lock of the library
+    # (shared engines, asyncio twins, the driver, notice listeners, metrics)
+    # while the fork happens: in the child nobody would ever let them go.
+    from redlease._forksafe import _live
+
+    held = threading.Event()
+    done = threading.Event()
+
+    def hold_all() -> None:
+        with contextlib.ExitStack() as stack:
+            for lock in list(_live):
+                stack.enter_context(lock)
+            held.set()
+            done.wait(30)
+
+    holder = threading.Thread(target=hold_all, daemon=True)
+    holder.start()
+    try:
+        assert held.wait(5)
+        assert len(_live) >= 5  # the registries this test is about exist
+
+        def child() -> dict[str, object]:
+            kw = client.connection_pool.connection_kwargs
+            fresh = redis.Redis(host=kw["host"], port=kw["port"], socket_timeout=5)
+            mine = redlease.Elector(fresh, "fork-locked", ttl=0.5, engine=engine)
+            with mine:
+                token = wait_until(mine.token, timeout=5)
+            return {"token": token}
+
+        assert in_child(child) == {"token": 1}
+    finally:
+        done.set()
+        holder.join(5)
+
+
+# Runs in a fresh interpreter whose first fork handler collects garbage: it
+# runs before any handler the library registers (handlers run in the order
+# they were registered), as the collector may in any process.
+_COLLECT_FIRST = """
+import gc, os, sys, time
+os.register_at_fork(after_in_child=gc.collect)
+from redlease._engine._native import _core
+from redlease._engine.client import Endpoint
+from redlease._scripts import load
+
+renew = load("renew")
+target = _core.Target(Endpoint(host="127.0.0.1", port=int(sys.argv[1]), path=None, db=0,
+                               username=None, password=None, client_name=None))
+renewer = _core.Renewer(target)
+lease = _core.Lease(renewer, _core.ScriptRef(renew.sha, renew.source), ["k"], ["me", 60000],
+                    30.0, 60.0)
+lease.begin(1, time.monotonic())  # the renewer thread now waits on its condition variable
+time.sleep(0.2)
+gc.disable()
+cycle = [renewer, lease]
+cycle.append(cycle)
+del renewer, lease, cycle  # garbage, freed by the first collection
+pid = os.fork()
+if pid == 0:
+    os._exit(0)  # reached only if freeing the parent's renewer did not wait for its thread
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_native_renewer_freed_in_a_child_before_the_fork_handlers_ran_does_not_hang(
+    redis_server: RedisServer,
+) -> None:
+    require_native()
+    done = subprocess.run(
+        [sys.executable, "-c", _COLLECT_FIRST, str(redis_server.port)],
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT * 2,
+    )
+    assert done.returncode == 0, done.stderr
