@@ -2,7 +2,7 @@
 
 ``base`` holds the Engine and Keeper protocols and the keeper states;
 ``replies`` says what a reply means;
-``select`` picks an engine for a client; ``keeper`` is the Python keeper
+``select`` picks an engine for a client; ``renewer`` is the Python renewer
 (shared by the Python engine and ``MemoryLocker``); ``python`` and
 ``native`` are the engines; ``_native`` is the Cython core. ``notices``
 says what a release notice is; ``pynotices`` and ``nativenotices`` are the

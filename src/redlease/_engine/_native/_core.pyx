@@ -35,6 +35,8 @@ any thread may block on it, the renewer thread included.
 #
 #   _posix.pxi         C and system declarations: clock, atomics, pthreads,
 #                      poll, sockets, eventfd
+#   _process.pxi       ProcessBound: the base of every object whose threads,
+#                      locks or streams belong to the process that made it
 #   _resp_encode.pxi   growable C buffers; Python values -> RESP2 commands
 #   _resp_parse.pxi    RESP2 replies -> C nodes (no GIL) -> Python objects
 #   _conn.pxi          one connection: connect, handshake, send and read
@@ -79,8 +81,7 @@ any thread may block on it, the renewer thread included.
 #   _notices_sub_api.pxi
 #                      NoticeBell and NoticeSub: the Python faces of waiters
 #
-# Fork safety lives here, at the end: it reaches into Pool, LoopConn, Renewer,
-# Lease and NoticeHub.
+# The fork handler lives here, at the end: every ProcessBound made inert.
 
 cimport cython
 from cpython.bytes cimport (
