@@ -9,8 +9,6 @@ that refuses connections.
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -25,9 +23,23 @@ from redlease._testing import (
     TLSMaterials,
     tls_unsupported_reason,
 )
-from redlease._testing._common import redis_server_candidates
+from redlease._testing._common import find_redis_server, redis_server_candidates, server_version
 
 ENGINES = ("python", "native")
+
+
+def pytest_report_header() -> list[str]:
+    """Which server binary the tests run (the newest found, or $REDLEASE_REDIS_SERVER)."""
+
+    def named(binary: str) -> str:
+        return f"{binary} ({'.'.join(map(str, server_version(binary)))})"
+
+    try:
+        chosen = find_redis_server()
+    except FileNotFoundError as exc:
+        return [f"redis-server: none ({exc})"]
+    others = [named(b) for b in redis_server_candidates() if b != chosen]
+    return [f"redis-server: {named(chosen)}; also found: {', '.join(others) or 'none'}"]
 
 
 @pytest.fixture
@@ -190,9 +202,7 @@ def redis7_binary() -> str:
     Skips without one, unless ``REDLEASE_REQUIRE_REDIS7=1`` (as in CI).
     """
     for binary in redis_server_candidates():
-        out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
-        match = re.search(r"v=(\d+)\.", out.stdout)
-        if match and int(match.group(1)) >= 7:
+        if server_version(binary) >= (7,):
             return binary
     reason = "no redis-server 7 or later on PATH (sharded pub/sub)"
     if os.environ.get("REDLEASE_REQUIRE_REDIS7") == "1":

@@ -341,9 +341,13 @@ def test_a_write_refused_by_a_replica_raises_and_later_writes_work(
         with RedisServer() as master:
             client.replicaof("127.0.0.1", master.port)
             try:
-                # ReadOnlyError itself on Redis 7; older servers wrap it in a script error.
-                with pytest.raises(redis.exceptions.ResponseError, match="READONLY"):
+                # ReadOnlyError itself on Redis 7 (its code stripped from the
+                # message, as redis-py does); Redis 6 wraps it in a script error.
+                with pytest.raises(redis.exceptions.ResponseError) as refused:
                     await e.fence_set(token, f"{NAME}:k", "refused")
+                assert isinstance(refused.value, redis.exceptions.ReadOnlyError) or (
+                    "READONLY" in str(refused.value)
+                ), repr(refused.value)
             finally:
                 client.replicaof("no", "one")
         # The replica's data replaced ours (the fence mark too); writing works again.

