@@ -40,8 +40,15 @@ class Replicated:
         self.client = master.client(socket_timeout=5, socket_connect_timeout=5)
 
     def in_sync(self) -> bool:
+        # "online" alone is not enough: after a diskless sync (Redis 7's
+        # default) the master streams nothing to the replica until its first
+        # acknowledgement, up to a second later, and a WAIT until then times
+        # out. A write on this connection that the replica acknowledges is.
         info = self.client.info("replication")
-        return bool(info.get("connected_slaves") == 1 and info["slave0"]["state"] == "online")
+        if not (info.get("connected_slaves") == 1 and info["slave0"]["state"] == "online"):
+            return False
+        self.client.publish("replication-probe", "")  # replicated, and touches no key
+        return bool(self.client.wait(1, 100) == 1)
 
 
 @pytest.fixture
@@ -126,6 +133,7 @@ def test_lock_acquire_unconfirmed_raises_not_replicated_and_leaves_the_lock_free
         assert caught.value.replicas == 0
         assert replicated.client.exists(locker.key("job")) == 0
         replicated.replica.resume()
+        wait_until(replicated.in_sync, 10.0, what="the replica to catch up")
         held = locker.acquire("job", ttl=5.0, wait=5.0)
         assert held.fencing_token >= 1
         held.release()
