@@ -57,6 +57,12 @@ def in_child(fn: object) -> dict[str, object]:
     return data
 
 
+def fresh_client(client: redis.Redis) -> redis.Redis:
+    """A client of the child's own for ``client``'s server (none of the parent's connections)."""
+    kw = client.connection_pool.connection_kwargs
+    return redis.Redis(host=kw["host"], port=kw["port"], socket_timeout=5)
+
+
 def test_forked_child_is_not_leader_and_cannot_end_the_parents_lease(
     client: redis.Redis, engine: str
 ) -> None:
@@ -104,9 +110,7 @@ def test_forked_child_can_run_an_elector_of_its_own(client: redis.Redis, engine:
         parent_token = elected_token(e)
 
         def child() -> dict[str, object]:
-            kw = client.connection_pool.connection_kwargs
-            fresh = redis.Redis(host=kw["host"], port=kw["port"], socket_timeout=5)
-            mine = redlease.Elector(fresh, "fork-child", ttl=0.5, engine=engine)
+            mine = redlease.Elector(fresh_client(client), "fork-child", ttl=0.5, engine=engine)
             with mine:
                 token = wait_until(mine.token, timeout=5)
                 applied = mine.fence_set(token, "fork-child:value", "child")
@@ -147,9 +151,7 @@ def test_started_followers_hear_release_notices_in_the_parent_and_in_a_forked_ch
     parents = pair(client, "fork-parent")  # the parent's driver listens already
 
     def child() -> dict[str, object]:
-        kw = client.connection_pool.connection_kwargs
-        fresh = redis.Redis(host=kw["host"], port=kw["port"], socket_timeout=5)
-        return {"took": handover(*pair(fresh, "fork-child"))}
+        return {"took": handover(*pair(fresh_client(client), "fork-child"))}
 
     seen = in_child(child)
     assert "error" not in seen, seen
@@ -183,9 +185,7 @@ def test_a_child_gets_every_module_wide_lock_back_unlocked(
         assert len(_live) >= 5  # the registries this test is about exist
 
         def child() -> dict[str, object]:
-            kw = client.connection_pool.connection_kwargs
-            fresh = redis.Redis(host=kw["host"], port=kw["port"], socket_timeout=5)
-            mine = redlease.Elector(fresh, "fork-locked", ttl=0.5, engine=engine)
+            mine = redlease.Elector(fresh_client(client), "fork-locked", ttl=0.5, engine=engine)
             with mine:
                 token = wait_until(mine.token, timeout=5)
             return {"token": token}
