@@ -304,6 +304,7 @@ def test_hold_keeps_the_body_exception_when_release_fails(
         assert any("releasing lock 'job' failed" in note for note in notes)
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_cannot_release_its_parents_lock(
     client: redis.Redis, locker: RedisLocker
 ) -> None:

