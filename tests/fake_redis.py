@@ -14,15 +14,29 @@ import hashlib
 import socket
 import socketserver
 import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 from io import BufferedIOBase
 
 from redlease import _scripts
 
-Reply = bytes | Callable[[list[bytes], list[bytes]], bytes]
-"""Raw reply bytes, or a function of the script's (keys, args) giving them."""
+
+class Stream:
+    """A reply sent in pieces: each of ``pieces`` in turn, ``every`` seconds apart.
+
+    ``pieces`` may be endless (``itertools.repeat``): the fake sends until the
+    client hangs up or the fake closes.
+    """
+
+    def __init__(self, pieces: Iterable[bytes], every: float) -> None:
+        self.pieces = pieces
+        self.every = every
+
+
+Reply = bytes | Stream | Callable[[list[bytes], list[bytes]], bytes]
+"""Raw reply bytes, a ``Stream`` of them, or a function of the script's (keys, args) giving them."""
 
 
 def bulk(data: bytes) -> bytes:
@@ -68,6 +82,7 @@ class FakeRedis:
         self._names = _script_names()
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
+        self._closing = False
         fake = self
 
         class Handler(socketserver.StreamRequestHandler):
@@ -99,6 +114,7 @@ class FakeRedis:
             return len(self._queues.get(name, ()))
 
     def close(self) -> None:
+        self._closing = True
         self._server.shutdown()
         self._thread.join(5)
         for conn in list(self._conns):
@@ -122,7 +138,14 @@ class FakeRedis:
                 with self._lock:
                     self.commands.append(cmd)
                     reply = self._answer(cmd, session)
-                conn.sendall(reply)
+                if isinstance(reply, Stream):
+                    for piece in reply.pieces:
+                        if self._closing:
+                            return
+                        conn.sendall(piece)
+                        time.sleep(reply.every)
+                else:
+                    conn.sendall(reply)
             except (OSError, ValueError):
                 return
 
@@ -135,7 +158,7 @@ class FakeRedis:
             return self._names.get(hashlib.sha1(cmd[1]).hexdigest(), "<eval>")
         return None
 
-    def _answer(self, cmd: list[bytes], session: _Session) -> bytes:
+    def _answer(self, cmd: list[bytes], session: _Session) -> bytes | Stream:
         verb = cmd[0].upper()
         if verb in (b"EVALSHA", b"EVAL"):
             name = self._script_of(cmd)

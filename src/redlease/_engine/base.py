@@ -48,6 +48,14 @@ def remaining(deadline: float) -> float:
     return max(deadline - time.monotonic(), MIN_STEP)
 
 
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+"""No round trip on a connection of ours reads more than this many bytes.
+
+Our scripts answer integers and short arrays; a server that sends more is
+broken or hostile, and nothing it says makes us buffer past this cap.
+"""
+
+
 CALL_CONNECTIONS = 2
 """Control-path connections per engine (acquire, release, lock scripts)."""
 

@@ -21,6 +21,8 @@ def connection_factory(
     client: Any,
     key: str | bytes | None,
     node_addr: tuple[str, int] | None = None,
+    *,
+    wrap: Callable[[type], type] | None = None,
     **overrides: Any,
 ) -> Callable[[], Any]:
     """A factory of standalone redis-py connections like ``client``'s, with no retries.
@@ -29,7 +31,8 @@ def connection_factory(
     per-call deadline instead of whatever retry policy the client carries.
     On a cluster the connection goes to the owner of ``key``'s slot, or to
     ``node_addr`` when given (an ASK redirection). ``overrides`` replace
-    connection settings (the notice listener's RESP protocol, for one).
+    connection settings (the notice listener's RESP protocol, for one);
+    ``wrap`` makes the connection class (a bounded socket under it, say).
     """
     if is_cluster(client):
         node = client.get_default_node() if key is None else client.get_node_from_key(key)
@@ -51,7 +54,7 @@ def connection_factory(
         decode_responses=False,
     )
     kwargs.update(overrides)
-    cls = pool.connection_class
+    cls = pool.connection_class if wrap is None else wrap(pool.connection_class)
 
     def make() -> Any:
         return cls(**kwargs)

@@ -1,6 +1,7 @@
 """The Python engine's connection: one redis-py connection with a deadline on every call.
 
-``BoundedConnection`` bounds each round trip (connect included), pipelines
+``BoundedConnection`` bounds each round trip (connect included; every read
+of a reply too, and the bytes it may read: see ``pysock``), pipelines
 a batch of commands, runs scripts (EVALSHA, then EVAL once on NOSCRIPT;
 one ASK redirection followed on a cluster) and drops itself after any
 error, to reconnect on the next call. The pools and the engine built on it
@@ -27,6 +28,7 @@ from .._scripts import Script
 from .base import EncodableT, ScriptRequest, remaining
 from .client import is_cluster
 from .connect import connection_factory
+from .pysock import BoundedSocket, bounded_class
 from .replies import server_changed
 
 
@@ -47,7 +49,7 @@ class BoundedConnection:
         self._cluster = is_cluster(client)
         self._key = key
         self._node_addr = node_addr
-        self._make = connection_factory(client, key, node_addr)
+        self._make = connection_factory(client, key, node_addr, wrap=bounded_class)
         self._conn: Any = None
         self._stale = False
 
@@ -115,6 +117,8 @@ class BoundedConnection:
             conn.socket_connect_timeout = left
             conn.connect()
             sock = getattr(conn, "_sock", None)
+            if isinstance(sock, BoundedSocket):
+                sock.begin(deadline)  # every read of this round trip ends by then
             if sock is not None:
                 sock.settimeout(remaining(deadline))
             return exchange(conn)
@@ -150,7 +154,7 @@ class BoundedConnection:
             return  # an ASK target: one node on purpose, for one redirected call
         with contextlib.suppress(RedisError):
             self._client.nodes_manager.initialize()
-        self._make = connection_factory(self._client, self._key)
+        self._make = connection_factory(self._client, self._key, wrap=bounded_class)
 
     def eval_script(
         self,

@@ -36,6 +36,7 @@ from redis.exceptions import (
     BusyLoadingError,
     ClusterDownError,
     ConnectionError,
+    InvalidResponse,
     MasterDownError,
     MovedError,
     NoScriptError,
@@ -121,6 +122,21 @@ def ran_elsewhere(reply: object, cluster: bool) -> bool:
 
 
 # -- what each script may answer ------------------------------------------------------
+
+
+class ReplyTooLarge(InvalidResponse):
+    """A server sent more than a round trip may read (``MAX_REPLY_BYTES``).
+
+    Never a result: the connection is dropped with the bytes read so far,
+    and the outcome of the call is unknown. redis-py's ``InvalidResponse``,
+    as a malformed reply is.
+    """
+
+    def __init__(self, cap: int, read: int) -> None:
+        super().__init__(
+            f"the server sent {read:,} bytes, more than the {cap / 1048576:g} MiB a reply "
+            "may hold on this connection: a broken or foreign server (the connection is dropped)"
+        )
 
 
 class UnexpectedReply(ResponseError):
