@@ -135,7 +135,8 @@ def extensions() -> list[Extension]:
         if os.environ.get("REDLEASE_REQUIRE_NATIVE") == "1":
             raise
         return []
-    # One extension: _core.pyx includes the .pxi files (one concern each).
+    # One extension: _core.pyx includes the .pxi files (one concern each), and
+    # _core.pxd, which Cython finds beside it, their .pxd declarations.
     # Listing them as dependencies rebuilds the extension when one changes.
     included = sorted([*native.glob("*.pxi"), *native.glob("*.pxd"), *native.glob("*.h")])
     ext = Extension(

@@ -32,9 +32,14 @@ any thread may block on it, the renewer thread included.
 
 # One extension, one file per concern, included in dependency order. Every
 # file is compiled into this module: a name defined in one is visible in all.
+# What a unit offers the others (its structs, enums, cdef function
+# signatures and cdef classes) is declared in its .pxd; _core.pxd includes
+# those in the same order, and Cython reads it before this file. The .pxi
+# files below hold the implementations (_loopconn and _notices_sub_api offer
+# nothing to the others and have no .pxd).
 #
-#   _posix.pxi         C and system declarations: clock, atomics, pthreads,
-#                      poll, sockets, eventfd
+#   _posix.pxi         C and system declarations (all in _posix.pxd): clock,
+#                      atomics, pthreads, poll, sockets, eventfd
 #   _process.pxi       ProcessBound: the base of every object whose threads,
 #                      locks or streams belong to the process that made it
 #   _resp_encode.pxi   growable C buffers; Python values -> RESP2 commands

@@ -15,7 +15,7 @@
 #
 # Needs: _posix, _resp_encode, _resp_parse, _conn, _tls; _pool (exceptions).
 
-from libc.stdint cimport int16_t, uint16_t
+from libc.stdint cimport uint16_t
 from libc.stdlib cimport malloc
 from libc.string cimport strcmp, strlen, strncmp
 
@@ -31,18 +31,6 @@ cdef extern from *:
     int64_t rl_add_fetch(int64_t* p, int64_t v) noexcept nogil
 
 
-# A failure kind beyond those of _conn.pxi: the sentinels named no master.
-cdef enum:
-    RL_ENOMASTER = 9
-
-cdef enum:
-    DISCO_SENTINEL = 1
-    DISCO_CLUSTER = 2
-    MAX_PEERS = 16        # sentinels, or cluster seed nodes, a Target remembers
-    MAX_NODES = 64        # cluster nodes in the slot map's node table
-    CLUSTER_SLOTS = 16384
-    MAX_REDIRECTS = 5     # MOVED / ASK followed per round trip
-
 # While connected, the sentinels are asked again at most this often whether
 # the master is still the one they name (a failover that leaves the old
 # master up and writable would otherwise go unnoticed until it is demoted).
@@ -57,39 +45,6 @@ cdef const char* ASKING_CMD = b"*1\r\n$6\r\nASKING\r\n"
 cdef const char* SLOTS_CMD = b"*2\r\n$7\r\nCLUSTER\r\n$5\r\nSLOTS\r\n"
 
 _DISCOVERY_FEATURES = ("sentinel", "cluster")
-
-
-cdef struct rl_addr:
-    char host[256]
-    int port
-
-
-cdef struct rl_disco:
-    int64_t refs           # atomic: the Target and every connection made from it
-    int kind
-    pthread_mutex_t mu     # guards everything from here on; never held across I/O
-    # The peers asked: sentinels, or a cluster's seed nodes.
-    int npeers
-    int first_peer         # the one that answered last is asked first next time
-    rl_addr peers[16]
-    # Sentinel: what the sentinels are told first, and asked.
-    char* s_hello
-    size_t s_hello_len
-    int s_hello_replies
-    char* s_query          # SENTINEL get-master-addr-by-name <service>
-    size_t s_query_len
-    void* s_tls_ctx        # the sentinels' own TLS (sentinel_kwargs), or NULL: plain
-    int s_check_hostname
-    char service[200]
-    # Sentinel: the master as the sentinels last named it.
-    int master_known
-    rl_addr master
-    int64_t master_checked
-    # Cluster: the slot map, node indexes into ``nodes`` (-1: not known).
-    int stale
-    int nnodes
-    rl_addr nodes[64]
-    int16_t owner[16384]
 
 
 cdef void disco_release(void* p) noexcept nogil:

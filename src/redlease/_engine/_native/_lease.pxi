@@ -1,24 +1,11 @@
-# One lease's state, defined once: its atomics (what Python reads without a
-# lock), its error ring and its lateness figures (a histogram over the
-# engine's LATENESS_BUCKETS bounds, and the last LATE_MAX lateness values).
+# One lease's state, declared once (in _lease.pxd): its atomics (what Python
+# reads without a lock), its error ring and its lateness figures (a histogram
+# over the engine's LATENESS_BUCKETS bounds, and the last LATE_MAX lateness
+# values).
 # The renewer (_renewer_heap.pxi) keeps every lease of an engine in a timer heap
 # and changes this state under its mutex; nothing here does I/O.
 #
-# Needs: the atomics, eventfds and clock of _posix.pxi, ERR_MSG of _conn.pxi.
-
-# Lease states, as C atomics. The values are those of redlease._engine
-# (IDLE, ACTIVE, LOST, ENDED), which ``Lease.state`` returns.
-cdef enum:
-    ST_IDLE = 0
-    ST_ACTIVE = 1
-    ST_LOST = 2
-    ST_ENDED = 3
-
-cdef enum:
-    ERR_RING = 32
-    LATE_MAX = 65536
-    LATE_BOUNDS_N = 16
-
+# Needs: the atomics, eventfds and clock of _posix, ERR_MSG of _conn.
 
 # Renew-lateness histogram bounds (seconds): the same as
 # redlease._engine.base.LATENESS_BUCKETS, which the import checks. The
@@ -35,59 +22,8 @@ if LATENESS_BUCKETS != _ENGINE_LATENESS_BUCKETS:
     raise ImportError("the native lateness buckets differ from redlease._engine.base.LATENESS_BUCKETS")
 
 
-cdef struct rl_err:
-    int kind
-    char msg[400]
-
-
 cdef enum:
     LEASE_LATE_START = 16
-
-
-cdef inline void fd_signal(int fd) noexcept nogil:
-    cdef uint64_t one = 1
-    if fd >= 0:
-        write(fd, &one, 8)
-
-
-cdef struct rl_lease:
-    # Read by Python without the lock: atomics only.
-    int64_t state
-    int64_t token
-    int64_t renewed_at
-    int64_t renewals
-    int64_t err_count_atomic
-    # Guarded by the renewer's mu.
-    uint64_t gen
-    int64_t interval_ns
-    int64_t ttl_ns
-    int64_t lease_deadline
-    int64_t next_send
-    int heap_idx          # position in the heap, -1 when not in it
-    int inflight          # part of the batch on the wire
-    int detached          # the Python object is gone: whoever lets go last frees
-    int closed
-    int wake_fd           # eventfd made on first use by Python (-1 until then)
-    int wake_pending      # a wake-up happened before the eventfd existed
-    uint64_t sent_gen     # the term the renewal on the wire is for
-    int64_t sched         # when that renewal was due
-    int64_t t_send
-    rl_buf cmd            # its EVALSHA, built once
-    double* late
-    size_t late_cap
-    uint64_t late_count
-    uint64_t late_hist[17]
-    double late_sum
-    int err_head
-    int err_count
-    rl_err* errs          # ERR_RING entries, allocated on the first error
-    int64_t* changes      # the renewer's change counter
-    # On a cluster (the renewer's thread only).
-    int slot              # its key's slot (-1: keyless)
-    int node              # the node connection its renewal of this batch went to
-    int ask_node          # an ASK redirection: the next renewal goes there, after ASKING
-    int asking            # this batch's renewal is preceded by ASKING (its reply is owed)
-    int redirects         # MOVED / ASK followed since the last answer
 
 
 # ---------------------------------------------------------------- lease helpers (mu held)

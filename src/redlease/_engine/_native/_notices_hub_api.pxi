@@ -23,12 +23,6 @@ cdef class NoticeHub(ProcessBound):
     is inert: no thread, its socket dropped unsent; a new hub is made there.
     """
 
-    cdef rl_hub* h
-    cdef bint _closed
-    cdef dict _counts        # channel -> how many subscriptions want it (GIL-guarded)
-    cdef readonly Target target
-    cdef object __weakref__
-
     def __cinit__(self):
         self.h = NULL
         self._counts = {}

@@ -14,53 +14,16 @@
 # list (``NoticeBell.take()``: the tags of the fired subscriptions) and
 # wakes just those. The bell's mutex is taken inside a hub's, never around one.
 #
-# Here: those structs, the bell's fired list, queueing a notice for a waiter
-# (sub_push) and waking a hub's waiters. The reader thread is in
-# _notices_thread.pxi, the Python faces in _notices_hub_api.pxi and
-# _notices_sub_api.pxi.
+# Here: the bell's fired list, queueing a notice for a waiter (sub_push) and
+# waking a hub's waiters; those structs are declared in _notices_queue.pxd.
+# The reader thread is in _notices_thread.pxi, the Python faces in
+# _notices_hub_api.pxi and _notices_sub_api.pxi.
 #
 # Needs: _posix, _resp_encode, _conn, _lease (fd_signal).
 
 cdef enum:
     NOTICE_PENDING = 8       # payloads a waiter keeps; more means "some were lost"
     NOTICE_PAYLOAD = 256     # longer payloads are kept as "lost" (None)
-
-
-cdef struct rl_payload:
-    int lost                 # 1: "look again" (a reconnect, an overflow, a long payload)
-    int len
-    char data[256]
-
-
-cdef struct rl_nsub:
-    char* channel
-    size_t channel_len
-    int fd                   # eventfd of its own: wait() polls it (-1 with a bell)
-    int signal_fd            # another eventfd to write on a notice (a keeper's), or -1
-    int npending
-    bint unkept              # a notice came that could not be kept (no memory): "look again"
-    bint moved               # a cluster node stopped serving its channel: re-home it (take_moved)
-    int64_t notices          # how many notices reached it (a test hook)
-    int64_t last_ns          # when the latest one did (rl_now_ns; a test hook)
-    # NOTICE_PENDING slots, allocated by the first notice and freed by take():
-    # thousands of waiters that hear nothing cost no payload space.
-    rl_payload* pending
-    int index                # where it is in the hub's ``subs``
-    # With a bell (else NULL): guarded by the bell's mutex.
-    void* bell               # the rl_bell rung on a notice
-    int64_t tag              # what NoticeBell.take() names this subscription by
-    bint fired               # linked into the bell's list of fired subscriptions
-    rl_nsub* fired_prev
-    rl_nsub* fired_next
-
-
-cdef struct rl_bell:
-    pthread_mutex_t mu
-    int fd                   # the fd written when a subscription fires (not owned)
-    # Guarded by mu.
-    rl_nsub* fired           # the fired subscriptions not taken yet (a doubly linked list)
-    int64_t nfired           # their number (written with rl_store: take() peeks without mu)
-    int64_t rings            # how many times a subscription fired (a test hook)
 
 
 cdef void bell_ring(rl_bell* b, rl_nsub* s) noexcept nogil:
@@ -92,27 +55,6 @@ cdef void bell_unlink(rl_bell* b, rl_nsub* s) noexcept nogil:
     s.fired = False
     s.fired_prev = s.fired_next = NULL
     rl_store(&b.nfired, b.nfired - 1)
-
-
-cdef struct rl_hub:
-    rl_conn conn             # its ``w`` holds the SUBSCRIBE of a new session, ``e`` what ``out`` had
-    pthread_t thread
-    pthread_mutex_t mu
-    int cmd_fd               # eventfd: ``out`` has commands to send
-    int stop_fd              # eventfd: stop (the connection's cancel fd; never drained)
-    # Guarded by mu.
-    int thread_started
-    int stop
-    int exited
-    int detached             # the Python object is gone: the thread frees this struct
-    int cluster              # a cluster node's hub: channels live in slots that move (fixed)
-    int sharded              # SSUBSCRIBE (a cluster node with sharded pub/sub), else SUBSCRIBE
-    int64_t connects         # sessions established so far
-    int64_t subscribed_at    # when the current session sent its SUBSCRIBE (0: none)
-    rl_buf out               # SUBSCRIBE / UNSUBSCRIBE queued by Python for the thread
-    rl_nsub** subs
-    int nsubs
-    int cap
 
 
 cdef void hub_free(rl_hub* h) noexcept nogil:

@@ -76,9 +76,6 @@ cdef int64_t deadline_after(double timeout) except? -1:
 cdef class ScriptRef:
     """A Lua script as the wire wants it: its SHA1 and its source, both UTF-8 bytes."""
 
-    cdef readonly bytes sha
-    cdef readonly bytes source
-
     def __init__(self, str sha, str source):
         if len(sha) != 40:
             raise ValueError("sha must be 40 hex digits")
@@ -99,21 +96,6 @@ cdef class Target:
     that cannot be used (a missing or unparsable file, a wrong key password)
     raises ConfigError now, naming the setting and the file.
     """
-
-    cdef readonly object host
-    cdef readonly int port
-    cdef readonly object path
-    cdef readonly int db
-    cdef readonly object username
-    cdef readonly object client_name
-    cdef readonly bint tls
-    cdef bint _check_hostname
-    cdef void* _tls_ctx
-    cdef bytes _host_b
-    cdef bytes _path_b
-    cdef bytes _hello
-    cdef int _hello_replies
-    cdef void* disco      # Sentinel / Cluster: how the server is found (_discovery.pxi)
 
     def __cinit__(self):
         self.disco = NULL
@@ -240,18 +222,6 @@ cdef class Target:
         return 0
 
 
-cdef struct rl_slot:
-    pthread_mutex_t mu
-    rl_conn conn
-
-
-cdef inline void release_slot(rl_slot* slot) noexcept:
-    if slot.conn.drop_when_done:
-        slot.conn.drop_when_done = 0
-        conn_drop(&slot.conn)
-    pthread_mutex_unlock(&slot.mu)
-
-
 cdef class Pool(ProcessBound):
     """A few native connections to one server, lazily opened, safe from any thread.
 
@@ -261,12 +231,6 @@ cdef class Pool(ProcessBound):
     or a timeout closes that connection; the next call opens a new one. No
     call is ever retried.
     """
-
-    cdef rl_slot* slots
-    cdef int size
-    cdef unsigned int rr
-    cdef readonly Target target
-    cdef object __weakref__
 
     def __cinit__(self):
         self.slots = NULL

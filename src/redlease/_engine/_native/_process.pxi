@@ -21,9 +21,6 @@ cdef class ProcessBound:
     as it was would wait forever on a lock or condition variable).
     """
 
-    cdef int _pid
-    cdef bint _forked
-
     def __cinit__(self):
         self._pid = getpid()
         self._forked = False

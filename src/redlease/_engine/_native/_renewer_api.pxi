@@ -20,10 +20,6 @@ cdef class Renewer(ProcessBound):
     without a byte sent, and every lease of it ended.
     """
 
-    cdef rl_renewer* r
-    cdef bint _closed
-    cdef object __weakref__
-
     def __cinit__(self):
         self.r = NULL
         self._closed = False

@@ -7,11 +7,11 @@
 # token and state, its own errors and lateness figures: a reply of 0 ends
 # that lease alone.
 #
-# Here: the limits, the rl_renewer and rl_rnode structs, the heap, and what a
-# renewal's outcome does to its lease (renewed, failed, lost, a reply of the
-# wrong shape). The round trips are in _renewer_cluster.pxi and
-# _renewer_thread.pxi, the Python faces in _renewer_api.pxi and
-# _renewer_lease_api.pxi.
+# Here: the heap, and what a renewal's outcome does to its lease (renewed,
+# failed, lost, a reply of the wrong shape); the limits and the rl_renewer
+# and rl_rnode structs are declared in _renewer_heap.pxd. The round trips
+# are in _renewer_cluster.pxi and _renewer_thread.pxi, the Python faces in
+# _renewer_api.pxi and _renewer_lease_api.pxi.
 #
 # No GIL, ever, and no Python object on the thread. Python reads token and
 # state as atomics; everything else is guarded by the renewer's mutex ``mu``,
@@ -20,65 +20,12 @@
 #
 # Needs: _posix, _resp_encode, _resp_parse, _conn, _replies, _lease.
 
-cdef enum:
-    RENEW_NODES_MAX = 64
-    RENEW_BATCH_MAX = 512
-    RENEW_SCRIPTS_MAX = 8
-
 # Renewals due within this much of the earliest one are sent with it.
 cdef int64_t RENEW_WINDOW_NS = 1000000
 # After a failed renewal the next one waits at least this long (a refused
 # connect fails at once; without a floor the thread would spin until the
 # deadline). The lease deadline is unchanged by it.
 cdef int64_t RENEW_RETRY_NS = 1000000
-
-
-cdef struct rl_renewer:
-    rl_conn conn
-    pthread_t thread
-    pthread_mutex_t mu
-    pthread_cond_t cv
-    int thread_started
-    int stop
-    int ctl_fd            # close() aborts a round trip in flight
-    int need_load         # SCRIPT LOAD every script before the next batch
-    int nscripts
-    rl_buf loads[8]       # SCRIPT LOAD <source>, one per distinct script
-    char shas[8][41]
-    rl_lease** heap
-    size_t heap_len
-    size_t heap_cap
-    rl_lease* batch[512]
-    size_t batch_len
-    rl_buf out
-    int64_t changes       # bumped by every wake-up of any lease (atomic)
-    int64_t sent_total    # renewals written (for tests and benchmarks)
-    int64_t batches_total
-    int saw_failover      # a reply of this batch said the server is no longer the master
-    int saw_unexpected    # a reply of this batch had a shape the script cannot give
-    # On a cluster: one connection per node that owns the slots of some lease.
-    int cluster
-    rl_rnode* nodes       # RENEW_NODES_MAX of them, made with the renewer
-    rl_lease* sorted[512] # the batch grouped by node
-
-
-cdef struct rl_rnode:
-    rl_conn conn
-    int used
-    int need_load         # SCRIPT LOAD every script before the next renewals here
-    int failed            # this batch: the connect failed
-    int drop              # this batch: a reply said the connection cannot be trusted
-    int loads_left        # SCRIPT LOAD replies still owed
-    size_t first          # its leases are batch[first:first + count]
-    size_t count
-    size_t done           # how many of them had their reply
-    int64_t deadline      # the earliest bound of its leases' round trip
-
-
-# ---------------------------------------------------------------- lease helpers (mu held)
-
-cdef inline int64_t lease_key(rl_lease* l) noexcept nogil:
-    return l.next_send if l.next_send < l.lease_deadline else l.lease_deadline
 
 
 # ---------------------------------------------------------------- the heap (mu held)

@@ -21,14 +21,6 @@ cdef class Lease(ProcessBound):
     eventfd on first use, so a lease nobody waits on costs no descriptor.
     """
 
-    cdef rl_lease* l
-    cdef readonly Renewer renewer
-    cdef bint _closed
-    cdef int _waiters
-    cdef readonly double interval
-    cdef readonly double ttl
-    cdef object __weakref__
-
     def __cinit__(self):
         self.l = NULL
         self._closed = False
@@ -82,16 +74,6 @@ cdef class Lease(ProcessBound):
         pthread_mutex_unlock(&r.mu)
         if l != NULL:
             lease_free(l)
-
-    cdef inline rl_renewer* _r(self):
-        return self.renewer.r
-
-    cdef inline bint _expired(self) noexcept:
-        # The renewer may be waiting on a slow server's replies to other
-        # leases when this one's deadline passes: readers see the loss at
-        # the deadline all the same, the thread records it when it is back.
-        return (rl_load(&self.l.state) == ST_ACTIVE
-                and rl_now_ns() >= rl_load(&self.l.lease_deadline))
 
     @property
     def token(self):

@@ -2,23 +2,8 @@
 # (RETRY), the end of a term (FAILOVER), an error, or a shape the caller
 # does not expect. The decision about a reply's text is made here, once.
 #
-# Needs: rl_conn and its parsed nodes (_conn.pxi, _resp_parse.pxi), rl_disco
-# (_discovery.pxi).
-
-cdef enum:
-    REPLY_DONE = 0
-    REPLY_MOVED = 1
-    REPLY_ASK = 2
-    REPLY_RETRY = 3       # not executed, the server is not (yet) the one: ask again, resend
-    REPLY_FAILOVER = 4    # READONLY / MASTERDOWN / NOREPLICAS: not the master any more
-    REPLY_ERROR = 5       # any other error reply
-    REPLY_UNEXPECTED = 6  # not the shape the caller expects
-
-# The shapes a caller may expect (``reply_class``'s ``expect``).
-cdef enum:
-    EXPECT_ANY = 0
-    EXPECT_0_OR_1 = 1     # the renew script: integer 1 (renewed) or 0 (lost)
-
+# Needs: rl_conn and its parsed nodes (_conn, _resp_parse), rl_disco
+# (_discovery).
 
 cdef bint node_starts(const char* base, rl_node* top, const char* prefix) noexcept nogil:
     """Whether the reply parsed at ``base`` (its payload at top.off) starts with ``prefix``."""

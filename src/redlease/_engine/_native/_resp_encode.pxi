@@ -6,12 +6,6 @@
 
 # ---------------------------------------------------------------- buffers (no GIL)
 
-cdef struct rl_buf:
-    char* data
-    size_t len
-    size_t cap
-
-
 cdef int buf_reserve(rl_buf* b, size_t extra) noexcept nogil:
     cdef size_t need = b.len + extra
     cdef size_t cap
@@ -152,13 +146,6 @@ cdef int put_command(rl_buf* b, object args) except -1:
     for arg in args:
         put_arg(b, arg)
     return 0
-
-
-cdef struct rl_script_cmd:
-    size_t head       # end of "*<n>\r\n"
-    size_t tail       # start of "<numkeys> keys... args..."
-    const char* src   # the script's source, for the EVAL twin (owned by the caller)
-    size_t srclen
 
 
 cdef int put_evalsha(rl_buf* b, bytes sha, bytes source, object keys, object args,

@@ -16,18 +16,6 @@ _parse_error = _BaseParser.parse_error
 
 # ---------------------------------------------------------------- parsing (no GIL)
 
-cdef struct rl_node:
-    char kind         # one of : + - $ *
-    long long ival    # integer value; payload length for + - $; element count for *
-    size_t off        # payload offset for + - $
-
-
-cdef struct rl_nodes:
-    rl_node* items
-    size_t len
-    size_t cap
-
-
 cdef int parse_ll(const char* p, size_t n, long long* out) noexcept nogil:
     cdef size_t i = 0
     cdef bint neg = False

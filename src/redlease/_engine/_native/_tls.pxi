@@ -14,52 +14,6 @@
 #
 # Needs: _posix, _resp_encode, _conn; _pool (exceptions).
 
-cdef extern from "rl_tls.h" nogil:
-    enum:
-        RL_TLS_OK
-        RL_TLS_WANT_READ
-        RL_TLS_WANT_WRITE
-        RL_TLS_CLOSED
-        RL_TLS_SYSCALL
-        RL_TLS_FAILED
-    enum:
-        RL_TLS_E_NONE
-        RL_TLS_E_UNAVAILABLE
-        RL_TLS_E_NOMEM
-        RL_TLS_E_CA_FILE
-        RL_TLS_E_CA_PATH
-        RL_TLS_E_CA_DATA
-        RL_TLS_E_CERT
-        RL_TLS_E_KEY
-        RL_TLS_E_KEY_MISMATCH
-        RL_TLS_E_DEFAULT_PATHS
-    ctypedef struct rl_tls_settings:
-        const char* ca_file
-        const char* ca_path
-        const char* ca_data
-        size_t ca_data_len
-        int ca_data_der
-        const char* certfile
-        const char* keyfile
-        const char* key_password
-        int verify
-
-    int rl_tls_available()
-    const char* rl_tls_version()
-    void* rl_tls_ctx_new(const rl_tls_settings* s, int* what, char* err, size_t errlen)
-    void rl_tls_ctx_up_ref(void* ctx)
-    void rl_tls_ctx_free(void* ctx)
-    void* rl_tls_new(void* ctx, int fd, const char* host, int check_hostname,
-                     char* err, size_t errlen)
-    void rl_tls_free(void* ssl)
-    int rl_tls_handshake(void* ssl, int* sys_errno, char* err, size_t errlen)
-    int rl_tls_read(void* ssl, void* buf, size_t n, size_t* got, int* sys_errno,
-                    char* err, size_t errlen)
-    int rl_tls_write(void* ssl, const void* buf, size_t n, size_t* put, int* sys_errno,
-                     char* err, size_t errlen)
-    int rl_tls_has_pending(void* ssl)
-
-
 from libc.string cimport strcmp
 
 from redlease._errors import ConfigError as _ConfigError
@@ -69,9 +23,6 @@ _TLS_FEATURES = ("tls",) if rl_tls_available() else ()
 
 # The OpenSSL this build runs with ("" without one).
 OPENSSL_VERSION = rl_tls_version().decode("ascii", "replace")
-
-cdef enum:
-    TLS_MSG = 300
 
 
 # ---------------------------------------------------------------- the context (GIL held)

@@ -1,0 +1,62 @@
+# What _renewer_heap.pxi offers the other units: the shared renewer's state
+# (rl_renewer, rl_rnode) and limits, its timer heap, and what a renewal's
+# outcome does to its lease.
+
+cdef enum:
+    RENEW_NODES_MAX = 64
+    RENEW_BATCH_MAX = 512
+    RENEW_SCRIPTS_MAX = 8
+
+cdef struct rl_renewer:
+    rl_conn conn
+    pthread_t thread
+    pthread_mutex_t mu
+    pthread_cond_t cv
+    int thread_started
+    int stop
+    int ctl_fd            # close() aborts a round trip in flight
+    int need_load         # SCRIPT LOAD every script before the next batch
+    int nscripts
+    rl_buf loads[8]       # SCRIPT LOAD <source>, one per distinct script
+    char shas[8][41]
+    rl_lease** heap
+    size_t heap_len
+    size_t heap_cap
+    rl_lease* batch[512]
+    size_t batch_len
+    rl_buf out
+    int64_t changes       # bumped by every wake-up of any lease (atomic)
+    int64_t sent_total    # renewals written (for tests and benchmarks)
+    int64_t batches_total
+    int saw_failover      # a reply of this batch said the server is no longer the master
+    int saw_unexpected    # a reply of this batch had a shape the script cannot give
+    # On a cluster: one connection per node that owns the slots of some lease.
+    int cluster
+    rl_rnode* nodes       # RENEW_NODES_MAX of them, made with the renewer
+    rl_lease* sorted[512] # the batch grouped by node
+
+cdef struct rl_rnode:
+    rl_conn conn
+    int used
+    int need_load         # SCRIPT LOAD every script before the next renewals here
+    int failed            # this batch: the connect failed
+    int drop              # this batch: a reply said the connection cannot be trusted
+    int loads_left        # SCRIPT LOAD replies still owed
+    size_t first          # its leases are batch[first:first + count]
+    size_t count
+    size_t done           # how many of them had their reply
+    int64_t deadline      # the earliest bound of its leases' round trip
+
+cdef inline int64_t lease_key(rl_lease* l) noexcept nogil:
+    return l.next_send if l.next_send < l.lease_deadline else l.lease_deadline
+
+cdef int heap_push(rl_renewer* r, rl_lease* l) noexcept nogil
+cdef void heap_remove(rl_renewer* r, rl_lease* l) noexcept nogil
+cdef void heap_fix(rl_renewer* r, rl_lease* l) noexcept nogil
+cdef rl_lease* heap_pop(rl_renewer* r) noexcept nogil
+cdef void batch_release(rl_renewer* r, rl_lease* l) noexcept nogil
+cdef void lease_failed(rl_lease* l, int kind, const char* msg, int64_t now) noexcept nogil
+cdef void batch_fail(rl_renewer* r, size_t first, int kind, const char* msg) noexcept nogil
+cdef void lease_renewed(rl_lease* l) noexcept nogil
+cdef void lease_unexpected(rl_lease* l, rl_conn* c) noexcept nogil
+cdef void lease_apply_reply(rl_renewer* r, rl_lease* l, rl_conn* c) noexcept nogil
