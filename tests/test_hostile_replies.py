@@ -10,14 +10,18 @@ the write was sent once, and the next write on the same elector works.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections.abc import Iterator
 
 import pytest
 import redis
+import redis.asyncio
 import redis.exceptions
 
+import redlease
+import redlease.aio
 from fake_redis import FakeRedis, Stream
 from helpers import make_elector
 from redlease._engine.base import MAX_REPLY_BYTES
@@ -85,21 +89,56 @@ def test_a_reply_that_never_ends_its_line_ends_at_the_writes_bound(
 
 
 def test_a_flood_past_the_reply_cap_is_cut_off_at_the_cap(
-    fake: FakeRedis, client: redis.Redis
+    fake: FakeRedis, client: redis.Redis, engine: str
 ) -> None:
-    # The Python engine's connections read no more than the cap in a round
-    # trip (the native engine's own cap is not there yet: it reads until the
-    # write's bound).
+    # Sent as fast as the client takes it, with no line end: the client reads
+    # no more than the cap before it gives up, long before the bound.
     flood = itertools.chain([b"+"], itertools.repeat(b"x" * 65536))
     fake.script("fence_set", Stream(flood, every=0.0), b":1\r\n")
-    e = make_elector(client, "python")
+    e = make_elector(client, engine)
     exc, took = timed_failure(lambda: e.fence_set(1, "k", "v"))
-    assert isinstance(exc, ReplyTooLarge), repr(exc)
-    assert isinstance(exc, redis.exceptions.InvalidResponse)
+    assert isinstance(exc, redis.exceptions.InvalidResponse), repr(exc)
     assert f"{MAX_REPLY_BYTES / 1048576:g} MiB" in str(exc), str(exc)
     assert took < BOUND + SLACK
     assert fake.runs("fence_set") == 1
     assert e.fence_set(1, "k", "v") is True
+
+
+def test_the_python_engines_cap_error_is_reply_too_large(
+    fake: FakeRedis, client: redis.Redis
+) -> None:
+    flood = itertools.chain([b"+"], itertools.repeat(b"x" * 65536))
+    fake.script("fence_set", Stream(flood, every=0.0))
+    exc, _ = timed_failure(lambda: make_elector(client, "python").fence_set(1, "k", "v"))
+    assert isinstance(exc, ReplyTooLarge), repr(exc)
+
+
+def test_an_asyncio_write_past_the_reply_cap_raises_and_the_next_works(
+    fake: FakeRedis, engine: str
+) -> None:
+    flood = itertools.chain([b"+"], itertools.repeat(b"x" * 65536))
+    fake.script("fence_set", Stream(flood, every=0.0), b":1\r\n")
+
+    async def scenario() -> tuple[BaseException | None, bool]:
+        aclient = redis.asyncio.Redis(
+            host="127.0.0.1", port=fake.port, socket_timeout=BOUND, socket_connect_timeout=BOUND
+        )
+        e = redlease.aio.Elector(aclient, "svc", engine=engine)
+        try:
+            try:
+                await e.fence_set(1, "k", "v")
+                first: BaseException | None = None
+            except Exception as exc:
+                first = exc
+            return first, await e.fence_set(1, "k", "v")
+        finally:
+            await e.stop()
+            await aclient.aclose()
+
+    first, second = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert isinstance(first, redis.exceptions.InvalidResponse), repr(first)
+    assert f"{MAX_REPLY_BYTES / 1048576:g} MiB" in str(first), str(first)
+    assert second is True
 
 
 def test_a_slow_pipeline_reply_ends_at_the_writes_bound(

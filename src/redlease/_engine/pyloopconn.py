@@ -19,7 +19,9 @@ import hiredis
 from redis.exceptions import ConnectionError, InvalidResponse
 
 from .._scripts import Script
+from .base import MAX_REPLY_BYTES
 from .encodable import EncodableT
+from .replies import ReplyTooLarge
 
 try:
     from redis._parsers import BaseParser as _BaseParser
@@ -73,6 +75,7 @@ class PyLoopConn:
         self._tls = False
         self._out = bytearray()
         self._reader = hiredis.Reader(replyError=_BaseParser.parse_error)
+        self._unreplied = 0  # bytes read since the last whole reply
 
     @property
     def connected(self) -> bool:
@@ -90,6 +93,7 @@ class PyLoopConn:
         sock.setblocking(False)
         self._redis_conn = conn
         self._reader = hiredis.Reader(replyError=_BaseParser.parse_error)
+        self._unreplied = 0
         self._tls = isinstance(sock, ssl.SSLSocket)
         self._connected_in = generation
         self._sock = sock
@@ -131,10 +135,12 @@ class PyLoopConn:
         return True
 
     def read(self) -> list[Any]:
+        """Every whole reply that has arrived; never more than the cap without one."""
         sock = self._sock
         if sock is None:
             return []
         reader = self._reader
+        replies: list[Any] = []
         while True:
             try:
                 data = sock.recv(65536)
@@ -147,20 +153,27 @@ class PyLoopConn:
                 self.drop()
                 raise ConnectionError("Connection closed by server.")
             reader.feed(data)
+            self._unreplied += len(data)
+            try:
+                while (reply := reader.gets()) is not False:
+                    replies.append(reply)
+                    self._unreplied = 0
+            except hiredis.ProtocolError as exc:
+                # Past a malformed reply nothing on this stream can be trusted.
+                self.drop()
+                raise InvalidResponse(
+                    f"Protocol error: the server sent a malformed reply ({exc})"
+                ) from exc
+            if self._unreplied > MAX_REPLY_BYTES:
+                # A server flooding the socket would otherwise keep this loop
+                # (and the event loop) reading, and the reader buffering.
+                read = self._unreplied
+                self.drop()
+                raise ReplyTooLarge.past(MAX_REPLY_BYTES, read)
             # TLS: read on until OpenSSL wants the socket, so no decrypted
             # byte stays inside it where the loop cannot see it.
             if len(data) < 65536 and not self._tls:
                 break
-        replies = []
-        try:
-            while (reply := reader.gets()) is not False:
-                replies.append(reply)
-        except hiredis.ProtocolError as exc:
-            # Past a malformed reply nothing on this stream can be trusted.
-            self.drop()
-            raise InvalidResponse(
-                f"Protocol error: the server sent a malformed reply ({exc})"
-            ) from exc
         return replies
 
     def clear(self) -> None:

@@ -75,7 +75,7 @@ class BoundedSocket:
     def _count(self, got: int) -> None:
         self._left -= got
         if self._left < 0:
-            raise ReplyTooLarge(MAX_REPLY_BYTES, MAX_REPLY_BYTES - self._left)
+            raise ReplyTooLarge.past(MAX_REPLY_BYTES, MAX_REPLY_BYTES - self._left)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)

@@ -132,8 +132,10 @@ class ReplyTooLarge(InvalidResponse):
     as a malformed reply is.
     """
 
-    def __init__(self, cap: int, read: int) -> None:
-        super().__init__(
+    @classmethod
+    def past(cls, cap: int, read: int) -> ReplyTooLarge:
+        """The error for ``read`` bytes read without a whole reply, past ``cap``."""
+        return cls(
             f"the server sent {read:,} bytes, more than the {cap / 1048576:g} MiB a reply "
             "may hold on this connection: a broken or foreign server (the connection is dropped)"
         )

@@ -18,6 +18,7 @@ cdef enum:
     ERR_MSG = 400
     READ_CHUNK = 16384
     READ_KEEP = 1048576
+    MAX_REPLY = 4194304   # no reply of more bytes is buffered: redlease._engine.base.MAX_REPLY_BYTES
 
 cdef struct rl_conn:
     int fd
@@ -69,6 +70,7 @@ cdef int conn_timeout(rl_conn* c, const char* what) noexcept nogil
 cdef int conn_wait(rl_conn* c, short events, int64_t deadline, const char* what) noexcept nogil
 cdef int run_signal_handlers() noexcept nogil
 cdef int conn_send(rl_conn* c, const char* data, size_t n, int64_t deadline) noexcept nogil
+cdef Py_ssize_t conn_parse(rl_conn* c, size_t off) noexcept nogil
 cdef int conn_read_reply(rl_conn* c, int64_t deadline) noexcept nogil
 cdef void conn_consume(rl_conn* c) noexcept nogil
 cdef int conn_resolve(rl_conn* c) noexcept nogil

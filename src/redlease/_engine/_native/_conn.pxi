@@ -6,6 +6,11 @@
 #
 # Needs: _posix, _resp_encode, _resp_parse; hooks into _tls, _discovery, _pool (signals), declared in their .pxd files.
 
+from redlease._engine.base import MAX_REPLY_BYTES as _ENGINE_MAX_REPLY_BYTES
+
+if MAX_REPLY != _ENGINE_MAX_REPLY_BYTES:
+    raise ImportError("the native reply cap differs from redlease._engine.base.MAX_REPLY_BYTES")
+
 # A connection idle for longer than this is probed (a zero-timeout poll)
 # before use, so a connection the server closed while idle (restart,
 # ``timeout`` setting) is replaced instead of failing the next call.
@@ -153,6 +158,33 @@ cdef int conn_send(rl_conn* c, const char* data, size_t n, int64_t deadline) noe
     return 0
 
 
+cdef Py_ssize_t conn_parse(rl_conn* c, size_t off) noexcept nogil:
+    """What the bytes buffered from ``off`` on are; its nodes land in ``c.nodes``.
+
+    The one place every reader (a call, a pipeline, the event loop's
+    connection, the notice thread) asks: the length of a whole reply; 0
+    while more of it is owed and less than MAX_REPLY bytes of it are
+    buffered; or -1, the failure recorded on ``c`` and the connection
+    dropped: a malformed reply, no memory, or a reply past the cap (no
+    buffer grows on the server's say-so).
+    """
+    cdef Py_ssize_t rc = resp_parse(c.r.data + off, c.r.len - off, &c.nodes)
+    if rc > 0:
+        return rc
+    if rc == 0:
+        if c.r.len - off < MAX_REPLY:
+            return 0
+        c.err_kind = RL_EPROTO
+        snprintf(c.err_msg, ERR_MSG, "Protocol error: the server sent %zu bytes without ending "
+                 "a reply, past the %d MiB cap on one reply", c.r.len - off, MAX_REPLY // 1048576)
+    elif rc == -2:
+        conn_fail(c, RL_ENOMEM, "out of memory parsing a reply")
+    else:
+        conn_fail(c, RL_EPROTO, "Protocol error: the server sent a malformed reply")
+    conn_drop(c)
+    return -1
+
+
 cdef int conn_read_reply(rl_conn* c, int64_t deadline) noexcept nogil:
     """Read until one whole reply is buffered; its nodes land in ``c.nodes``."""
     cdef Py_ssize_t rc
@@ -160,17 +192,11 @@ cdef int conn_read_reply(rl_conn* c, int64_t deadline) noexcept nogil:
     cdef int64_t now
     while True:
         if c.r.len > 0:
-            rc = resp_parse(c.r.data, c.r.len, &c.nodes)
+            rc = conn_parse(c, 0)
             if rc > 0:
                 c.reply_len = <size_t>rc
                 return 0
-            if rc == -1:
-                conn_fail(c, RL_EPROTO, "Protocol error: the server sent a malformed reply")
-                conn_drop(c)
-                return -1
-            if rc == -2:
-                conn_fail(c, RL_ENOMEM, "out of memory parsing a reply")
-                conn_drop(c)
+            if rc < 0:
                 return -1
         if c.ssl != NULL:
             if tls_read_more(c, deadline) < 0:

@@ -218,14 +218,10 @@ cdef class LoopConn(ProcessBound):
                 conn_io_error(c, errno, "reading from")
                 raise conn_exception(c)
         while off < c.r.len:
-            rc = resp_parse(c.r.data + off, c.r.len - off, &c.nodes)
+            rc = conn_parse(c, off)
             if rc == 0:
                 break
             if rc < 0:
-                if rc == -2:
-                    raise MemoryError()
-                conn_fail(c, RL_EPROTO, "Protocol error: the server sent a malformed reply")
-                conn_drop(c)
                 raise conn_exception(c)
             top = &c.nodes.items[0]
             if top.kind == c':':

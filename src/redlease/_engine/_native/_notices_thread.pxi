@@ -245,7 +245,7 @@ cdef int hub_session(rl_hub* h, bint reconnect) noexcept nogil:
     heard = pinged = rl_now_ns()
     while True:
         if c.r.len > 0:
-            parsed = resp_parse(c.r.data, c.r.len, &c.nodes)
+            parsed = conn_parse(c, 0)
             if parsed > 0:
                 c.reply_len = <size_t>parsed
                 heard = rl_now_ns()
@@ -261,8 +261,6 @@ cdef int hub_session(rl_hub* h, bint reconnect) noexcept nogil:
                         return -1
                 continue
             if parsed < 0:
-                conn_fail(c, RL_EPROTO, "Protocol error: the server sent a malformed reply")
-                conn_drop(c)
                 return -1
         if c.ssl != NULL and rl_tls_has_pending(c.ssl):
             if hub_read_some(c) < 0:

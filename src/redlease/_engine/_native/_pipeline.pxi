@@ -119,14 +119,11 @@ cdef int batch_read(rl_conn* c, rl_batch* b, bint resend, bint asking, rl_disco*
         if batch_take(c, b, &i, &asking_owed, asking, resend, c.r.data, pos, d) < 0:
             return -1
         while i < b.n:
-            rc = resp_parse(c.r.data + pos, c.r.len - pos, &c.nodes)
+            rc = conn_parse(c, pos)
             if rc == 0:
                 break
             if rc < 0:
-                conn_drop(c)
-                if rc == -2:
-                    return conn_fail(c, RL_ENOMEM, "out of memory parsing a reply")
-                return conn_fail(c, RL_EPROTO, "Protocol error: the server sent a malformed reply")
+                return -1
             if batch_take(c, b, &i, &asking_owed, asking, resend, c.r.data + pos,
                           <size_t>rc, d) < 0:
                 return -1
