@@ -29,6 +29,8 @@ cdef int parse_ll(const char* p, size_t n, long long* out) noexcept nogil:
         i = 1
         if n == 1:
             return -1
+    if p[i] == c'0' and (n - i > 1 or neg):
+        return -1  # "00", "01", "-0": no server writes them; hiredis refuses them too
     limit = (<unsigned long long>1 << 63) if neg else (<unsigned long long>1 << 63) - 1
     while i < n:
         d = p[i] - c'0'
@@ -63,6 +65,11 @@ cdef Py_ssize_t resp_parse(const char* p, size_t n, rl_nodes* out) noexcept nogi
     cdef size_t cap
     out.len = 0
     while need > 0:
+        if pos >= n:
+            return 0
+        kind = p[pos]
+        if kind != c':' and kind != c'$' and kind != c'*' and kind != c'+' and kind != c'-':
+            return -1  # at once: a reply cannot start so, whatever follows
         if pos + 1 >= n:
             return 0
         cr = <const char*>memchr(p + pos + 1, c'\r', n - pos - 1)
@@ -82,10 +89,11 @@ cdef Py_ssize_t resp_parse(const char* p, size_t n, rl_nodes* out) noexcept nogi
             out.cap = cap
         node = &out.items[out.len]
         out.len += 1
-        kind = p[pos]
         node.kind = kind
         node.off = pos + 1
         if kind == c'+' or kind == c'-':
+            if memchr(p + pos + 1, c'\n', eol - pos - 1) != NULL:
+                return -1  # a line holds no LF (hiredis refuses it too)
             node.ival = <long long>(eol - pos - 1)
             pos = eol + 2
         elif kind == c':':
