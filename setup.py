@@ -124,6 +124,26 @@ class OptionalBuildExt(build_ext):
         )
 
 
+SANITIZERS = ("address", "undefined")
+
+
+def sanitizers() -> str:
+    """``REDLEASE_SANITIZE`` (e.g. ``address,undefined``): build the extension with them.
+
+    For tests only: an AddressSanitizer build must be loaded with the
+    sanitizer's runtime preloaded (``LD_PRELOAD``), as Python itself is not
+    built with it (see docs/contributing.md).
+    """
+    asked = [name.strip() for name in os.environ.get("REDLEASE_SANITIZE", "").split(",")]
+    asked = [name for name in asked if name]
+    unknown = [name for name in asked if name not in SANITIZERS]
+    if unknown:
+        raise SystemExit(
+            f"REDLEASE_SANITIZE names {', '.join(unknown)}: it takes any of {', '.join(SANITIZERS)}"
+        )
+    return ",".join(asked)
+
+
 def extensions() -> list[Extension]:
     native = HERE / "src" / "redlease" / "_engine" / "_native"
     pyx = native / "_core.pyx"
@@ -139,13 +159,20 @@ def extensions() -> list[Extension]:
     # _core.pxd, which Cython finds beside it, their .pxd declarations.
     # Listing them as dependencies rebuilds the extension when one changes.
     included = sorted([*native.glob("*.pxi"), *native.glob("*.pxd"), *native.glob("*.h")])
+    compile_args, link_args = ["-O2", "-pthread"], ["-pthread"]
+    sanitize = sanitizers()
+    if sanitize:
+        # Every report is fatal: a test run under them fails on the first.
+        flags = [f"-fsanitize={sanitize}", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
+        compile_args = ["-O1", "-g", "-pthread", *flags]
+        link_args = ["-pthread", *flags]
     ext = Extension(
         "redlease._engine._native._core",
         sources=[str(pyx.relative_to(HERE))],
         depends=[str(path.relative_to(HERE)) for path in included],
         include_dirs=[str(native.relative_to(HERE))],
-        extra_compile_args=["-O2", "-pthread"],
-        extra_link_args=["-pthread"],
+        extra_compile_args=compile_args,
+        extra_link_args=link_args,
     )
     return list(
         cythonize(
