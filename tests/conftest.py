@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
+from fake_redis import FakeRedis
 from helpers import BlackHole, ClosedPort, require_native
 from redlease._testing import (
     ClusterSet,
@@ -40,6 +41,13 @@ def pytest_report_header() -> list[str]:
         return [f"redis-server: none ({exc})"]
     others = [named(b) for b in redis_server_candidates() if b != chosen]
     return [f"redis-server: {named(chosen)}; also found: {', '.join(others) or 'none'}"]
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeRedis]:
+    """A fake Redis on a loopback port answering each script with the raw reply a test chose."""
+    with FakeRedis() as server:
+        yield server
 
 
 @pytest.fixture

@@ -16,9 +16,11 @@ import socketserver
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from contextlib import suppress
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from io import BufferedIOBase
+
+import redis
 
 from redlease import _scripts
 
@@ -221,3 +223,15 @@ def _read_command(rfile: BufferedIOBase) -> list[bytes] | None:
         size = int(rfile.readline()[1:])
         parts.append(rfile.read(size + 2)[:size])
     return parts
+
+
+@contextmanager
+def client_of(fake: FakeRedis, timeout: float) -> Iterator[redis.Redis]:
+    """A ``redis.Redis`` for ``fake`` whose socket timeouts are ``timeout``."""
+    client = redis.Redis(
+        host="127.0.0.1", port=fake.port, socket_timeout=timeout, socket_connect_timeout=timeout
+    )
+    try:
+        yield client
+    finally:
+        client.close()

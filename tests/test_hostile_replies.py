@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -22,7 +22,7 @@ import redis.exceptions
 
 import redlease
 import redlease.aio
-from fake_redis import FakeRedis, Stream
+from fake_redis import FakeRedis, Stream, client_of
 from helpers import make_elector
 from redlease._engine.base import MAX_REPLY_BYTES
 from redlease._engine.replies import ReplyTooLarge
@@ -37,20 +37,9 @@ SLACK = 1.5
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeRedis]:
-    with FakeRedis() as server:
-        yield server
-
-
-@pytest.fixture
 def client(fake: FakeRedis) -> Iterator[redis.Redis]:
-    c = redis.Redis(
-        host="127.0.0.1", port=fake.port, socket_timeout=BOUND, socket_connect_timeout=BOUND
-    )
-    try:
+    with client_of(fake, BOUND) as c:
         yield c
-    finally:
-        c.close()
 
 
 def timed_failure(call: object) -> tuple[BaseException, float]:
@@ -62,30 +51,27 @@ def timed_failure(call: object) -> tuple[BaseException, float]:
     pytest.fail(f"returned {returned!r} instead of raising")
 
 
-def test_a_reply_trickled_a_byte_at_a_time_ends_at_the_writes_bound(
-    fake: FakeRedis, client: redis.Redis, engine: str
+SLOW_REPLIES: dict[str, Callable[[], Stream]] = {
+    # Each byte well within the socket timeout, the whole reply not.
+    "trickled": lambda: Stream([b":", b"1", b"\r", b"\n"], every=0.4),
+    # Bytes keep coming, and the line never ends.
+    "endless line": lambda: Stream(
+        itertools.chain([b"+"], itertools.repeat(b"x" * 16)), every=0.02
+    ),
+}
+
+
+@pytest.mark.parametrize("slow", list(SLOW_REPLIES))
+def test_a_slow_reply_ends_at_the_writes_bound(
+    fake: FakeRedis, client: redis.Redis, engine: str, slow: str
 ) -> None:
-    # Each byte comes well within the socket timeout, the whole reply does not.
-    fake.script("fence_set", Stream([b":", b"1", b"\r", b"\n"], every=0.4), b":1\r\n")
+    fake.script("fence_set", SLOW_REPLIES[slow](), b":1\r\n")
     e = make_elector(client, engine)
     exc, took = timed_failure(lambda: e.fence_set(1, "k", "v"))
     assert isinstance(exc, redis.exceptions.TimeoutError), repr(exc)
     assert took < BOUND + SLACK, f"the write took {took:.2f} s, its bound is {BOUND} s"
     assert fake.runs("fence_set") == 1
     assert e.fence_set(1, "k", "v") is True  # a new connection, the next reply
-
-
-def test_a_reply_that_never_ends_its_line_ends_at_the_writes_bound(
-    fake: FakeRedis, client: redis.Redis, engine: str
-) -> None:
-    endless = itertools.chain([b"+"], itertools.repeat(b"x" * 16))
-    fake.script("fence_set", Stream(endless, every=0.02), b":1\r\n")
-    e = make_elector(client, engine)
-    exc, took = timed_failure(lambda: e.fence_set(1, "k", "v"))
-    assert isinstance(exc, redis.exceptions.TimeoutError), repr(exc)
-    assert took < BOUND + SLACK, f"the write took {took:.2f} s, its bound is {BOUND} s"
-    assert fake.runs("fence_set") == 1
-    assert e.fence_set(1, "k", "v") is True
 
 
 def test_a_flood_past_the_reply_cap_is_cut_off_at_the_cap(

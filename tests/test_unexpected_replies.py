@@ -26,7 +26,7 @@ import redis.exceptions
 
 import redlease
 import redlease.aio
-from fake_redis import FakeRedis, array, bulk, lock_won, won
+from fake_redis import FakeRedis, array, bulk, client_of, lock_won, won
 from helpers import NAME, Events, RunThread, Terms, make_elector, stays, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -60,18 +60,9 @@ KINDS = list(UNEXPECTED)
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeRedis]:
-    with FakeRedis() as server:
-        yield server
-
-
-@pytest.fixture
 def client(fake: FakeRedis) -> Iterator[redis.Redis]:
-    c = redis.Redis(host="127.0.0.1", port=fake.port, socket_timeout=3, socket_connect_timeout=3)
-    try:
+    with client_of(fake, 3.0) as c:
         yield c
-    finally:
-        c.close()
 
 
 def run_async(scenario: Callable[[redis.asyncio.Redis], Awaitable[Any]], fake: FakeRedis) -> Any:
