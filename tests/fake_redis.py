@@ -105,6 +105,12 @@ class FakeRedis:
             self._queues.setdefault(name, deque()).extend(replies)
         return self
 
+    def command(self, verb: str, *replies: bytes | Stream) -> FakeRedis:
+        """Answer the next ``verb`` commands (SUBSCRIBE, PING...) with ``replies``, in order."""
+        with self._lock:
+            self._queues.setdefault(verb.upper(), deque()).extend(replies)
+        return self
+
     def runs(self, name: str) -> int:
         """How many EVALSHA/EVAL of script ``name`` were answered (not NOSCRIPT)."""
         with self._lock:
@@ -162,6 +168,11 @@ class FakeRedis:
 
     def _answer(self, cmd: list[bytes], session: _Session) -> bytes | Stream:
         verb = cmd[0].upper()
+        queued = self._queues.get(verb.decode("ascii", "replace"))
+        if queued:
+            chosen = queued.popleft()
+            assert not callable(chosen)
+            return chosen
         if verb in (b"EVALSHA", b"EVAL"):
             name = self._script_of(cmd)
             if name is None:

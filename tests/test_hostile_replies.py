@@ -23,9 +23,11 @@ import redis.exceptions
 import redlease
 import redlease.aio
 from fake_redis import FakeRedis, Stream, client_of
-from helpers import make_elector
+from helpers import make_elector, wait_until
+from redlease._engine import pynotices
 from redlease._engine.base import MAX_REPLY_BYTES
 from redlease._engine.replies import ReplyTooLarge
+from redlease._testing.notices import python_hubs
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -141,3 +143,19 @@ def test_a_slow_pipeline_reply_ends_at_the_writes_bound(
     assert fake.runs("fence_set") <= 3
     assert e.fence_set(1, "k", "v") is True
     assert fake.runs("fence_set") <= 4
+
+
+def test_a_notice_connection_whose_reply_never_ends_is_made_again(
+    fake: FakeRedis, client: redis.Redis
+) -> None:
+    # The Python listener's SUBSCRIBE is answered with a line that never
+    # ends, bytes arriving all along: once a message starts, it must be whole
+    # within the listener's bound, or the connection is dropped and made again.
+    endless = itertools.chain([b"*3\r\n$9\r\nsubscribe\r\n+"], itertools.repeat(b"x" * 16))
+    fake.command("SUBSCRIBE", Stream(endless, every=0.02))
+    sub = pynotices.listen(client, "svc:leader", lambda payload: None)
+    try:
+        hub = next(h for h in python_hubs() if fake.port in h._key)
+        wait_until(lambda: hub.connects >= 2, 20.0, what="the notice connection made again")
+    finally:
+        sub.cancel()

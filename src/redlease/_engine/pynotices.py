@@ -26,6 +26,7 @@ from .._log import logger
 from .client import is_cluster
 from .connect import connection_factory
 from .notices import Wake, channel_of, sharded_notices
+from .pysock import BoundedSocket, bounded_class
 
 if TYPE_CHECKING:
     from .base import Keeper
@@ -113,8 +114,9 @@ def listen(client: Any, lease_key: str, wake: Wake) -> Subscription:
 
 def _server_of(client: Any, channel: str) -> tuple[tuple[Any, ...], Callable[[], Any]]:
     """Which server carries ``channel``'s notices (a hashable key) and how to connect to it."""
-    # RESP2: the listener reads plain [kind, channel, payload] arrays.
-    make = connection_factory(client, channel, protocol=2)
+    # RESP2: the listener reads plain [kind, channel, payload] arrays; each
+    # message within a bound and a byte cap once it starts (see _read).
+    make = connection_factory(client, channel, protocol=2, wrap=bounded_class)
     if is_cluster(client):
         node = client.get_node_from_key(channel)
         return ("cluster", str(node.host), int(node.port)), make
@@ -307,6 +309,11 @@ class _Hub:
                 sub._fire(None)  # its notices may have been lost on the way
 
     def _read(self, conn: Any) -> Any:
+        sock = getattr(conn, "_sock", None)
+        if isinstance(sock, BoundedSocket):
+            # Bytes have arrived: the whole message follows within the
+            # bound, or the connection is given up (and made again).
+            sock.begin(time.monotonic() + _CONNECT_TIMEOUT)
         try:
             return conn.read_response()
         except ResponseError as exc:
