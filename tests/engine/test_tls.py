@@ -74,6 +74,18 @@ def test_auto_runs_a_tls_client_natively_and_it_elects_renews_fences_and_resigns
     assert not client.exists("tls:leader"), "stop() resigns"
 
 
+def test_an_elector_with_a_short_renew_interval_leads_over_tls(
+    tls_server: RedisServer, tls_engine: str
+) -> None:
+    # Its calls' bounds are short: a fresh connection's TLS handshake may
+    # take all of one, and the reply must still be read (a step's minimum).
+    e = redlease.Elector(
+        tls_client(tls_server), "tls-short", ttl=2.0, renew_interval=0.02, engine=tls_engine
+    )
+    with e:
+        elected_token(e)
+
+
 def test_a_stale_token_is_fenced_out_over_tls(tls_server: RedisServer) -> None:
     require_native_tls()
     client = tls_client(tls_server)

@@ -21,7 +21,7 @@ import functools
 import time
 from typing import Any
 
-from .base import MAX_REPLY_BYTES
+from .base import MAX_REPLY_BYTES, MIN_STEP
 from .replies import ReplyTooLarge
 
 _SHORTEST = 1e-6
@@ -39,8 +39,13 @@ class BoundedSocket:
         self._left = MAX_REPLY_BYTES
 
     def begin(self, deadline: float) -> None:
-        """A new round trip: reads end by ``deadline`` and share a fresh byte budget."""
-        self._deadline = deadline
+        """A new round trip: reads end by ``deadline`` and share a fresh byte budget.
+
+        One begun at or past its deadline (the connect and its handshake, or
+        waiting for the GIL, took the time) still waits ``MIN_STEP`` for its
+        reply, as every step of a round trip does, and no longer.
+        """
+        self._deadline = max(deadline, time.monotonic() + MIN_STEP)
         self._left = MAX_REPLY_BYTES
 
     def settimeout(self, timeout: float | None) -> None:
