@@ -28,7 +28,7 @@ from .._scripts import Script
 from .base import EncodableT, ScriptRequest, remaining
 from .client import is_cluster
 from .connect import connection_factory
-from .pysock import BoundedSocket, bounded_class
+from .pysock import begin_round_trip, bounded_class
 from .replies import server_changed
 
 
@@ -116,9 +116,8 @@ class BoundedConnection:
             conn.socket_timeout = left
             conn.socket_connect_timeout = left
             conn.connect()
+            begin_round_trip(conn, deadline)  # every read of this round trip ends by then
             sock = getattr(conn, "_sock", None)
-            if isinstance(sock, BoundedSocket):
-                sock.begin(deadline)  # every read of this round trip ends by then
             if sock is not None:
                 sock.settimeout(remaining(deadline))
             return exchange(conn)

@@ -26,7 +26,7 @@ from .._log import logger
 from .client import is_cluster
 from .connect import connection_factory
 from .notices import Wake, channel_of, sharded_notices
-from .pysock import BoundedSocket, bounded_class
+from .pysock import begin_round_trip, bounded_class
 
 if TYPE_CHECKING:
     from .base import Keeper
@@ -309,11 +309,9 @@ class _Hub:
                 sub._fire(None)  # its notices may have been lost on the way
 
     def _read(self, conn: Any) -> Any:
-        sock = getattr(conn, "_sock", None)
-        if isinstance(sock, BoundedSocket):
-            # Bytes have arrived: the whole message follows within the
-            # bound, or the connection is given up (and made again).
-            sock.begin(time.monotonic() + _CONNECT_TIMEOUT)
+        # Bytes have arrived: the whole message follows within the bound, or
+        # the connection is given up (and made again).
+        begin_round_trip(conn, time.monotonic() + _CONNECT_TIMEOUT)
         try:
             return conn.read_response()
         except ResponseError as exc:

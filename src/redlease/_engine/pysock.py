@@ -86,6 +86,16 @@ class BoundedSocket:
         return getattr(self._sock, name)
 
 
+def begin_round_trip(conn: Any, deadline: float) -> None:
+    """Start a round trip on redis-py connection ``conn``: its reads end by ``deadline``.
+
+    A connection not made by ``bounded_class`` (or not connected) is left as it is.
+    """
+    sock = getattr(conn, "_sock", None)
+    if isinstance(sock, BoundedSocket):
+        sock.begin(deadline)
+
+
 @functools.cache
 def bounded_class(cls: type) -> type:
     """``cls`` (a redis-py connection class) whose socket is a ``BoundedSocket``."""
