@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from fake_redis import FakeRedis
-from helpers import BlackHole, ClosedPort, require_native
+from helpers import BlackHole, ClosedPort, require_native, require_valkey
 from redlease._testing import (
     ClusterSet,
     RedisServer,
@@ -24,7 +24,12 @@ from redlease._testing import (
     TLSMaterials,
     tls_unsupported_reason,
 )
-from redlease._testing._common import find_redis_server, redis_server_candidates, server_version
+from redlease._testing._common import (
+    FAMILIES,
+    find_redis_server,
+    redis_server_candidates,
+    server_version,
+)
 
 ENGINES = ("python", "native")
 
@@ -72,10 +77,24 @@ def aof_server() -> Iterator[RedisServer]:
         server.stop()
 
 
+@pytest.fixture(params=FAMILIES, ids=FAMILIES)
+def family(request: pytest.FixtureRequest) -> str:
+    """``"redis"`` and ``"valkey"``: the client library a test's client comes from.
+
+    Every test taking ``client`` (or this) runs with a redis-py client and
+    with a valkey-py one. ``valkey`` is skipped without valkey-py, unless
+    ``REDLEASE_REQUIRE_VALKEY=1``, in which case that fails the test.
+    """
+    name: str = request.param
+    if name == "valkey":
+        require_valkey()
+    return name
+
+
 @pytest.fixture
-def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    """A ``redis.Redis`` for ``redis_server``, as a user would configure one."""
-    c = redis_server.client(socket_timeout=5, socket_connect_timeout=5)
+def client(redis_server: RedisServer, family: str) -> Iterator[redis.Redis]:
+    """A ``redis.Redis`` (or ``valkey.Valkey``) for ``redis_server``, as a user would make one."""
+    c = redis_server.client(family=family, socket_timeout=5, socket_connect_timeout=5)
     try:
         yield c
     finally:

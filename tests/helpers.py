@@ -37,6 +37,22 @@ def require_native() -> ModuleType:
     return _core
 
 
+def require_valkey() -> ModuleType:
+    """valkey-py, for a test that runs with a valkey client.
+
+    Skips when it is not installed, unless ``REDLEASE_REQUIRE_VALKEY=1`` (as
+    in CI), where a missing valkey-py fails the test instead.
+    """
+    try:
+        import valkey
+    except ImportError as exc:
+        reason = f"valkey-py is not installed ({exc})"
+        if os.environ.get("REDLEASE_REQUIRE_VALKEY") == "1":
+            pytest.fail(f"REDLEASE_REQUIRE_VALKEY=1 but {reason}", pytrace=False)
+        pytest.skip(reason, allow_module_level=True)
+    return valkey
+
+
 def wait_until(
     predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.005, what: str = ""
 ) -> Any:

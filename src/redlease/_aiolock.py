@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from . import lock
 from ._config import Duration
-from ._engine.aioclient import sync_twin
+from ._engine.family import threaded
 from ._errors import NotHeld
 from ._lock import LockerCore, release_after_failure
 
@@ -193,7 +193,7 @@ class RedisLocker(_AsyncLocker):
     ) -> None:
         super().__init__(
             lock.RedisLocker(
-                sync_twin(client),
+                threaded(client, asyncio=True),
                 prefix=prefix,
                 engine=engine,
                 min_replicas=min_replicas,

@@ -29,6 +29,7 @@ from . import _scripts
 from ._config import Config, Duration
 from ._engine import Engine, Keeper, is_cluster, run_one, sharded_notices, shared_engine
 from ._engine.base import NoticeSubscription
+from ._engine.family import threaded
 from ._errors import ConfigError
 from ._fence import Fence
 from ._keys import ElectionKeys, has_hash_tag
@@ -214,6 +215,7 @@ class Election:
         "config",
         "engine",
         "events",
+        "family",
         "fence",
         "guard",
         "keys",
@@ -254,6 +256,9 @@ class Election:
             replica_timeout=replica_timeout,
         )
         self.guard = self.config.guard
+        # The engines run on a threaded redis-py client (the user's own, or a twin of an
+        # asyncio or valkey-py one); errors go out in the user's client family.
+        client, self.family = threaded(client)
         if is_cluster(client) and not has_hash_tag(self.config.name):
             raise ConfigError(
                 f"with a RedisCluster client the name needs a hash tag so its keys share one "
@@ -275,7 +280,9 @@ class Election:
         # not on a cluster (one connection, one node) nor with the guard (each
         # acquire waits for its own WAIT).
         self.batchable = not is_cluster(client) and not self.config.guard.enabled
-        self.events = Events("elector", self.config.name, self.config.instance_id)
+        self.events = Events(
+            "elector", self.config.name, self.config.instance_id, adopt=self.family.adopt
+        )
         self.fence = Fence(
             self.engine,
             self.keys.applied,

@@ -197,7 +197,7 @@ class Fence:
         try:
             reply, acked = run_one(self._engine, request, wait=self._guard.wait)
         except RedisError as exc:
-            self._failover_seen(request, exc)
+            self._failed(request, exc)
             raise
         return self._outcome(reply, acked)
 
@@ -217,7 +217,7 @@ class Fence:
         try:
             reply = await writer.write(*request)
         except RedisError as exc:
-            self._failover_seen(request, exc)
+            self._failed(request, exc)
             raise
         return self._outcome(reply, 0)
 
@@ -243,7 +243,10 @@ class Fence:
             )
         return applied
 
-    def _failover_seen(self, request: FenceRequest, exc: RedisError) -> None:
+    def _failed(self, request: FenceRequest, exc: RedisError) -> None:
+        """A write raised ``exc``: made the client family's, and a failover reply reported."""
+        if self._events.adopt is not None:
+            self._events.adopt(exc)
         if self._on_failover is not None and is_failover_reply(exc):
             self._on_failover(int(request[2][0]), exc)
 
@@ -264,7 +267,7 @@ class Fence:
         except RedisError as exc:
             # READONLY / MASTERDOWN / NOREPLICAS raised or in a reply: as for
             # a single write, the term this token belongs to ends now.
-            self._failover_seen(batch[0], exc)
+            self._failed(batch[0], exc)
             raise
 
     def _write_batch(self, batch: list[FenceRequest]) -> list[bool]:
@@ -318,7 +321,7 @@ class Fence:
                 raise lost
             return self._results(replies)
         except RedisError as exc:
-            self._failover_seen(batch[0], exc)
+            self._failed(batch[0], exc)
             raise
 
     def _rejected(self, n: int) -> list[bool]:
@@ -398,11 +401,14 @@ class Fence:
         """
         foreign = [k for k in keys if _slot(k) != self._slot]
         if foreign:
-            raise ResponseError(
+            error = ResponseError(
                 f"CROSSSLOT Keys in request don't hash to the same slot: fenced write keys "
                 f"{foreign!r} are not in slot {self._slot} of {self._name!r}; on a cluster "
                 f"give every key the name's hash tag"
             )
+            if self._events.adopt is not None:
+                self._events.adopt(error)
+            raise error
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

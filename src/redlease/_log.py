@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 logger = logging.getLogger("redlease")
@@ -60,19 +61,29 @@ class Events:
         "_renewals",
         "_said_at",
         "_token",
+        "adopt",
         "instance",
         "name",
         "sinks",
         "what",
     )
 
-    def __init__(self, what: str, name: str, instance: str = "", sinks: list[Sink] | None = None):
+    def __init__(
+        self,
+        what: str,
+        name: str,
+        instance: str = "",
+        sinks: list[Sink] | None = None,
+        adopt: Callable[[BaseException], object] | None = None,
+    ):
         self.what = what
         self.name = name
         self.instance = instance
         # Shared with children (a locker's locks), so instrumenting the
         # locker reaches the locks it grants later.
         self.sinks: list[Sink] = sinks if sinks is not None else []
+        # Makes an error one of the user's client family (see ``_engine.family``), in place.
+        self.adopt = adopt
         self._mutex = threading.Lock()
         self._failing_since = 0.0  # 0: no outage going on
         self._failures = 0
@@ -83,7 +94,7 @@ class Events:
 
     def child(self, what: str, name: str) -> Events:
         """Events for a part of this target (one lock of a locker), feeding the same sinks."""
-        return Events(what, name, self.instance, self.sinks)
+        return Events(what, name, self.instance, self.sinks, self.adopt)
 
     # -- terms ------------------------------------------------------------------
 
@@ -127,7 +138,13 @@ class Events:
     # -- errors: one record per outage ----------------------------------------------
 
     def error(self, exc: BaseException) -> None:
-        """An error the elector or a watchdog handled itself (retried, backed off, stepped down)."""
+        """An error the elector or a watchdog handled itself (retried, backed off, stepped down).
+
+        The error is first made one of the user's client family, in place:
+        whoever sees it next (``on_error``, a metric, the log) sees that.
+        """
+        if self.adopt is not None:
+            self.adopt(exc)
         now = time.monotonic()
         with self._mutex:
             self._failures += 1

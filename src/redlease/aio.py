@@ -27,7 +27,7 @@ from ._aiolock import Lock, MemoryLocker, RedisLocker, off_loop, with_lock
 from ._config import Config, Duration
 from ._election import Election, Run, check_leader_fn
 from ._engine import EncodableT
-from ._engine.aioclient import sync_twin
+from ._engine.family import threaded
 from ._fence import check_token
 from ._pipeline import AsyncFencedPipeline as FencedPipeline
 from ._runloop import RunLoop
@@ -121,7 +121,7 @@ class Elector:
     ) -> None:
         self._client = client
         self._core = Election(
-            sync_twin(client),
+            threaded(client, asyncio=True),
             name,
             ttl=ttl,
             renew_interval=renew_interval,

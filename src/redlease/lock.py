@@ -24,6 +24,7 @@ one Redis server (or one cluster shard); it is not a Redlock implementation.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
 import weakref
@@ -34,12 +35,14 @@ from ._config import Duration, ReplicationGuard
 from ._engine import (
     Engine,
     Keeper,
+    ScriptRequest,
     call_timeout,
     is_cluster,
     make_engine,
     run_one,
     sharded_notices,
 )
+from ._engine.family import threaded
 from ._engine.renewer import Lease, Renewer
 from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
 from ._keys import LockKeys, has_hash_tag
@@ -49,7 +52,9 @@ from ._lock import (
     MIN_AUTO_RENEW_TTL,
     Lock,
     Locker,
+    LockerCore,
 )
+from ._log import Events
 from ._memlock import MemoryStore
 from ._scripts import load
 
@@ -118,6 +123,8 @@ class RedisLocker(Locker):
     ) -> None:
         if client is None:
             raise ConfigError("RedisLocker needs a redis client, got None")
+        # The engines run on a threaded redis-py client; errors go out in the user's family.
+        client, self._family = threaded(client)
         if not isinstance(prefix, str):
             raise ConfigError(f"prefix must be a str, got {type(prefix).__name__} {prefix!r}")
         if is_cluster(client) and not has_hash_tag(prefix):
@@ -143,6 +150,11 @@ class RedisLocker(Locker):
     def engine(self) -> str:
         """``"native"`` or ``"python"``: the engine that runs the scripts and the watchdog."""
         return self._engine.name
+
+    @functools.cached_property
+    def _core(self) -> LockerCore:
+        """As ``Locker._core``, with the errors its locks report made the client family's."""
+        return LockerCore(Events("locker", self._prefix, adopt=self._family.adopt))
 
     @property
     def engine_reason(self) -> str:
@@ -172,15 +184,17 @@ class RedisLocker(Locker):
         """How long each acquisition waits for its replicas, in seconds."""
         return self._guard.replica_timeout
 
+    def _call(self, request: ScriptRequest, wait: Any = None) -> tuple[Any, int]:
+        """One script on the engine within the client's timeout; errors in the client's family."""
+        try:
+            return run_one(self._engine, request, timeout=self._timeout, wait=wait)
+        except Exception as exc:
+            raise self._family.adopt(exc)  # noqa: B904 - the same object, in place
+
     def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
         keys = (self.key(name), self._keys.fencing)
         guard = self._guard
-        reply, acked = run_one(
-            self._engine,
-            (self._acquire_script, keys, (owner, ttl_ms)),
-            timeout=self._timeout,
-            wait=guard.wait,
-        )
+        reply, acked = self._call((self._acquire_script, keys, (owner, ttl_ms)), guard.wait)
         token, pttl = reply[0], reply[1]
         if token > 0:
             if guard.enabled:
@@ -190,7 +204,10 @@ class RedisLocker(Locker):
                     "released again",
                     give_back=lambda: self._give_back(name, owner),
                 )
-            self._engine.confirm_master(self._timeout, lambda: self._give_back(name, owner))
+            try:
+                self._engine.confirm_master(self._timeout, lambda: self._give_back(name, owner))
+            except Exception as exc:
+                raise self._family.adopt(exc)  # noqa: B904 - the same object, in place
         return (token, 0.0) if token > 0 else (0, max(pttl, 0) / 1000)
 
     def _give_back(self, name: str, owner: str) -> None:
@@ -200,22 +217,13 @@ class RedisLocker(Locker):
             self._release(name, owner)
 
     def _refresh(self, name: str, owner: str, ttl_ms: int) -> bool:
-        reply, _ = run_one(
-            self._engine,
-            (self._refresh_script, (self.key(name),), (owner, ttl_ms)),
-            timeout=self._timeout,
-        )
+        reply, _ = self._call((self._refresh_script, (self.key(name),), (owner, ttl_ms)))
         return bool(reply == 1)
 
     def _release(self, name: str, owner: str) -> bool:
-        reply, _ = run_one(
-            self._engine,
-            (
-                self._release_script,
-                (self.key(name), self._keys.ack(owner)),
-                (owner, self._ack_ttl_ms, self._sharded_notice),
-            ),
-            timeout=self._timeout,
+        keys = (self.key(name), self._keys.ack(owner))
+        reply, _ = self._call(
+            (self._release_script, keys, (owner, self._ack_ttl_ms, self._sharded_notice))
         )
         return bool(reply == 1)
 

@@ -32,7 +32,7 @@ from . import writers as _writers
 from .benchreport import draw_plot, render
 from .benchreport import percentile as percentile  # the benchmarks import it from here
 from .benchrun import GIL_CALL_SECONDS, RENEW_INTERVAL, TTL, Result
-from .redisurl import CliError, one_line
+from .redisurl import CliError, errors, one_line
 from .topology import BenchServer, bench_server
 
 RENEW_SHA = _scripts.load("renew").sha
@@ -200,7 +200,7 @@ class ArrivalRecorder:
                     if self._marker in command["command"]:
                         self.arrivals.append(at)
                     self.latest = at
-        except (redis.RedisError, OSError) as exc:
+        except errors("RedisError", "ConnectionError") as exc:
             self.error = one_line(exc)
 
 
@@ -287,7 +287,7 @@ def measure(
         try:
             elector.stop()
         finally:
-            with contextlib.suppress(redis.RedisError):
+            with contextlib.suppress(*errors("RedisError")):
                 client.delete(*ElectionKeys(name).all(), key)
             client.close()
     return result
@@ -358,7 +358,7 @@ def main(
                 except redlease.ConfigError as exc:
                     # This engine cannot serve this deployment's client: say why.
                     results.append(Result(engine=name, unavailable=str(exc)))
-                except redis.RedisError as exc:
+                except errors("RedisError") as exc:
                     raise CliError(
                         f"Redis failed during the {name} benchmark: {one_line(exc)}"
                     ) from None
@@ -374,7 +374,7 @@ def main(
                     seconds,
                     progress.phase,
                 )
-            except redis.RedisError as exc:
+            except errors("RedisError") as exc:
                 raise CliError(
                     f"Redis failed during the fenced writers' benchmark: {one_line(exc)}"
                 ) from None

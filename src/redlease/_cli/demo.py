@@ -27,7 +27,7 @@ from typing import IO, Any
 import redis
 
 from .._keys import ElectionKeys
-from .redisurl import CliError, Target, one_line, redis_target, reply_text
+from .redisurl import CliError, Target, errors, one_line, redis_target, reply_text
 
 
 @dataclass
@@ -409,7 +409,7 @@ def main(url: str | None, *, contenders: int, ttl: float, duration: float) -> in
                 out.write(line + "\n")
             if not target.embedded:
                 demo.forget_keys(client)
-        except redis.RedisError as exc:
+        except errors("RedisError") as exc:
             raise CliError(f"could not read the demo's final state: {one_line(exc)}") from None
         finally:
             client.close()

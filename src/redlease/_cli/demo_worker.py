@@ -21,9 +21,8 @@ import threading
 import time
 from typing import Any
 
-import redis
-
 import redlease
+from redlease._cli.redisurl import connect, errors
 from redlease._keys import ElectionKeys
 
 
@@ -43,7 +42,7 @@ class Contender:
     """An Elector whose leader writes ``<id>/term <token>/write <n>`` through the fence."""
 
     def __init__(self, url: str, name: str, instance_id: str, ttl: float) -> None:
-        self.client = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=3.0)
+        self.client = connect(url, socket_timeout=5.0, socket_connect_timeout=3.0)
         self.keys = ElectionKeys(name)
         self.value_key = f"{name}:value"
         self.instance_id = instance_id
@@ -75,7 +74,7 @@ class Contender:
             value = f"{self.instance_id}/term {fencer.token}/write {writes}"
             try:
                 applied = fencer.set(self.value_key, value)
-            except redis.RedisError as exc:
+            except errors("RedisError") as exc:
                 emit("write-error", token=fencer.token, error=f"{type(exc).__name__}: {exc}")
                 if ended_before or term.wait(self.write_every):
                     return
@@ -98,14 +97,14 @@ class Contender:
     def _leader(self) -> str | None:
         try:
             value = self.client.get(self.keys.leader)
-        except redis.RedisError:
+        except errors("RedisError"):
             return None
         return value.decode() if isinstance(value, bytes) else None
 
     def _mark(self) -> int | None:
         try:
             value = self.client.get(self.keys.applied)
-        except redis.RedisError:
+        except errors("RedisError"):
             return None
         return int(value) if value is not None else None
 

@@ -6,7 +6,9 @@ on; ``redlease._cli`` prints it and exits 1, never with a traceback.
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,11 +17,15 @@ from typing import Any
 
 import redis
 import redis.asyncio
+import redis.exceptions
 
 DEFAULT_STATUS_URL = "redis://127.0.0.1:6379/0"
 """What ``redlease status`` inspects when neither ``--redis`` nor ``REDIS_URL`` is given."""
 
-URL_SCHEMES = ("redis", "rediss", "unix")
+URL_SCHEMES = ("redis", "rediss", "unix", "valkey", "valkeys")
+
+VALKEY_SCHEMES = ("valkey", "valkeys")
+"""URLs for a valkey-py client (``pip install valkey``); the rest get a redis-py one."""
 
 NO_BINARY_HINT = (
     "install Redis (e.g. `apt-get install redis-server` or `brew install redis`), "
@@ -40,7 +46,7 @@ class Target:
     description: str
     embedded: bool
 
-    def client(self, **kwargs: Any) -> redis.Redis:
+    def client(self, **kwargs: Any) -> Any:
         """A new client for this server (timeouts bounded, so nothing hangs forever)."""
         return connect(self.url, **kwargs)
 
@@ -70,13 +76,13 @@ def redact(url: str) -> str:
 
 
 def check_url(url: str) -> None:
-    """Raise CliError unless ``url`` is a Redis URL redis-py can use."""
+    """Raise CliError unless ``url`` is a Redis URL its client library can use."""
     try:
         parts = urllib.parse.urlsplit(url)
         scheme = parts.scheme.lower()
         if scheme not in URL_SCHEMES:
             raise ValueError(
-                "the scheme must be redis://, rediss:// or unix:// "
+                "the scheme must be redis://, rediss://, unix://, valkey:// or valkeys:// "
                 "(e.g. redis://localhost:6379/0 or unix:///tmp/redis.sock)"
             )
         if scheme == "unix":
@@ -86,25 +92,61 @@ def check_url(url: str) -> None:
             if not parts.hostname:
                 raise ValueError("the URL names no host, e.g. redis://localhost:6379/0")
             _ = parts.port  # raises ValueError on a port that is not a number in range
-        redis.Redis.from_url(url)
+        _library(url).Redis.from_url(url)
     except ValueError as exc:
         raise CliError(f"invalid Redis URL {redact(url)!r}: {exc}") from None
+
+
+def _library(url: str, *, asyncio: bool = False) -> Any:
+    """``redis`` (or ``redis.asyncio``) for a Redis URL, valkey-py's for ``valkey(s)://``."""
+    if urllib.parse.urlsplit(url).scheme.lower() not in VALKEY_SCHEMES:
+        return redis.asyncio if asyncio else redis
+    try:
+        importlib.import_module("valkey.asyncio" if asyncio else "valkey")
+    except ImportError:
+        raise CliError(
+            f"{redact(url)!r} is a valkey URL, which needs valkey-py: pip install valkey"
+        ) from None
+    return sys.modules["valkey.asyncio" if asyncio else "valkey"]
+
+
+def errors(*names: str) -> tuple[type[Exception], ...]:
+    """redis-py's exception classes ``names``, and valkey-py's of those names once it is in use.
+
+    A command catches both families' errors this way (``except
+    errors("ResponseError")``) without importing valkey-py: a valkey
+    client can only exist once valkey-py was imported. OSError is added
+    for "ConnectionError" (a socket's own failure).
+    """
+    valkey = sys.modules.get("valkey.exceptions")
+    found: list[type[Exception]] = []
+    for name in names:
+        found.append(getattr(redis.exceptions, name))
+        if valkey is not None:
+            found.append(getattr(valkey, "ValkeyError" if name == "RedisError" else name))
+        if name == "ConnectionError":
+            found.append(OSError)
+    return tuple(found)
 
 
 TIMEOUTS: dict[str, Any] = {"socket_connect_timeout": 3.0, "socket_timeout": 5.0}
 """Every client the command line makes is bounded by these."""
 
 
-def connect(url: str, **kwargs: Any) -> redis.Redis:
-    """A client for ``url`` with bounded timeouts; CliError for a URL that is not one."""
+def connect(url: str, **kwargs: Any) -> Any:
+    """A client for ``url`` with bounded timeouts; CliError for a URL that is not one.
+
+    A ``redis.Redis``, or a ``valkey.Valkey`` for a ``valkey://`` or
+    ``valkeys://`` URL.
+    """
     check_url(url)
-    return redis.Redis.from_url(url, **{**TIMEOUTS, **kwargs})
+    return _library(url).Redis.from_url(url, **{**TIMEOUTS, **kwargs})
 
 
-def async_connect(url: str) -> redis.asyncio.Redis:
-    """``connect``'s ``redis.asyncio`` twin."""
+def async_connect(url: str) -> Any:
+    """``connect``'s asyncio twin (``redis.asyncio`` or ``valkey.asyncio``)."""
     check_url(url)
-    return redis.asyncio.Redis.from_url(url, **TIMEOUTS)
+    return _library(url, asyncio=True).Redis.from_url(url, **TIMEOUTS)
 
 
 @contextmanager
@@ -116,9 +158,9 @@ def unreachable_as_cli_error(url: str) -> Iterator[None]:
     """
     try:
         yield
-    except redis.AuthenticationError as exc:
+    except errors("AuthenticationError") as exc:
         raise CliError(f"Redis at {redact(url)} refused the credentials: {exc}") from None
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+    except errors("ConnectionError", "TimeoutError") as exc:
         raise CliError(f"cannot reach Redis at {redact(url)}: {one_line(exc)}") from None
 
 
@@ -128,7 +170,7 @@ def ping(url: str) -> None:
     try:
         with unreachable_as_cli_error(url):
             client.ping()
-    except redis.ResponseError as exc:
+    except errors("ResponseError") as exc:
         raise CliError(f"Redis at {redact(url)} answered PING with an error: {exc}") from None
     finally:
         client.close()
@@ -188,8 +230,7 @@ def embedded_server() -> Iterator[Target]:
         yield Target(
             url=server.url,
             description=(
-                f"an embedded redis-server ({binary}) on a private unix socket "
-                f"{server.unix_path}"
+                f"an embedded redis-server ({binary}) on a private unix socket {server.unix_path}"
             ),
             embedded=True,
         )

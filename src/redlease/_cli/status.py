@@ -8,7 +8,15 @@ from typing import Any
 import redis
 
 from .._keys import ElectionKeys
-from .redisurl import CliError, connect, one_line, redact, reply_text, unreachable_as_cli_error
+from .redisurl import (
+    CliError,
+    connect,
+    errors,
+    one_line,
+    redact,
+    reply_text,
+    unreachable_as_cli_error,
+)
 
 
 def collect(client: redis.Redis, name: str, url: str) -> dict[str, Any]:
@@ -38,14 +46,14 @@ def server_boundary(client: redis.Redis, url: str) -> dict[str, Any]:
         info = dict(client.info("server"))
         info.update(client.info("replication"))
         info.update(client.info("cluster"))
-    except redis.ResponseError:
+    except errors("ResponseError"):
         pass  # INFO renamed or restricted on some managed services; report what we have
     config: dict[str, str] = {}
     config_error: str | None = None
     for param in ("appendonly", "appendfsync", "save", "maxmemory-policy"):
         try:
             config.update({str(k): str(v) for k, v in client.config_get(param).items()})
-        except redis.ResponseError as exc:
+        except errors("ResponseError") as exc:
             config_error = one_line(exc)
     role = info.get("role")
     replicas = info.get("connected_slaves")
@@ -129,7 +137,7 @@ def run(url: str, name: str, as_json: bool) -> str:
     try:
         with unreachable_as_cli_error(url):
             report = collect(client, name, url)
-    except redis.ResponseError as exc:
+    except errors("ResponseError") as exc:
         if str(exc).startswith("MOVED"):
             raise CliError(
                 f"Redis at {redact(url)} is a cluster node that does not own {name!r}'s slot "

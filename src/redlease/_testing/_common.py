@@ -212,3 +212,24 @@ def poll(
                     detail += f"; state: {describe()}"
             raise TopologyError(f"timed out after {timeout} s waiting for {what}{detail}")
         time.sleep(interval)
+
+
+FAMILIES = ("redis", "valkey")
+"""The client libraries the harness makes clients of: redis-py, and valkey-py (a fork)."""
+
+
+def client_module(family: str = "redis", *, asyncio: bool = False) -> Any:
+    """The package a client of ``family`` comes from: its ``Redis``, ``RedisCluster``, ``sentinel``.
+
+    ``redis`` / ``redis.asyncio``, or ``valkey`` / ``valkey.asyncio`` (which
+    keep redis-py's class names as aliases of their own: ``valkey.Redis`` is
+    ``valkey.Valkey``). valkey-py is imported only when asked for.
+    """
+    import importlib
+
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    name = f"{family}.asyncio" if asyncio else family
+    for sub in ("", ".sentinel", ".cluster"):
+        importlib.import_module(name + sub)
+    return importlib.import_module(name)

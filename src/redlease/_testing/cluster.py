@@ -30,13 +30,13 @@ from types import TracebackType
 from typing import Any
 
 import redis
-from redis.cluster import ClusterNode, RedisCluster
 
 from ._cluster_nodes import SLOTS, NodeInfo, key_slot, parse_nodes
 from ._common import (
     LOOPBACK,
     RedisServerError,
     TopologyError,
+    client_module,
     free_cluster_port,
     poll,
     register,
@@ -228,8 +228,11 @@ class ClusterSet:
         finally:
             c.close()
 
-    def client(self, **kwargs: Any) -> RedisCluster:
+    def client(self, *, family: str = "redis", asyncio: bool = False, **kwargs: Any) -> Any:
         """A ``redis.RedisCluster`` started from every running node (socket timeout 2 s).
+
+        ``family="valkey"`` makes a ``valkey.ValkeyCluster``, ``asyncio=True``
+        the asyncio cluster client of the family.
 
         On a TLS cluster it verifies the nodes against the test CA unless
         ``kwargs`` say otherwise.
@@ -238,9 +241,10 @@ class ClusterSet:
         if self.tls is not None:
             for key, value in self.tls.client_kwargs().items():
                 kwargs.setdefault(key, value)
-        node_cls: Any = ClusterNode  # redis-py leaves its constructor unannotated
+        module = client_module(family, asyncio=asyncio)
+        node_cls: Any = module.cluster.ClusterNode  # unannotated in redis-py
         startup = [node_cls(LOOPBACK, self._port(n)) for n in self.nodes if n.running]
-        return RedisCluster(startup_nodes=startup, **kwargs)
+        return module.RedisCluster(startup_nodes=startup, **kwargs)
 
     def node_id(self, node: RedisServer) -> str:
         """The cluster node id of ``node``."""

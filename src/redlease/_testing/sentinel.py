@@ -39,7 +39,15 @@ from typing import Any
 import redis
 from redis.sentinel import Sentinel
 
-from ._common import LOOPBACK, RedisServerError, TopologyError, poll, register, unregister
+from ._common import (
+    LOOPBACK,
+    RedisServerError,
+    TopologyError,
+    client_module,
+    poll,
+    register,
+    unregister,
+)
 from ._sentinel_events import Address, SwitchWatcher, pairs
 from .server import RedisServer
 from .tls import ServerTLS, TLSMaterials, tls_binary
@@ -203,14 +211,18 @@ class SentinelSet:
         """A ``redis.Redis`` for one sentinel (the first by default), password included."""
         node = node or self.sentinels[0]
         kwargs.setdefault("decode_responses", True)
-        return node.client(**kwargs)
+        client: redis.Redis = node.client(**kwargs)
+        return client
 
     def node_client(self, node: RedisServer, **kwargs: Any) -> redis.Redis:
         """A ``redis.Redis`` for one data node, password included (``node.client()`` too)."""
-        return node.client(**kwargs)
+        client: redis.Redis = node.client(**kwargs)
+        return client
 
-    def manager(self, **kwargs: Any) -> Sentinel:
+    def manager(self, *, family: str = "redis", asyncio: bool = False, **kwargs: Any) -> Any:
         """A redis-py ``Sentinel`` for this set; ``kwargs`` go to the data connections.
+
+        ``family="valkey"`` makes valkey-py's, ``asyncio=True`` the asyncio one.
 
         The sentinel connections get the sentinels' password, a 1 s timeout
         and no retries; on a TLS set both kinds of connection verify against
@@ -232,16 +244,27 @@ class SentinelSet:
                 sentinel_kwargs.update(self.tls.client_kwargs())
             for key, value in self.tls.client_kwargs().items():
                 kwargs.setdefault(key, value)
-        manager: Sentinel = _Sentinel(
-            self.sentinel_addresses(), sentinel_kwargs=sentinel_kwargs, **kwargs
+        sentinel_cls: Any = (
+            _Sentinel
+            if family == "redis" and not asyncio
+            else client_module(family, asyncio=asyncio).sentinel.Sentinel
         )
-        return manager
+        return sentinel_cls(self.sentinel_addresses(), sentinel_kwargs=sentinel_kwargs, **kwargs)
 
-    def master_for(self, service: str | None = None, **kwargs: Any) -> redis.Redis:
-        """``Sentinel(...).master_for(service)``: a client that follows the master."""
-        manager: Any = self.manager()
-        client: redis.Redis = manager.master_for(service or self.service, **self._auth(kwargs))
-        return client
+    def master_for(
+        self,
+        service: str | None = None,
+        *,
+        family: str = "redis",
+        asyncio: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """``Sentinel(...).master_for(service)``: a client that follows the master.
+
+        ``family`` and ``asyncio`` as for ``manager``.
+        """
+        manager: Any = self.manager(family=family, asyncio=asyncio)
+        return manager.master_for(service or self.service, **self._auth(kwargs))
 
     def replica_for(self, service: str | None = None, **kwargs: Any) -> redis.Redis:
         """``Sentinel(...).slave_for(service)``: a client of the replicas."""

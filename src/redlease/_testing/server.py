@@ -28,7 +28,15 @@ from typing import Any
 
 import redis
 
-from ._common import LOOPBACK, RedisServerError, find_redis_server, free_port, register, unregister
+from ._common import (
+    LOOPBACK,
+    RedisServerError,
+    client_module,
+    find_redis_server,
+    free_port,
+    register,
+    unregister,
+)
 from .tls import AuthClients, ServerTLS, TLSMaterials, tls_binary
 
 __all__ = ["RedisServer", "TLSRedisServer", "client_for"]
@@ -151,8 +159,11 @@ class RedisServer:
         """True between ``pause()`` and ``resume()`` (or the process's end)."""
         return self._paused and self.running
 
-    def client(self, **kwargs: Any) -> redis.Redis:
+    def client(self, *, family: str = "redis", asyncio: bool = False, **kwargs: Any) -> Any:
         """A new ``redis.Redis`` for this server; ``kwargs`` go to its constructor.
+
+        ``family="valkey"`` makes a ``valkey.Valkey`` instead, ``asyncio=True``
+        the ``asyncio`` client of the family.
 
         For a TLS server the client verifies the server against the test CA
         (hostname included) and, when the server asks for client
@@ -172,7 +183,7 @@ class RedisServer:
                 raise RedisServerError("the server has not been started")
             kwargs.setdefault("host", LOOPBACK)
             kwargs.setdefault("port", self._port)
-        return redis.Redis(**kwargs)
+        return client_module(family, asyncio=asyncio).Redis(**kwargs)
 
     # -- lifecycle -----------------------------------------------------------
 
