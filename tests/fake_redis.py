@@ -23,6 +23,7 @@ from io import BufferedIOBase
 import redis
 
 from redlease import _scripts
+from redlease._testing._common import client_module
 
 
 class Stream:
@@ -237,9 +238,9 @@ def _read_command(rfile: BufferedIOBase) -> list[bytes] | None:
 
 
 @contextmanager
-def client_of(fake: FakeRedis, timeout: float) -> Iterator[redis.Redis]:
-    """A ``redis.Redis`` for ``fake`` whose socket timeouts are ``timeout``."""
-    client = redis.Redis(
+def client_of(fake: FakeRedis, timeout: float, family: str = "redis") -> Iterator[redis.Redis]:
+    """A ``redis.Redis`` (or ``valkey.Valkey``) for ``fake``, its socket timeouts ``timeout``."""
+    client = client_module(family).Redis(
         host="127.0.0.1", port=fake.port, socket_timeout=timeout, socket_connect_timeout=timeout
     )
     try:

@@ -53,6 +53,17 @@ def require_valkey() -> ModuleType:
     return valkey
 
 
+def family_errors(family: str) -> ModuleType:
+    """The exceptions module of a client family: ``redis.exceptions`` or ``valkey.exceptions``.
+
+    A valkey client's caller must be able to catch valkey-py's classes (the
+    library's errors are instances of both families' classes of the name).
+    """
+    import importlib
+
+    return importlib.import_module(f"{family}.exceptions")
+
+
 def wait_until(
     predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.005, what: str = ""
 ) -> Any:

@@ -10,7 +10,9 @@ of five TTLs: the new master holds their lease and a fence equal to their
 token. A term that survived the switch keeps its token;
 a term that was lost is followed by one with a greater token, and the old
 token is fenced out on the new master. ``run()`` and ``stop()`` must return
-within a few seconds afterwards.
+within a few seconds afterwards. The tests taking ``family`` run with a
+redis-py client and with a valkey-py one; for the latter every redis-py error
+reported through ``on_error`` must be valkey-py's of the same name too.
 
 Select them with ``pytest -m failover``.
 """
@@ -28,7 +30,7 @@ import redis
 import redlease
 from helpers import Events, RunThread, Terms, elected_token, wait_until
 from redlease._testing import ClusterSet, RedisServer, SentinelSet, key_slot
-from topology_helpers import close_all_engines
+from topology_helpers import assert_in_family, close_all_engines
 
 pytestmark = [pytest.mark.failover, pytest.mark.topology]
 
@@ -105,8 +107,12 @@ def _through(
     contenders: list[Contender],
     fault: Callable[[], RedisServer],
     fenced_write: Callable[[Contender, int, int], tuple[bool, bool]],
+    family: str = "redis",
 ) -> None:
-    """Run ``fault`` (which returns the new master), then check the contenders followed it."""
+    """Run ``fault`` (which returns the new master), then check the contenders followed it.
+
+    The errors reported through ``on_error`` meanwhile are of ``family``, the clients'.
+    """
     started = time.monotonic()
     try:
         new_master = fault()
@@ -141,6 +147,9 @@ def _through(
             assert current_ok, f"a fenced write with the current token failed; {c.report()}"
             if lost:
                 assert not stale_ok, f"the lost term's token still writes; {c.report()}"
+            for error in c.events.values("error"):
+                if isinstance(error, redis.RedisError):
+                    assert_in_family(error, family)
         tokens = [
             (c.first_token, c.elector.token(), c.events.count("stepped_down")) for c in contenders
         ]
@@ -182,8 +191,10 @@ def _sentinel_fence(topology: SentinelSet) -> Callable[[Contender, int, int], tu
     return write
 
 
-def _sentinel_contenders(topology: SentinelSet, engine: str) -> list[Contender]:
-    client = topology.master_for(socket_timeout=1, socket_connect_timeout=1)
+def _sentinel_contenders(
+    topology: SentinelSet, engine: str, family: str = "redis"
+) -> list[Contender]:
+    client = topology.master_for(family=family, socket_timeout=1, socket_connect_timeout=1)
     contenders = _contenders(client, ("fo-run", "fo-start"), engine)
     # Both leases and fences on the replica before the fault: what is lost
     # to asynchronous replication is not what these tests are about.
@@ -191,28 +202,30 @@ def _sentinel_contenders(topology: SentinelSet, engine: str) -> list[Contender]:
     return contenders
 
 
-def test_elector_follows_a_sentinel_failover(sentinel_set_fresh: SentinelSet, engine: str) -> None:
+def test_elector_follows_a_sentinel_failover(
+    sentinel_set_fresh: SentinelSet, engine: str, family: str
+) -> None:
     topology = sentinel_set_fresh
-    contenders = _sentinel_contenders(topology, engine)
+    contenders = _sentinel_contenders(topology, engine, family)
 
     def fault() -> RedisServer:
         return topology.node_at(topology.failover())
 
-    _through(contenders, fault, _sentinel_fence(topology))
+    _through(contenders, fault, _sentinel_fence(topology), family)
 
 
 def test_elector_follows_a_sentinel_failover_over_tls(
-    tls_sentinel_set_fresh: SentinelSet, engine: str
+    tls_sentinel_set_fresh: SentinelSet, engine: str, family: str
 ) -> None:
     """The same, with every process TLS-only: sentinels, master, replica and replication."""
     topology = tls_sentinel_set_fresh
-    contenders = _sentinel_contenders(topology, engine)
+    contenders = _sentinel_contenders(topology, engine, family)
     assert all(c.elector.engine == engine for c in contenders)
 
     def fault() -> RedisServer:
         return topology.node_at(topology.failover())
 
-    _through(contenders, fault, _sentinel_fence(topology))
+    _through(contenders, fault, _sentinel_fence(topology), family)
 
 
 def _longest_overlap(a: redlease.Elector, b: redlease.Elector, duration: float) -> float:
@@ -276,8 +289,8 @@ TAG = "{fo}"
 NAMES = (f"{TAG}:run", f"{TAG}:start")
 
 
-def _cluster_contenders(cluster: ClusterSet, engine: str) -> list[Contender]:
-    client = cluster.client(socket_timeout=1, socket_connect_timeout=1)
+def _cluster_contenders(cluster: ClusterSet, engine: str, family: str = "redis") -> list[Contender]:
+    client = cluster.client(family=family, socket_timeout=1, socket_connect_timeout=1)
     contenders = _contenders(client, NAMES, engine)
     assert cluster.master_for_slot(key_slot(TAG)).client().wait(1, 2000) >= 1
     return contenders
@@ -294,36 +307,36 @@ def _cluster_fence(cluster: ClusterSet) -> Callable[[Contender, int, int], tuple
 
 
 def test_elector_follows_a_cluster_failover_of_its_slot(
-    cluster_set_fresh: ClusterSet, engine: str
+    cluster_set_fresh: ClusterSet, engine: str, family: str
 ) -> None:
     cluster = cluster_set_fresh
-    contenders = _cluster_contenders(cluster, engine)
+    contenders = _cluster_contenders(cluster, engine, family)
 
     def fault() -> RedisServer:
         return cluster.failover(key_slot(TAG))
 
-    _through(contenders, fault, _cluster_fence(cluster))
+    _through(contenders, fault, _cluster_fence(cluster), family)
 
 
 def test_elector_follows_a_cluster_failover_of_its_slot_over_tls(
-    tls_cluster_set_fresh: ClusterSet, engine: str
+    tls_cluster_set_fresh: ClusterSet, engine: str, family: str
 ) -> None:
     """The same on a TLS-only cluster (tls-cluster, tls-replication)."""
     cluster = tls_cluster_set_fresh
-    contenders = _cluster_contenders(cluster, engine)
+    contenders = _cluster_contenders(cluster, engine, family)
     assert all(c.elector.engine == engine for c in contenders)
 
     def fault() -> RedisServer:
         return cluster.failover(key_slot(TAG))
 
-    _through(contenders, fault, _cluster_fence(cluster))
+    _through(contenders, fault, _cluster_fence(cluster), family)
 
 
 def test_elector_follows_a_migration_of_its_slot(
-    cluster_set_fresh: ClusterSet, engine: str
+    cluster_set_fresh: ClusterSet, engine: str, family: str
 ) -> None:
     cluster = cluster_set_fresh
-    contenders = _cluster_contenders(cluster, engine)
+    contenders = _cluster_contenders(cluster, engine, family)
     slot = key_slot(TAG)
 
     def fault() -> RedisServer:
@@ -331,7 +344,7 @@ def test_elector_follows_a_migration_of_its_slot(
         assert cluster.migrate_slot(slot, target) >= 6  # leader, fence, applied x 2
         return target
 
-    _through(contenders, fault, _cluster_fence(cluster))
+    _through(contenders, fault, _cluster_fence(cluster), family)
 
 
 def test_elector_keeps_leading_while_its_slot_is_mid_migration(

@@ -23,10 +23,11 @@ import redis.exceptions
 import redlease
 import redlease.aio
 from fake_redis import FakeRedis, Stream, client_of
-from helpers import make_elector, wait_until
+from helpers import family_errors, make_elector, wait_until
 from redlease._engine import pynotices
 from redlease._engine.base import MAX_REPLY_BYTES
 from redlease._engine.replies import ReplyTooLarge
+from redlease._testing._common import client_module
 from redlease._testing.notices import python_hubs
 
 pytestmark = pytest.mark.timeout(60)
@@ -39,8 +40,8 @@ SLACK = 1.5
 
 
 @pytest.fixture
-def client(fake: FakeRedis) -> Iterator[redis.Redis]:
-    with client_of(fake, BOUND) as c:
+def client(fake: FakeRedis, family: str) -> Iterator[redis.Redis]:
+    with client_of(fake, BOUND, family) as c:
         yield c
 
 
@@ -65,19 +66,19 @@ SLOW_REPLIES: dict[str, Callable[[], Stream]] = {
 
 @pytest.mark.parametrize("slow", list(SLOW_REPLIES))
 def test_a_slow_reply_ends_at_the_writes_bound(
-    fake: FakeRedis, client: redis.Redis, engine: str, slow: str
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str, slow: str
 ) -> None:
     fake.script("fence_set", SLOW_REPLIES[slow](), b":1\r\n")
     e = make_elector(client, engine)
     exc, took = timed_failure(lambda: e.fence_set(1, "k", "v"))
-    assert isinstance(exc, redis.exceptions.TimeoutError), repr(exc)
+    assert isinstance(exc, family_errors(family).TimeoutError), repr(exc)
     assert took < BOUND + SLACK, f"the write took {took:.2f} s, its bound is {BOUND} s"
     assert fake.runs("fence_set") == 1
     assert e.fence_set(1, "k", "v") is True  # a new connection, the next reply
 
 
 def test_a_flood_past_the_reply_cap_is_cut_off_at_the_cap(
-    fake: FakeRedis, client: redis.Redis, engine: str
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str
 ) -> None:
     # Sent as fast as the client takes it, with no line end: the client reads
     # no more than the cap before it gives up, long before the bound.
@@ -85,7 +86,7 @@ def test_a_flood_past_the_reply_cap_is_cut_off_at_the_cap(
     fake.script("fence_set", Stream(flood, every=0.0), b":1\r\n")
     e = make_elector(client, engine)
     exc, took = timed_failure(lambda: e.fence_set(1, "k", "v"))
-    assert isinstance(exc, redis.exceptions.InvalidResponse), repr(exc)
+    assert isinstance(exc, family_errors(family).InvalidResponse), repr(exc)
     assert f"{MAX_REPLY_BYTES / 1048576:g} MiB" in str(exc), str(exc)
     assert took < BOUND + SLACK
     assert fake.runs("fence_set") == 1
@@ -102,13 +103,13 @@ def test_the_python_engines_cap_error_is_reply_too_large(
 
 
 def test_an_asyncio_write_past_the_reply_cap_raises_and_the_next_works(
-    fake: FakeRedis, engine: str
+    fake: FakeRedis, engine: str, family: str
 ) -> None:
     flood = itertools.chain([b"+"], itertools.repeat(b"x" * 65536))
     fake.script("fence_set", Stream(flood, every=0.0), b":1\r\n")
 
     async def scenario() -> tuple[BaseException | None, bool]:
-        aclient = redis.asyncio.Redis(
+        aclient = client_module(family, asyncio=True).Redis(
             host="127.0.0.1", port=fake.port, socket_timeout=BOUND, socket_connect_timeout=BOUND
         )
         e = redlease.aio.Elector(aclient, "svc", engine=engine)
@@ -124,19 +125,19 @@ def test_an_asyncio_write_past_the_reply_cap_raises_and_the_next_works(
             await aclient.aclose()
 
     first, second = asyncio.run(asyncio.wait_for(scenario(), 30))
-    assert isinstance(first, redis.exceptions.InvalidResponse), repr(first)
+    assert isinstance(first, family_errors(family).InvalidResponse), repr(first)
     assert f"{MAX_REPLY_BYTES / 1048576:g} MiB" in str(first), str(first)
     assert second is True
 
 
 def test_a_slow_pipeline_reply_ends_at_the_writes_bound(
-    fake: FakeRedis, client: redis.Redis, engine: str
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str
 ) -> None:
     fake.script("fence_set", b":1\r\n", Stream([b":", b"1", b"\r", b"\n"], every=0.4), b":1\r\n")
     e = make_elector(client, engine)
     pipe = e.fence_pipeline(1).set("a", "1").set("b", "2").set("c", "3")
     exc, took = timed_failure(pipe.execute)
-    assert isinstance(exc, redis.exceptions.TimeoutError), repr(exc)
+    assert isinstance(exc, family_errors(family).TimeoutError), repr(exc)
     assert took < BOUND + SLACK, f"the pipeline took {took:.2f} s, its bound is {BOUND} s"
     # The fake reads a write only once it has answered the one before; the
     # client gave up first. Nothing was sent twice, and the next write works.

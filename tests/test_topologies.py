@@ -1,5 +1,8 @@
 """The Elector on every kind of client it accepts: unix sockets, ACL users
-and databases, Sentinel-managed masters and Redis Cluster."""
+and databases, Sentinel-managed masters and Redis Cluster.
+
+The tests taking ``family`` run with a redis-py client and with a valkey-py one.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +13,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
-import redis.asyncio
-import redis.asyncio.cluster
-import redis.asyncio.sentinel
 from redis.cluster import ClusterNode, RedisCluster
 from redis.sentinel import Sentinel
 
@@ -44,9 +45,9 @@ def _lead_and_fence(elector: redlease.Elector, key: str) -> int:
 # -- unix sockets, ACL users, databases ---------------------------------------------
 
 
-def test_elector_works_over_a_unix_socket(engine: str) -> None:
+def test_elector_works_over_a_unix_socket(engine: str, family: str) -> None:
     with RedisServer(unix=True) as server:
-        client = server.client()
+        client = server.client(family=family)
         assert client.connection_pool.connection_kwargs.get("path")
         e = redlease.Elector(client, "unix", ttl=0.5, engine=engine)
         assert e.engine == engine
@@ -57,13 +58,11 @@ def test_elector_works_over_a_unix_socket(engine: str) -> None:
 
 
 def test_elector_respects_the_clients_acl_user_and_database(
-    redis_server: RedisServer, engine: str
+    redis_server: RedisServer, engine: str, family: str
 ) -> None:
     admin = redis_server.client()
     admin.acl_setuser("svc", enabled=True, passwords=["+s3cret"], keys=["~*"], commands=["+@all"])
-    user_client = redis.Redis(
-        host="127.0.0.1", port=redis_server.port, db=3, username="svc", password="s3cret"
-    )
+    user_client = redis_server.client(family=family, db=3, username="svc", password="s3cret")
     e = redlease.Elector(user_client, "acl", ttl=0.5, engine=engine)
     _lead_and_fence(e, "acl:state")
     db3 = redis_server.client(db=3)
@@ -97,9 +96,11 @@ def sentinel(sentinel_set: SentinelSet) -> Sentinel:
     return sentinel_set.manager()
 
 
-def test_sentinel_master_client_runs_on_the_native_engine(sentinel: Sentinel) -> None:
+def test_sentinel_master_client_runs_on_the_native_engine(
+    sentinel_set: SentinelSet, family: str
+) -> None:
     require_native()
-    client = sentinel.master_for("svc", socket_timeout=1)
+    client = sentinel_set.master_for("svc", family=family, socket_timeout=1)
     e = redlease.Elector(client, "sentinel", ttl=0.5)
     assert e.engine == "native"
     token = _lead_and_fence(e, "sentinel:state")
@@ -107,8 +108,10 @@ def test_sentinel_master_client_runs_on_the_native_engine(sentinel: Sentinel) ->
     assert int(client.get("sentinel:fence:applied")) == token
 
 
-def test_sentinel_master_client_on_the_python_engine(sentinel: Sentinel) -> None:
-    client = sentinel.master_for("svc", socket_timeout=1)
+def test_sentinel_master_client_on_the_python_engine(
+    sentinel_set: SentinelSet, family: str
+) -> None:
+    client = sentinel_set.master_for("svc", family=family, socket_timeout=1)
     e = redlease.Elector(client, "sentinel-py", ttl=0.5, engine="python")
     token = _lead_and_fence(e, "sentinel-py:state")
     assert int(client.get("sentinel-py:fence:applied")) == token
@@ -143,14 +146,23 @@ def cluster(cluster_set: ClusterSet) -> Iterator[RedisCluster]:
     client.close()
 
 
+@pytest.fixture
+def family_cluster(cluster_set: ClusterSet, family: str) -> Iterator[Any]:
+    """As ``cluster``, of the test's ``family``: a ``RedisCluster`` or a ``ValkeyCluster``."""
+    client = cluster_set.client(family=family, socket_timeout=2)
+    yield client
+    client.close()
+
+
 def test_cluster_name_without_hash_tag_is_a_config_error(cluster: RedisCluster) -> None:
     with pytest.raises(redlease.ConfigError, match="hash tag"):
         redlease.Elector(cluster, "no-tag")
 
 
 def test_cluster_elector_with_hash_tag_elects_and_fences(
-    cluster: RedisCluster, engine: str
+    engine: str, family_cluster: Any
 ) -> None:
+    cluster = family_cluster
     e = redlease.Elector(cluster, "{job}", ttl=0.5, engine=engine)
     assert e.engine == engine
     token = _lead_and_fence(e, "{job}:state")
@@ -159,9 +171,11 @@ def test_cluster_elector_with_hash_tag_elects_and_fences(
     assert not cluster.exists("{job}:leader")
 
 
-def test_cluster_elector_runs_on_the_native_engine_by_default(cluster: RedisCluster) -> None:
+def test_cluster_elector_runs_on_the_native_engine_by_default(
+    family_cluster: Any,
+) -> None:
     require_native()
-    assert redlease.Elector(cluster, "{auto}").engine == "native"
+    assert redlease.Elector(family_cluster, "{auto}").engine == "native"
 
 
 def test_cluster_contenders_hand_over_with_increasing_tokens(cluster: RedisCluster) -> None:
@@ -191,7 +205,10 @@ def test_native_engine_refuses_a_cluster_client(
         redlease.Elector(cluster, "{job}", engine="native")
 
 
-def test_cluster_locker_needs_a_hash_tag_and_then_works(cluster: RedisCluster, engine: str) -> None:
+def test_cluster_locker_needs_a_hash_tag_and_then_works(
+    engine: str, family_cluster: Any
+) -> None:
+    cluster = family_cluster
     with pytest.raises(redlease.ConfigError, match="hash tag"):
         redlease.RedisLocker(cluster, prefix="locks:", engine=engine)
     locker = redlease.RedisLocker(cluster, prefix="{locks}:", engine=engine)
@@ -261,12 +278,9 @@ async def _aio_lead_and_fence(elector: redlease.aio.Elector, key: str) -> int:
     return token
 
 
-def test_aio_elector_on_a_sentinel_master(sentinel: Sentinel) -> None:
-    port = sentinel.sentinels[0].connection_pool.connection_kwargs["port"]
-
+def test_aio_elector_on_a_sentinel_master(sentinel_set: SentinelSet, family: str) -> None:
     async def scenario() -> int:
-        manager = redis.asyncio.sentinel.Sentinel([("127.0.0.1", port)], socket_timeout=1)
-        client = manager.master_for("svc", socket_timeout=2)
+        client = sentinel_set.master_for("svc", family=family, asyncio=True, socket_timeout=2)
         e = redlease.aio.Elector(client, "aio-sentinel", ttl=0.5)
         # Its sync twin is a Sentinel master client: native when the extension is built.
         assert e.engine == ("native" if redlease._engine.select.native_available()[0] else "python")
@@ -278,14 +292,9 @@ def test_aio_elector_on_a_sentinel_master(sentinel: Sentinel) -> None:
     assert asyncio.run(scenario()) >= 1
 
 
-def test_aio_elector_on_a_cluster(cluster: RedisCluster) -> None:
-    nodes = [(n.host, n.port) for n in cluster.get_nodes()]
-
+def test_aio_elector_on_a_cluster(cluster_set: ClusterSet, family: str) -> None:
     async def scenario() -> int:
-        client = redis.asyncio.RedisCluster(
-            startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in nodes],
-            socket_timeout=2,
-        )
+        client = cluster_set.client(family=family, asyncio=True, socket_timeout=2)
         with pytest.raises(redlease.ConfigError, match="hash tag"):
             redlease.aio.Elector(client, "untagged")
         e = redlease.aio.Elector(client, "{aio}", ttl=0.5)

@@ -27,7 +27,17 @@ import redis.exceptions
 import redlease
 import redlease.aio
 from fake_redis import FakeRedis, array, bulk, client_of, lock_won, won
-from helpers import NAME, Events, RunThread, Terms, make_elector, stays, wait_until
+from helpers import (
+    NAME,
+    Events,
+    RunThread,
+    Terms,
+    family_errors,
+    make_elector,
+    stays,
+    wait_until,
+)
+from redlease._testing._common import client_module
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,16 +70,18 @@ KINDS = list(UNEXPECTED)
 
 
 @pytest.fixture
-def client(fake: FakeRedis) -> Iterator[redis.Redis]:
-    with client_of(fake, 3.0) as c:
+def client(fake: FakeRedis, family: str) -> Iterator[redis.Redis]:
+    with client_of(fake, 3.0, family) as c:
         yield c
 
 
-def run_async(scenario: Callable[[redis.asyncio.Redis], Awaitable[Any]], fake: FakeRedis) -> Any:
-    """``scenario(client)`` on a fresh event loop with a ``redis.asyncio`` client for ``fake``."""
+def run_async(
+    scenario: Callable[[redis.asyncio.Redis], Awaitable[Any]], fake: FakeRedis, family: str
+) -> Any:
+    """``scenario(client)`` on a fresh loop, with an asyncio client of ``family`` for ``fake``."""
 
     async def main() -> Any:
-        c = redis.asyncio.Redis(
+        c = client_module(family, asyncio=True).Redis(
             host="127.0.0.1", port=fake.port, socket_timeout=3, socket_connect_timeout=3
         )
         try:
@@ -80,11 +92,12 @@ def run_async(scenario: Callable[[redis.asyncio.Redis], Awaitable[Any]], fake: F
     return asyncio.run(asyncio.wait_for(main(), 60))
 
 
-def assert_says_what_came_back(exc: BaseException, kind: str) -> None:
-    """``exc`` is the error section 11 asks for, and its message names the reply."""
-    allowed: tuple[type[BaseException], ...] = (redis.exceptions.ResponseError,)
+def assert_says_what_came_back(exc: BaseException, kind: str, family: str) -> None:
+    """``exc`` is the error section 11 asks for, of the client's family, naming the reply."""
+    errors = family_errors(family)
+    allowed: tuple[type[BaseException], ...] = (errors.ResponseError,)
     if kind in MALFORMED:
-        allowed += (redis.exceptions.InvalidResponse,)
+        allowed += (errors.InvalidResponse,)
     assert isinstance(exc, allowed), f"{type(exc).__name__}: {exc}"
     assert re.search(SAYS[kind], str(exc), re.IGNORECASE), f"the message hides the reply: {exc}"
 
@@ -111,16 +124,16 @@ async def raised_by_async(call: Callable[[], Awaitable[Any]]) -> BaseException:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_fenced_write_answered_with_a_reply_it_cannot_give_raises(
-    fake: FakeRedis, client: redis.Redis, engine: str, kind: str
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str, kind: str
 ) -> None:
     fake.script("fence_set", UNEXPECTED[kind])
     fencer = redlease.Fencer(make_elector(client, engine), 1)
-    assert_says_what_came_back(raised_by(lambda: fencer.set("k", "v")), kind)
+    assert_says_what_came_back(raised_by(lambda: fencer.set("k", "v")), kind, family)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_fenced_write_answered_with_a_reply_it_cannot_give_is_sent_once(
-    fake: FakeRedis, client: redis.Redis, engine: str, kind: str
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str, kind: str
 ) -> None:
     fake.script("fence_set", UNEXPECTED[kind])
     fencer = redlease.Fencer(make_elector(client, engine), 1)
@@ -133,7 +146,7 @@ def test_fenced_write_answered_with_a_reply_it_cannot_give_is_sent_once(
     ("reply", "applied"), [(b":0\r\n", False), (b":1\r\n", True)], ids=["0-rejected", "1-applied"]
 )
 def test_fenced_write_answered_0_or_1_returns_applied(
-    fake: FakeRedis, client: redis.Redis, engine: str, reply: bytes, applied: bool
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str, reply: bytes, applied: bool
 ) -> None:
     fake.script("fence_set", reply)
     assert redlease.Fencer(make_elector(client, engine), 1).set("k", "v") is applied
@@ -142,19 +155,19 @@ def test_fenced_write_answered_0_or_1_returns_applied(
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_async_fenced_write_answered_with_a_reply_it_cannot_give_raises(
-    fake: FakeRedis, engine: str, kind: str
+    fake: FakeRedis, engine: str, family: str, kind: str
 ) -> None:
     async def scenario(c: redis.asyncio.Redis) -> BaseException:
         fencer = redlease.aio.Fencer(redlease.aio.Elector(c, NAME, ttl=1.0, engine=engine), 1)
         return await raised_by_async(lambda: fencer.set("k", "v"))
 
     fake.script("fence_set", UNEXPECTED[kind])
-    assert_says_what_came_back(run_async(scenario, fake), kind)
+    assert_says_what_came_back(run_async(scenario, fake, family), kind, family)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_async_fenced_write_answered_with_a_reply_it_cannot_give_is_sent_once(
-    fake: FakeRedis, engine: str, kind: str
+    fake: FakeRedis, engine: str, family: str, kind: str
 ) -> None:
     async def scenario(c: redis.asyncio.Redis) -> None:
         fencer = redlease.aio.Fencer(redlease.aio.Elector(c, NAME, ttl=1.0, engine=engine), 1)
@@ -162,7 +175,7 @@ def test_async_fenced_write_answered_with_a_reply_it_cannot_give_is_sent_once(
             await fencer.set("k", "v")
 
     fake.script("fence_set", UNEXPECTED[kind])
-    run_async(scenario, fake)
+    run_async(scenario, fake, family)
     assert fake.runs("fence_set") == 1
 
 
@@ -170,14 +183,14 @@ def test_async_fenced_write_answered_with_a_reply_it_cannot_give_is_sent_once(
     ("reply", "applied"), [(b":0\r\n", False), (b":1\r\n", True)], ids=["0-rejected", "1-applied"]
 )
 def test_async_fenced_write_answered_0_or_1_returns_applied(
-    fake: FakeRedis, engine: str, reply: bytes, applied: bool
+    fake: FakeRedis, engine: str, family: str, reply: bytes, applied: bool
 ) -> None:
     async def scenario(c: redis.asyncio.Redis) -> bool:
         fencer = redlease.aio.Fencer(redlease.aio.Elector(c, NAME, ttl=1.0, engine=engine), 1)
         return await fencer.set("k", "v")
 
     fake.script("fence_set", reply)
-    assert run_async(scenario, fake) is applied
+    assert run_async(scenario, fake, family) is applied
     assert fake.runs("fence_set") == 1
 
 
@@ -202,16 +215,16 @@ def assert_pipeline_sent_once(fake: FakeRedis, kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_pipeline_with_a_reply_a_write_cannot_give_raises(
-    fake: FakeRedis, client: redis.Redis, engine: str, kind: str
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str, kind: str
 ) -> None:
     fake.script("fence_set", b":1\r\n", UNEXPECTED[kind], b":1\r\n")
     pipe = pipeline_of_three(redlease.Fencer(make_elector(client, engine), 1))
-    assert_says_what_came_back(raised_by(pipe.execute), kind)
+    assert_says_what_came_back(raised_by(pipe.execute), kind, family)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_pipeline_with_a_reply_a_write_cannot_give_is_sent_once(
-    fake: FakeRedis, client: redis.Redis, engine: str, kind: str
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str, kind: str
 ) -> None:
     fake.script("fence_set", b":1\r\n", UNEXPECTED[kind], b":1\r\n")
     pipe = pipeline_of_three(redlease.Fencer(make_elector(client, engine), 1))
@@ -221,13 +234,13 @@ def test_pipeline_with_a_reply_a_write_cannot_give_is_sent_once(
 
 
 def test_pipeline_with_a_reply_a_write_cannot_give_reads_every_reply_before_raising(
-    fake: FakeRedis, client: redis.Redis, engine: str
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str
 ) -> None:
     # Were the third reply (":1") left unread, the next write would take it
     # for its own instead of the ":0" the server gave that write.
     fake.script("fence_set", b":1\r\n", UNEXPECTED["array"], b":1\r\n", b":0\r\n")
     fencer = redlease.Fencer(make_elector(client, engine), 1)
-    with pytest.raises(redis.exceptions.ResponseError):
+    with pytest.raises(family_errors(family).ResponseError):
         pipeline_of_three(fencer).execute()
     assert fencer.set("d", "4") is False
     assert fake.runs("fence_set") == 4
@@ -244,7 +257,7 @@ def test_pipeline_with_a_reply_a_write_cannot_give_reads_every_reply_before_rais
 def test_pipeline_answered_0_or_1_returns_applied_per_write(
     fake: FakeRedis,
     client: redis.Redis,
-    engine: str,
+    engine: str, family: str,
     replies: tuple[bytes, ...],
     applied: list[bool],
 ) -> None:
@@ -256,19 +269,19 @@ def test_pipeline_answered_0_or_1_returns_applied_per_write(
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_async_pipeline_with_a_reply_a_write_cannot_give_raises(
-    fake: FakeRedis, engine: str, kind: str
+    fake: FakeRedis, engine: str, family: str, kind: str
 ) -> None:
     async def scenario(c: redis.asyncio.Redis) -> BaseException:
         fencer = redlease.aio.Fencer(redlease.aio.Elector(c, NAME, ttl=1.0, engine=engine), 1)
         return await raised_by_async(pipeline_of_three(fencer).execute)
 
     fake.script("fence_set", b":1\r\n", UNEXPECTED[kind], b":1\r\n")
-    assert_says_what_came_back(run_async(scenario, fake), kind)
+    assert_says_what_came_back(run_async(scenario, fake, family), kind, family)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_async_pipeline_with_a_reply_a_write_cannot_give_is_sent_once(
-    fake: FakeRedis, engine: str, kind: str
+    fake: FakeRedis, engine: str, family: str, kind: str
 ) -> None:
     async def scenario(c: redis.asyncio.Redis) -> None:
         fencer = redlease.aio.Fencer(redlease.aio.Elector(c, NAME, ttl=1.0, engine=engine), 1)
@@ -276,12 +289,12 @@ def test_async_pipeline_with_a_reply_a_write_cannot_give_is_sent_once(
             await pipeline_of_three(fencer).execute()
 
     fake.script("fence_set", b":1\r\n", UNEXPECTED[kind], b":1\r\n")
-    run_async(scenario, fake)
+    run_async(scenario, fake, family)
     assert_pipeline_sent_once(fake, kind)
 
 
 def test_async_pipeline_answered_0_or_1_returns_applied_per_write(
-    fake: FakeRedis, engine: str
+    fake: FakeRedis, engine: str, family: str
 ) -> None:
     async def scenario(c: redis.asyncio.Redis) -> list[bool]:
         fencer = redlease.aio.Fencer(redlease.aio.Elector(c, NAME, ttl=1.0, engine=engine), 1)
@@ -289,7 +302,7 @@ def test_async_pipeline_answered_0_or_1_returns_applied_per_write(
         return applied
 
     fake.script("fence_set", b":1\r\n", b":0\r\n", b":0\r\n")
-    assert run_async(scenario, fake) == [True, False, False]
+    assert run_async(scenario, fake, family) == [True, False, False]
     assert fake.runs("fence_set") == 3
 
 
@@ -305,11 +318,13 @@ BAD_ACQUIRES: dict[str, bytes] = {
 """Replies acquire (``{token, pttl, holder}``, holder a string) can never give."""
 
 
-def response_errors(events: Events) -> list[BaseException]:
+def response_errors(events: Events, family: str) -> list[BaseException]:
+    """The errors ``on_error`` got that are ResponseError / InvalidResponse of ``family``."""
+    errors = family_errors(family)
     return [
         exc
         for exc in events.values("error")
-        if isinstance(exc, (redis.exceptions.ResponseError, redis.exceptions.InvalidResponse))
+        if isinstance(exc, (errors.ResponseError, errors.InvalidResponse))
     ]
 
 
@@ -342,11 +357,11 @@ def described(errors: list[Any]) -> list[str]:
 
 @pytest.mark.parametrize("kind", list(BAD_ACQUIRES))
 def test_acquire_answered_with_a_reply_it_cannot_give_is_reported_to_on_error(
-    fake: FakeRedis, client: redis.Redis, engine: str, kind: str
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str, kind: str
 ) -> None:
     run, events, _ = elect_after_two_bad_acquires(fake, client, engine, BAD_ACQUIRES[kind])
     try:
-        reported = response_errors(events)
+        reported = response_errors(events, family)
         assert len(reported) == 2, f"on_error got {described(events.values('error'))}"
         assert events.kinds()[:1] != ["follower"], (
             "an unexpected reply was taken for a lost acquire"
@@ -357,7 +372,7 @@ def test_acquire_answered_with_a_reply_it_cannot_give_is_reported_to_on_error(
 
 @pytest.mark.parametrize("kind", list(BAD_ACQUIRES))
 def test_run_carries_on_after_unexpected_acquire_replies_and_is_elected(
-    fake: FakeRedis, client: redis.Redis, engine: str, kind: str
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str, kind: str
 ) -> None:
     run, events, terms = elect_after_two_bad_acquires(fake, client, engine, BAD_ACQUIRES[kind])
     try:
@@ -371,13 +386,13 @@ def test_run_carries_on_after_unexpected_acquire_replies_and_is_elected(
 
 
 def test_acquire_answered_with_an_error_reply_is_reported_and_then_elected(
-    fake: FakeRedis, client: redis.Redis, engine: str
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str
 ) -> None:
     bad = b"-ERR something went wrong\r\n"
     run, events, terms = elect_after_two_bad_acquires(fake, client, engine, bad)
     try:
         assert terms.wait_for(1, timeout=10).token == 1
-        assert len(response_errors(events)) == 2, (
+        assert len(response_errors(events, family)) == 2, (
             f"on_error got {described(events.values('error'))}"
         )
     finally:
@@ -385,7 +400,7 @@ def test_acquire_answered_with_an_error_reply_is_reported_and_then_elected(
 
 
 def test_term_lasts_while_renewals_are_answered_1(
-    fake: FakeRedis, client: redis.Redis, engine: str
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str
 ) -> None:
     fake.script("acquire", won(1))
     events, terms = Events(), Terms()
@@ -400,7 +415,7 @@ def test_term_lasts_while_renewals_are_answered_1(
 
 
 def test_async_acquire_answered_with_a_reply_it_cannot_give_is_reported_and_then_elected(
-    fake: FakeRedis, engine: str
+    fake: FakeRedis, engine: str, family: str
 ) -> None:
     async def scenario(c: redis.asyncio.Redis) -> tuple[Events, int]:
         events = Events()
@@ -421,8 +436,9 @@ def test_async_acquire_answered_with_a_reply_it_cannot_give_is_reported_and_then
         return events, (tokens or [0])[0]
 
     fake.script("acquire", BAD_ACQUIRES["array_of_integers"], BAD_ACQUIRES["bulk"], won(1))
-    events, token = run_async(scenario, fake)
-    assert len(response_errors(events)) == 2, f"on_error got {described(events.values('error'))}"
+    events, token = run_async(scenario, fake, family)
+    reported = described(events.values("error"))
+    assert len(response_errors(events, family)) == 2, f"on_error got {reported}"
     assert token == 1
     assert fake.runs("acquire") == 3
 
@@ -441,18 +457,18 @@ def lead_through_one_bad_renewal(
 
 
 def test_renewal_answered_with_a_reply_it_cannot_give_is_reported_to_on_error(
-    fake: FakeRedis, client: redis.Redis, engine: str
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str
 ) -> None:
     run, events, _ = lead_through_one_bad_renewal(fake, client, engine)
     try:
-        errors = wait_until(lambda: response_errors(events), 5, what="the renewal's error")
-        assert_says_what_came_back(errors[0], "array")
+        errors = wait_until(lambda: response_errors(events, family), 5, what="the renewal's error")
+        assert_says_what_came_back(errors[0], "array", family)
     finally:
         run.stop()
 
 
 def test_term_survives_a_renewal_answered_with_a_reply_it_cannot_give(
-    fake: FakeRedis, client: redis.Redis, engine: str
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str
 ) -> None:
     run, events, term = lead_through_one_bad_renewal(fake, client, engine)
     try:
@@ -476,16 +492,16 @@ BAD_LOCK_ACQUIRES: dict[str, bytes] = {
 
 @pytest.mark.parametrize("kind", list(BAD_LOCK_ACQUIRES))
 def test_lock_acquire_answered_with_a_reply_it_cannot_give_raises(
-    fake: FakeRedis, client: redis.Redis, engine: str, kind: str
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str, kind: str
 ) -> None:
     fake.script("lock_acquire", BAD_LOCK_ACQUIRES[kind])
     locker = redlease.RedisLocker(client, engine=engine)
     exc = raised_by(lambda: locker.try_acquire("x"))
-    assert isinstance(exc, redis.exceptions.ResponseError), f"{type(exc).__name__}: {exc}"
+    assert isinstance(exc, family_errors(family).ResponseError), f"{type(exc).__name__}: {exc}"
 
 
 def test_lock_acquire_answered_with_a_token_returns_the_lock(
-    fake: FakeRedis, client: redis.Redis, engine: str
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str
 ) -> None:
     fake.script("lock_acquire", lock_won(7))
     held = redlease.RedisLocker(client, engine=engine).try_acquire("x")
@@ -494,7 +510,7 @@ def test_lock_acquire_answered_with_a_token_returns_the_lock(
 
 
 def test_lock_acquire_answered_held_elsewhere_raises_not_acquired(
-    fake: FakeRedis, client: redis.Redis, engine: str
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str
 ) -> None:
     fake.script("lock_acquire", array(b":0\r\n", b":5000\r\n"))
     with pytest.raises(redlease.NotAcquired):
@@ -503,7 +519,7 @@ def test_lock_acquire_answered_held_elsewhere_raises_not_acquired(
 
 @pytest.mark.parametrize("kind", list(BAD_LOCK_ACQUIRES))
 def test_async_lock_acquire_answered_with_a_reply_it_cannot_give_raises(
-    fake: FakeRedis, engine: str, kind: str
+    fake: FakeRedis, engine: str, family: str, kind: str
 ) -> None:
     async def scenario(c: redis.asyncio.Redis) -> BaseException:
         locker = redlease.aio.RedisLocker(c, engine=engine)
@@ -513,12 +529,12 @@ def test_async_lock_acquire_answered_with_a_reply_it_cannot_give_raises(
             await locker.close()
 
     fake.script("lock_acquire", BAD_LOCK_ACQUIRES[kind])
-    exc = run_async(scenario, fake)
-    assert isinstance(exc, redis.exceptions.ResponseError), f"{type(exc).__name__}: {exc}"
+    exc = run_async(scenario, fake, family)
+    assert isinstance(exc, family_errors(family).ResponseError), f"{type(exc).__name__}: {exc}"
 
 
 def test_async_lock_acquire_answered_with_a_token_returns_the_lock(
-    fake: FakeRedis, engine: str
+    fake: FakeRedis, engine: str, family: str
 ) -> None:
     async def scenario(c: redis.asyncio.Redis) -> int:
         locker = redlease.aio.RedisLocker(c, engine=engine)
@@ -530,4 +546,4 @@ def test_async_lock_acquire_answered_with_a_token_returns_the_lock(
             await locker.close()
 
     fake.script("lock_acquire", lock_won(7))
-    assert run_async(scenario, fake) == 7
+    assert run_async(scenario, fake, family) == 7

@@ -1,5 +1,6 @@
 """Helpers for the native engine on Sentinel and Cluster: waiting for an elector to
-lead on a given data node, and closing what a test left open."""
+lead on a given data node, closing what a test left open, and checking that an
+error a valkey-py client's caller sees is valkey-py's."""
 
 from __future__ import annotations
 
@@ -44,6 +45,36 @@ def wait_leading_on(node: RedisServer, elector: redlease.Elector, timeout: float
                 f"(token {elector.token()})"
             )
         time.sleep(0.02)
+
+
+# redis-py names whose valkey-py counterpart is spelled otherwise.
+_VALKEY_NAMES = {"RedisError": "ValkeyError", "RedisClusterException": "ValkeyClusterException"}
+
+
+def assert_in_family(exc: BaseException, family: str, *names: str) -> None:
+    """For ``family == "valkey"``, ``exc`` is an instance of ``valkey.exceptions.<name>``.
+
+    For each of ``names``; without any, the name of the nearest redis-py
+    exception class along ``exc``'s class (``RedisError`` is ``ValkeyError``
+    there). Nothing is checked for ``"redis"``; valkey-py is imported only
+    for ``"valkey"``.
+    """
+    if family != "valkey":
+        return
+    import valkey.exceptions
+
+    if not names:
+        near = next(
+            (k.__name__ for k in type(exc).__mro__ if k.__module__ == "redis.exceptions"), None
+        )
+        assert near is not None, f"{exc!r} is no redis-py error, so not valkey-py's either"
+        names = (near,)
+    for name in names:
+        cls = getattr(valkey.exceptions, _VALKEY_NAMES.get(name, name))
+        assert isinstance(exc, cls), (
+            f"{exc!r} is not a valkey.exceptions.{cls.__name__} "
+            f"(its classes: {[k.__module__ + '.' + k.__qualname__ for k in type(exc).__mro__]})"
+        )
 
 
 def close_all_engines() -> None:
