@@ -11,6 +11,7 @@ import redis
 
 import redlease
 from cli_helpers import assert_one_line_error, cli_env, redlease_cli
+from helpers import require_valkey
 from redlease._cli.bench import native_engine_available
 from redlease._testing import RedisServer
 
@@ -171,6 +172,7 @@ def writer_cells(stdout: str, row: str) -> list[str]:
 def test_bench_writers_compares_every_engine_with_redis_py_on_the_same_server(
     topology: str,
 ) -> None:
+    require_valkey()  # its columns stand beside redis-py's
     result = redlease_cli(
         "bench", "--writers", "--topology", topology, "--seconds", "0.2", "--load", "idle",
         timeout=180,
@@ -180,14 +182,18 @@ def test_bench_writers_compares_every_engine_with_redis_py_on_the_same_server(
     engines = ["native", "python"] if native_engine_available()[0] else ["python"]
     lines = result.stdout.splitlines()
     header = next(line for line in lines if line.startswith("fenced writes/s by"))
-    assert header.split()[3:] == [*engines, "redis-py"]
+    on_valkey = [f"{engine} (valkey-py)" for engine in engines]
+    columns = [*engines, "redis-py", *on_valkey, "valkey-py"]
+    assert re.split(r"\s{2,}", header.strip())[1:] == columns, header
     for row in WRITER_ROWS:
         cells = writer_cells(result.stdout, row)
-        assert len(cells) == len(engines) + 1, (row, result.stdout)
+        assert len(cells) == len(columns), (row, result.stdout)
         assert all(int(rate.replace(",", "")) > 0 for rate, _ratio in cells)
-        assert cells[-1][1] == "1.00"  # redis-py is the baseline of its own row
+        # Each library is the baseline of its own family's columns.
+        assert cells[len(engines)][1] == "1.00"
+        assert cells[-1][1] == "1.00"
     cpu = next(line for line in lines if line.startswith("CPU per sync write"))
-    assert len(re.findall(r"[\d.]+ us", cpu)) == len(engines) + 1
+    assert len(re.findall(r"[\d.]+ us", cpu)) == len(columns)
 
 
 def test_bench_writers_refuses_a_deployment_of_many_servers_before_starting_it() -> None:

@@ -373,6 +373,7 @@ def main(
                     runnable,
                     seconds,
                     progress.phase,
+                    families=_writers.families(),
                 )
             except errors("RedisError") as exc:
                 raise CliError(

@@ -46,9 +46,13 @@ class Target:
     description: str
     embedded: bool
 
-    def client(self, **kwargs: Any) -> Any:
-        """A new client for this server (timeouts bounded, so nothing hangs forever)."""
-        return connect(self.url, **kwargs)
+    def client(self, *, family: str | None = None, **kwargs: Any) -> Any:
+        """A new client for this server (timeouts bounded, so nothing hangs forever).
+
+        ``family`` ``"redis"`` or ``"valkey"`` picks the client library
+        whatever the URL's scheme says (see ``connect``).
+        """
+        return connect(self.url, family=family, **kwargs)
 
 
 def url_from(arg: str | None) -> str | None:
@@ -97,9 +101,16 @@ def check_url(url: str) -> None:
         raise CliError(f"invalid Redis URL {redact(url)!r}: {exc}") from None
 
 
-def _library(url: str, *, asyncio: bool = False) -> Any:
-    """``redis`` (or ``redis.asyncio``) for a Redis URL, valkey-py's for ``valkey(s)://``."""
-    if urllib.parse.urlsplit(url).scheme.lower() not in VALKEY_SCHEMES:
+def _library(url: str, *, asyncio: bool = False, family: str | None = None) -> Any:
+    """``redis`` (or ``redis.asyncio``) for a Redis URL, valkey-py's for ``valkey(s)://``.
+
+    ``family`` overrides the scheme: valkey-py reads ``redis://``,
+    ``rediss://`` and ``unix://`` URLs too.
+    """
+    if family is None:
+        valkey_url = urllib.parse.urlsplit(url).scheme.lower() in VALKEY_SCHEMES
+        family = "valkey" if valkey_url else "redis"
+    if family == "redis":
         return redis.asyncio if asyncio else redis
     try:
         importlib.import_module("valkey.asyncio" if asyncio else "valkey")
@@ -133,20 +144,20 @@ TIMEOUTS: dict[str, Any] = {"socket_connect_timeout": 3.0, "socket_timeout": 5.0
 """Every client the command line makes is bounded by these."""
 
 
-def connect(url: str, **kwargs: Any) -> Any:
+def connect(url: str, *, family: str | None = None, **kwargs: Any) -> Any:
     """A client for ``url`` with bounded timeouts; CliError for a URL that is not one.
 
     A ``redis.Redis``, or a ``valkey.Valkey`` for a ``valkey://`` or
-    ``valkeys://`` URL.
+    ``valkeys://`` URL (or for any URL with ``family="valkey"``).
     """
     check_url(url)
-    return _library(url).Redis.from_url(url, **{**TIMEOUTS, **kwargs})
+    return _library(url, family=family).Redis.from_url(url, **{**TIMEOUTS, **kwargs})
 
 
-def async_connect(url: str) -> Any:
+def async_connect(url: str, *, family: str | None = None) -> Any:
     """``connect``'s asyncio twin (``redis.asyncio`` or ``valkey.asyncio``)."""
     check_url(url)
-    return _library(url, asyncio=True).Redis.from_url(url, **TIMEOUTS)
+    return _library(url, asyncio=True, family=family).Redis.from_url(url, **TIMEOUTS)
 
 
 @contextmanager

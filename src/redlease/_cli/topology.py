@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-import redis.asyncio
 
 from .redisurl import TIMEOUTS, CliError, async_connect, one_line, redis_target
 
@@ -32,8 +31,9 @@ class BenchServer:
     make_monitor: Callable[[str], redis.Redis]
     tagged: bool = False
     """Names need a hash tag (Cluster)."""
-    make_async_client: Callable[[], Any] | None = None
-    """A ``redis.asyncio`` client of the same server (one-server deployments only)."""
+    make_async_client: Callable[..., Any] | None = None
+    """An asyncio client of the same server (one-server deployments only); ``family=`` as
+    for ``make_client`` picks redis-py's or valkey-py's."""
 
     def client(self, **kwargs: Any) -> Any:
         """A new client of the kind this deployment's users have."""
@@ -57,7 +57,7 @@ def bench_server(topology: str, url: str | None) -> Iterator[BenchServer]:
                 description=target.description,
                 make_client=target.client,
                 make_monitor=lambda _name: target.client(),
-                make_async_client=lambda: async_connect(target.url),
+                make_async_client=lambda family=None: async_connect(target.url, family=family),
             )
         return
     if url is not None:
@@ -72,7 +72,9 @@ def bench_server(topology: str, url: str | None) -> Iterator[BenchServer]:
                     description="a private redis-server over TLS on loopback",
                     make_client=tls.client,
                     make_monitor=lambda _name: tls.client(),
-                    make_async_client=lambda: tls_async_client(tls),
+                    make_async_client=lambda family="redis": tls.client(
+                        family=family, asyncio=True, **TIMEOUTS
+                    ),
                 )
         elif topology == "sentinel":
             with _testing.SentinelSet() as sentinels:
@@ -111,9 +113,3 @@ def bench_server(topology: str, url: str | None) -> Iterator[BenchServer]:
             raise CliError(f"unknown topology {topology!r}; choose one of {', '.join(TOPOLOGIES)}")
     except (_testing.RedisServerError, OSError) as exc:
         raise CliError(f"could not start the {topology} servers: {one_line(exc)}") from None
-
-
-def tls_async_client(server: Any) -> redis.asyncio.Redis:
-    """A ``redis.asyncio`` client of a test TLS server, verifying it as ``server.client()`` does."""
-    host, port = server.address
-    return redis.asyncio.Redis(host=host, port=port, **TIMEOUTS, **server.tls.client_kwargs())

@@ -10,6 +10,10 @@ after the other, each for the measurement's length:
 - pipelines: ``Elector.fence_pipeline(token)`` of ``BATCH`` SETs against
   redis-py's pipeline (``transaction=False``) of the same EVALSHAs.
 
+With valkey-py installed, each engine runs once more on a valkey-py client
+of the same server, beside valkey-py's own EVALSHAs: the two client
+families side by side in one run, each against its own library.
+
 Each engine writes under a name of its own that nobody has elected, with
 token 1, so every write applies (a rejected write would be measured as a
 cheaper one: the run counts them and fails if any was rejected).
@@ -25,14 +29,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-
 import redlease
 import redlease.aio
 
 from .. import _scripts
 from .._keys import ElectionKeys
-from .redisurl import CliError
+from .redisurl import CliError, errors
 
 TASKS = 64
 """Concurrent asyncio tasks of the many-task case."""
@@ -42,6 +44,9 @@ BATCH = 100
 
 TOKEN = 1
 BASELINE = "redis-py"
+
+BASELINES = {"redis": BASELINE, "valkey": "valkey-py"}
+"""Each client family's own library, the contender its engines' rows are compared with."""
 
 CASES = (
     ("sync", "sync, 1 thread"),
@@ -56,6 +61,8 @@ class WriterResults:
     """Fenced writes per second per case and contender, and CPU per sync write."""
 
     contenders: list[str]
+    baseline_of: dict[str, str] = field(default_factory=dict)
+    """The contender each contender's ratio is taken against (its family's library)."""
     rates: dict[str, dict[str, float]] = field(default_factory=dict)
     cpu_us: dict[str, float] = field(default_factory=dict)
 
@@ -107,37 +114,57 @@ class _Applied:
 
 
 def measure_writers(
-    make_client: Callable[[], Any],
-    make_async_client: Callable[[], Any],
+    make_client: Callable[..., Any],
+    make_async_client: Callable[..., Any],
     name_for: Callable[[str], str],
     engines: Sequence[str],
     seconds: float,
     phase: Callable[[str, float], Callable[[float], None]],
+    families: Sequence[str] = ("redis",),
 ) -> WriterResults:
-    """Every case for every engine in ``engines`` and for redis-py, one after the other.
+    """Every case for every engine in ``engines`` and for the client library, one after the other.
 
-    ``name_for`` turns a base name into one that works on the deployment;
-    ``phase`` announces a measurement (the CLI's progress lines).
+    Once per client family in ``families`` (``"redis"``, ``"valkey"``):
+    the engines on a client of that family, then the library itself.
+    ``make_client`` / ``make_async_client`` take ``family=`` for any but
+    redis-py. ``name_for`` turns a base name into one that works on the
+    deployment; ``phase`` announces a measurement (the CLI's progress lines).
     """
-    results = WriterResults(contenders=[*engines, BASELINE])
+    results = WriterResults(contenders=[])
     script = _scripts.fenced_file("fence_set")
     run = secrets.token_hex(3)
     client = make_client()
     applied = _Applied()
     names: list[str] = []
+    opened: list[Any] = []
     try:
         client.script_load(script.source)
-        for contender in results.contenders:
-            name = name_for(f"redlease-writers-{run}-{contender}")
-            names.append(name)
-            ops = (
-                _redis_py_ops(client, make_async_client, name, script)
-                if contender == BASELINE
-                else _engine_ops(client, make_async_client, name, contender)
-            )
-            _measure(contender, ops, seconds, phase, results, applied)
+        for family in families:
+            chosen: dict[str, Any] = {} if family == "redis" else {"family": family}
+            family_client = client if family == "redis" else make_client(**chosen)
+            if family_client is not client:
+                opened.append(family_client)
+
+            def make_async(chosen: dict[str, Any] = chosen) -> Any:
+                return make_async_client(**chosen)
+
+            baseline = BASELINES[family]
+            for engine in [*engines, None]:
+                contender = baseline if engine is None else _label(engine, family)
+                results.contenders.append(contender)
+                results.baseline_of[contender] = baseline
+                name = name_for(f"redlease-writers-{run}-{contender.replace(' ', '')}")
+                names.append(name)
+                ops = (
+                    _client_ops(family_client, make_async, name, script)
+                    if engine is None
+                    else _engine_ops(family_client, make_async, name, engine)
+                )
+                _measure(contender, ops, seconds, phase, results, applied)
     finally:
-        with contextlib.suppress(redis.RedisError):
+        for other in opened:
+            other.close()
+        with contextlib.suppress(*errors("RedisError")):
             for name in names:
                 keys = [*ElectionKeys(name).all(), *_value_keys(name)]
                 client.delete(*keys)
@@ -148,6 +175,20 @@ def measure_writers(
             "is using its names, the numbers would be wrong"
         )
     return results
+
+
+def families() -> tuple[str, ...]:
+    """The client families to measure: redis-py, and valkey-py when it is installed."""
+    try:
+        import valkey  # noqa: F401
+    except ImportError:
+        return ("redis",)
+    return ("redis", "valkey")
+
+
+def _label(engine: str, family: str) -> str:
+    """An engine's column: ``native``, or ``native (valkey-py)`` on a valkey-py client."""
+    return engine if family == "redis" else f"{engine} ({BASELINES[family]})"
 
 
 def _value_keys(name: str) -> list[str]:
@@ -190,9 +231,10 @@ def _engine_ops(
     return _Ops(lambda n: elector.fence_set(TOKEN, key, n), batch, open_async)
 
 
-def _redis_py_ops(
+def _client_ops(
     client: Any, make_async_client: Callable[[], Any], name: str, script: _scripts.Script
 ) -> _Ops:
+    """The client library's own EVALSHAs of the fenced SET script (redis-py's or valkey-py's)."""
     mark = ElectionKeys(name).applied
     key, keys = f"{name}:value", _value_keys(name)[1:]
 
@@ -262,15 +304,16 @@ def render_writers(results: WriterResults, seconds: float, description: str) -> 
         f"fenced writers: {seconds:g} s per measurement, the same fenced SET script for "
         "every contender",
         f"server: {description}",
-        "(in brackets: the ratio to redis-py / redis.asyncio in this run)",
+        "(in brackets: the ratio to the client library's own EVALSHA in this run: "
+        "redis-py / redis.asyncio, or valkey-py's for the valkey-py columns)",
         "",
         f"{'fenced writes/s by':<28}" + "".join(f"{c:>{width}}" for c in results.contenders),
     ]
     for case, label in CASES:
         rates = results.rates.get(case, {})
-        base = rates.get(BASELINE)
         cells = []
         for contender in results.contenders:
+            base = rates.get(results.baseline_of.get(contender, BASELINE))
             rate = rates.get(contender)
             if rate is None:
                 cells.append("-")
