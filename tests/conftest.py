@@ -45,7 +45,16 @@ def pytest_report_header() -> list[str]:
     except FileNotFoundError as exc:
         return [f"redis-server: none ({exc})"]
     others = [named(b) for b in redis_server_candidates() if b != chosen]
-    return [f"redis-server: {named(chosen)}; also found: {', '.join(others) or 'none'}"]
+    try:
+        from importlib.metadata import version
+
+        clients = f"valkey-py {version('valkey')} (its clients talk to the server above)"
+    except Exception:
+        clients = "valkey-py not installed (the valkey client parameters skip)"
+    return [
+        f"redis-server: {named(chosen)}; also found: {', '.join(others) or 'none'}",
+        f"client families: redis-py {redis.__version__}, {clients}",
+    ]
 
 
 @pytest.fixture
