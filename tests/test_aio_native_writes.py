@@ -19,15 +19,15 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
-import redis.asyncio.cluster
-import redis.asyncio.sentinel
 from redis.crc import key_slot
 
 import redlease
 import redlease.aio
 from helpers import ProcessContender, gil_call_size, hold_gil_at_least, require_native
 from redlease._testing import ClusterSet, RedisServer, SentinelSet, TLSMaterials
+from redlease._testing._common import client_module
 from tls_helpers import require_native_tls
+from topology_helpers import assert_in_family
 
 NAME = "aiow"
 
@@ -442,12 +442,14 @@ def test_writes_over_tls_are_pipelined(
 
 
 def test_writes_through_sentinels_reach_the_new_master_after_a_failover(
-    sentinel_set_fresh: SentinelSet, engine: str
+    sentinel_set_fresh: SentinelSet, engine: str, family: str
 ) -> None:
     topology = sentinel_set_fresh
+    module = client_module(family, asyncio=True)
+    refused: list[Exception] = []
 
     async def scenario() -> None:
-        manager = redis.asyncio.sentinel.Sentinel(topology.sentinel_addresses(), socket_timeout=1)
+        manager = module.sentinel.Sentinel(topology.sentinel_addresses(), socket_timeout=1)
         client = manager.master_for(topology.service, socket_timeout=2)
         e, token = await leading(topology.master, engine, ttl=10, client=client)
         writer = loop_writer(e)
@@ -468,7 +470,8 @@ def test_writes_through_sentinels_reach_the_new_master_after_a_failover(
                 assert time.monotonic() < deadline, "writes never reached the new master"
                 try:
                     applied = await e.fence_set(e.token() or token, f"{NAME}:after", n)
-                except (redis.exceptions.ConnectionError, redis.exceptions.ResponseError):
+                except (redis.exceptions.ConnectionError, redis.exceptions.ResponseError) as exc:
+                    refused.append(exc)
                     applied = False
                 if applied and check.get(f"{NAME}:after") == str(n).encode():
                     break
@@ -477,20 +480,26 @@ def test_writes_through_sentinels_reach_the_new_master_after_a_failover(
         await client.aclose()
 
     run(scenario)
+    # A valkey client's caller catches valkey-py's classes: the write errors are those too
+    # (and of the class named as their own, ReadOnlyError say).
+    for exc in refused:
+        caught = "ConnectionError" if isinstance(exc, redis.ConnectionError) else "ResponseError"
+        assert_in_family(exc, family, caught)
+        assert_in_family(exc, family)
 
 
 def test_writes_on_a_cluster_follow_a_migration_of_the_slot(
-    cluster_set_fresh: ClusterSet, engine: str
+    cluster_set_fresh: ClusterSet, engine: str, family: str
 ) -> None:
     cluster = cluster_set_fresh
     name = "{aiow}"
     slot = key_slot(name.encode())
+    module = client_module(family, asyncio=True)
 
     async def scenario() -> None:
-        client = redis.asyncio.RedisCluster(
+        client = module.RedisCluster(
             startup_nodes=[
-                redis.asyncio.cluster.ClusterNode("127.0.0.1", node.port)
-                for node in cluster.masters()
+                module.cluster.ClusterNode("127.0.0.1", node.port) for node in cluster.masters()
             ],
             socket_timeout=5,
         )

@@ -25,6 +25,7 @@ import redlease._engine.select
 import redlease.aio
 from helpers import elected_token, require_native, wait_until
 from redlease._testing import ClusterSet, RedisServer, SentinelSet
+from redlease._testing._common import client_module
 from topology_helpers import close_all_engines
 
 
@@ -279,8 +280,12 @@ async def _aio_lead_and_fence(elector: redlease.aio.Elector, key: str) -> int:
 
 
 def test_aio_elector_on_a_sentinel_master(sentinel_set: SentinelSet, family: str) -> None:
+    host, port = sentinel_set.sentinel_addresses()[0]
+    module = client_module(family, asyncio=True)
+
     async def scenario() -> int:
-        client = sentinel_set.master_for("svc", family=family, asyncio=True, socket_timeout=2)
+        manager = module.sentinel.Sentinel([(host, port)], socket_timeout=1)
+        client = manager.master_for("svc", socket_timeout=2)
         e = redlease.aio.Elector(client, "aio-sentinel", ttl=0.5)
         # Its sync twin is a Sentinel master client: native when the extension is built.
         assert e.engine == ("native" if redlease._engine.select.native_available()[0] else "python")
@@ -292,9 +297,15 @@ def test_aio_elector_on_a_sentinel_master(sentinel_set: SentinelSet, family: str
     assert asyncio.run(scenario()) >= 1
 
 
-def test_aio_elector_on_a_cluster(cluster_set: ClusterSet, family: str) -> None:
+def test_aio_elector_on_a_cluster(cluster: RedisCluster, family: str) -> None:
+    nodes = [(n.host, n.port) for n in cluster.get_nodes()]
+    module = client_module(family, asyncio=True)
+
     async def scenario() -> int:
-        client = cluster_set.client(family=family, asyncio=True, socket_timeout=2)
+        client = module.RedisCluster(
+            startup_nodes=[module.cluster.ClusterNode(h, p) for h, p in nodes],
+            socket_timeout=2,
+        )
         with pytest.raises(redlease.ConfigError, match="hash tag"):
             redlease.aio.Elector(client, "untagged")
         e = redlease.aio.Elector(client, "{aio}", ttl=0.5)

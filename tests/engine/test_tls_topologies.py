@@ -6,7 +6,8 @@ bus speaks TLS (``tls-cluster yes``). The native engine asks the sentinels, and
 a cluster's nodes for ``CLUSTER SLOTS``, over TLS with the client's settings,
 without the GIL; ``auto`` picks it for these clients. A certificate the client
 would reject is rejected the same way: an error through ``on_error``, never an
-election. Failovers over TLS are in ``tests/test_failover.py``.
+election. Failovers over TLS are in ``tests/test_failover.py``. The tests
+taking ``family`` run with a redis-py client and with a valkey-py one.
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ from helpers import (
 )
 from redlease._engine import run_one
 from redlease._engine.client import native_endpoint
+from redlease._engine.family import threaded
 from redlease._engine.native import NativeEngine
 from redlease._scripts import fenced_file
 from redlease._testing import ClusterSet, SentinelSet, TLSMaterials, key_slot
+from redlease._testing._common import client_module
 from tls_helpers import never_elected, require_native_tls
-from topology_helpers import close_all_engines, wait_leading_on
+from topology_helpers import assert_in_family, close_all_engines, wait_leading_on
 
 pytestmark = [pytest.mark.topology]
 
@@ -61,7 +64,11 @@ def _stop(e: redlease.Elector) -> None:
     assert time.monotonic() - began < STOP_WITHIN, "stop() took too long"
 
 
-def _elects_renews_and_fences(e: redlease.Elector, events: Events, master: redis.Redis) -> None:
+def _elects_renews_and_fences(
+    e: redlease.Elector, events: Events, master: redis.Redis, family: str = "redis"
+) -> None:
+    """Elected, renewed over TLS for several TTLs, fenced; the errors reported meanwhile
+    (retried) of ``family``, the client's."""
     name = e.config.name
     e.start()
     try:
@@ -74,6 +81,9 @@ def _elects_renews_and_fences(e: redlease.Elector, events: Events, master: redis
         assert master.get(f"{name}:state") == b"v1"
         assert int(master.get(f"{name}:fence:applied")) == token
         assert master.get(f"{name}:leader") == e.instance_id.encode()
+        for error in events.values("error"):
+            if isinstance(error, redis.RedisError):
+                assert_in_family(error, family)
     finally:
         _stop(e)
 
@@ -82,11 +92,12 @@ def _elects_renews_and_fences(e: redlease.Elector, events: Events, master: redis
 
 
 def test_auto_runs_tls_sentinel_and_tls_cluster_clients_natively(
-    tls_sentinel_set: SentinelSet, tls_cluster_set: ClusterSet
+    tls_sentinel_set: SentinelSet, tls_cluster_set: ClusterSet, family: str
 ) -> None:
     require_native_tls()
-    sentinel_client = tls_sentinel_set.master_for(socket_timeout=1)
-    endpoint, why = native_endpoint(sentinel_client)
+    sentinel_client = tls_sentinel_set.master_for(family=family, socket_timeout=1)
+    # The endpoint of the redis-py client the engines run on (a valkey client's twin).
+    endpoint, why = native_endpoint(threaded(sentinel_client).client)
     assert endpoint is not None, why
     assert endpoint.tls is not None and endpoint.sentinels is not None
     assert endpoint.sentinels.tls is not None
@@ -94,8 +105,8 @@ def test_auto_runs_tls_sentinel_and_tls_cluster_clients_natively(
     assert (e.engine, e.engine_reason) == ("native", "")
     assert redlease.Elector(sentinel_client, "tt-auto", engine="native").engine == "native"
 
-    cluster_client = tls_cluster_set.client()
-    endpoint, why = native_endpoint(cluster_client)
+    cluster_client = tls_cluster_set.client(family=family)
+    endpoint, why = native_endpoint(threaded(cluster_client).client)
     assert endpoint is not None and endpoint.tls is not None, why
     assert endpoint.tls.ca_certs == str(tls_cluster_set.tls.ca_file)  # type: ignore[union-attr]
     e = redlease.Elector(cluster_client, f"{TAG}:auto")
@@ -127,23 +138,25 @@ def test_a_cluster_client_from_a_rediss_url_is_tls_natively(tls_cluster_set: Clu
 
 
 def test_tls_sentinel_elects_renews_and_fences(
-    tls_sentinel_set: SentinelSet, tls_engine: str
+    tls_sentinel_set: SentinelSet, tls_engine: str, family: str
 ) -> None:
     events = Events()
-    client = tls_sentinel_set.master_for(socket_timeout=1)
+    client = tls_sentinel_set.master_for(family=family, socket_timeout=1)
     e = redlease.Elector(client, "tt-sn", ttl=TTL, engine=tls_engine, observer=events.observer())
     assert e.engine == tls_engine
-    _elects_renews_and_fences(e, events, tls_sentinel_set.master().client())
+    _elects_renews_and_fences(e, events, tls_sentinel_set.master().client(), family)
 
 
-def test_tls_cluster_elects_renews_and_fences(tls_cluster_set: ClusterSet, tls_engine: str) -> None:
+def test_tls_cluster_elects_renews_and_fences(
+    tls_cluster_set: ClusterSet, tls_engine: str, family: str
+) -> None:
     events = Events()
-    client = tls_cluster_set.client()
+    client = tls_cluster_set.client(family=family)
     name = f"{TAG}:cl"
     e = redlease.Elector(client, name, ttl=TTL, engine=tls_engine, observer=events.observer())
     assert e.engine == tls_engine
     owner = tls_cluster_set.master_for_slot(key_slot(TAG)).client()
-    _elects_renews_and_fences(e, events, owner)
+    _elects_renews_and_fences(e, events, owner, family)
 
 
 def test_a_native_lock_on_a_tls_cluster_holds_and_fences(tls_cluster_set: ClusterSet) -> None:
@@ -414,14 +427,14 @@ def _aio_leads_and_writes(client: Any, name: str) -> None:
     asyncio.run(asyncio.wait_for(scenario(), 40))
 
 
-def test_aio_on_a_tls_sentinel_master_runs_natively(tls_sentinel_set: SentinelSet) -> None:
+def test_aio_on_a_tls_sentinel_master_runs_natively(
+    tls_sentinel_set: SentinelSet, family: str
+) -> None:
     require_native_tls()
-    import redis.asyncio.sentinel
-
     m = tls_sentinel_set.tls
     assert m is not None
     tls = m.client_kwargs()
-    manager: Any = redis.asyncio.sentinel.Sentinel(
+    manager: Any = client_module(family, asyncio=True).sentinel.Sentinel(
         tls_sentinel_set.sentinel_addresses(),
         sentinel_kwargs={**tls, "socket_timeout": 1.0},
         **tls,
@@ -430,14 +443,12 @@ def test_aio_on_a_tls_sentinel_master_runs_natively(tls_sentinel_set: SentinelSe
     _aio_leads_and_writes(client, "tt-aio")
 
 
-def test_aio_on_a_tls_cluster_runs_natively(tls_cluster_set: ClusterSet) -> None:
+def test_aio_on_a_tls_cluster_runs_natively(tls_cluster_set: ClusterSet, family: str) -> None:
     require_native_tls()
-    import redis.asyncio.cluster
-
     m = tls_cluster_set.tls
     assert m is not None
     node = tls_cluster_set.nodes[0]
-    client = redis.asyncio.cluster.RedisCluster(
+    client = client_module(family, asyncio=True).RedisCluster(
         host="127.0.0.1", port=node.port, socket_timeout=2, **m.client_kwargs()
     )
     _aio_leads_and_writes(client, f"{TAG}:aio")
