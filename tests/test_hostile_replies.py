@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
 from collections.abc import Callable, Iterator
 
@@ -91,6 +92,58 @@ def test_a_flood_past_the_reply_cap_is_cut_off_at_the_cap(
     assert took < BOUND + SLACK
     assert fake.runs("fence_set") == 1
     assert e.fence_set(1, "k", "v") is True
+
+
+ARRAYS_PAST_THE_LIMITS = {
+    # The header, then silence: refused when it arrives, not when the bound ends.
+    "two billion elements": lambda: Stream([b"*2147483647\r\n", b""], every=BOUND * 3),
+    "nested nine deep": lambda: Stream([b"*1\r\n" * 9, b""], every=BOUND * 3),
+}
+
+
+@pytest.mark.parametrize("array", list(ARRAYS_PAST_THE_LIMITS))
+def test_an_array_past_the_limits_is_refused_as_its_header_arrives(
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str, array: str
+) -> None:
+    fake.script("fence_set", ARRAYS_PAST_THE_LIMITS[array](), b":1\r\n")
+    e = make_elector(client, engine)
+    exc, took = timed_failure(lambda: e.fence_set(1, "k", "v"))
+    errors = family_errors(family)
+    assert isinstance(exc, (errors.InvalidResponse, errors.ConnectionError)), repr(exc)
+    assert re.search(r"past the limits", str(exc)), str(exc)
+    assert took < BOUND / 2, f"refused after {took:.2f} s, not as the header arrived"
+    assert fake.runs("fence_set") == 1
+    assert e.fence_set(1, "k", "v") is True  # a new connection, the next reply
+
+
+def test_an_asyncio_write_answered_past_the_array_limits_raises_and_the_next_works(
+    fake: FakeRedis, engine: str
+) -> None:
+    fake.script("fence_set", ARRAYS_PAST_THE_LIMITS["two billion elements"](), b":1\r\n")
+
+    async def scenario() -> tuple[BaseException | None, float, bool]:
+        aclient = redis.asyncio.Redis(
+            host="127.0.0.1", port=fake.port, socket_timeout=BOUND, socket_connect_timeout=BOUND
+        )
+        e = redlease.aio.Elector(aclient, "svc", engine=engine)
+        started = time.monotonic()
+        try:
+            try:
+                await e.fence_set(1, "k", "v")
+                first: BaseException | None = None
+            except Exception as exc:
+                first = exc
+            took = time.monotonic() - started
+            return first, took, await e.fence_set(1, "k", "v")
+        finally:
+            await e.stop()
+            await aclient.aclose()
+
+    first, took, second = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert isinstance(first, (redis.exceptions.InvalidResponse, redis.exceptions.ConnectionError))
+    assert "past the limits" in str(first), str(first)
+    assert took < BOUND / 2
+    assert second is True
 
 
 def test_the_python_engines_cap_error_is_reply_too_large(

@@ -9,14 +9,18 @@ inputs, shrinks any disagreement to its smallest form, and keeps it.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import hiredis
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from helpers import require_native
+from redlease._engine.base import MAX_REPLY_DEPTH, MAX_REPLY_ELEMENTS
+from redlease._engine.pysock import Headers
+from redlease._engine.replies import ReplyTooLarge
 
 core = require_native()
 
@@ -173,7 +177,7 @@ def strict_reads(data: bytes) -> tuple[str, Any]:
     return "value", (value, end)
 
 
-def _strict(data: bytes, pos: int) -> tuple[Any, int]:
+def _strict(data: bytes, pos: int, depth: int = 0) -> tuple[Any, int]:
     if pos >= len(data):
         raise _Incomplete
     kind = data[pos : pos + 1]
@@ -206,9 +210,11 @@ def _strict(data: bytes, pos: int) -> tuple[Any, int]:
         return data[pos : pos + number], pos + number + 2
     if number == -1:
         return None, pos
+    if number > 0 and (number > MAX_REPLY_ELEMENTS or depth == MAX_REPLY_DEPTH):
+        raise _Malformed  # past our limits: refused at the header, whatever follows
     items = []
     for _ in range(number):
-        item, pos = _strict(data, pos)
+        item, pos = _strict(data, pos, depth + 1)
         items.append(item)
     return items, pos
 
@@ -258,6 +264,64 @@ def normal_strict(value: Any) -> Any:
     if isinstance(value, list):
         return [normal_strict(v) for v in value]
     return value
+
+
+PAST_LIMITS = {
+    "two billion elements": b"*2147483647\r\n",
+    "one element too many": b"*%d\r\n" % (MAX_REPLY_ELEMENTS + 1),
+    "one level too deep": b"*1\r\n" * (MAX_REPLY_DEPTH + 1) + b":1\r\n",
+    "too deep inside a wide array": b"*3\r\n:1\r\n" + b"*1\r\n" * MAX_REPLY_DEPTH + b":1\r\n",
+}
+"""Arrays past the limits, refused as soon as the offending header's line ends."""
+
+AT_LIMITS = {
+    "as many elements as allowed": b"*%d\r\n" % MAX_REPLY_ELEMENTS + b":1\r\n" * MAX_REPLY_ELEMENTS,
+    "as deep as allowed": b"*1\r\n" * MAX_REPLY_DEPTH + b":1\r\n",
+}
+
+
+@pytest.mark.parametrize("case", list(PAST_LIMITS))
+def test_an_array_past_the_limits_is_refused_at_its_header(case: str) -> None:
+    data = PAST_LIMITS[case]
+    assert native_reads(data) == ("malformed", None)
+    assert strict_reads(data) == ("malformed", None)
+    header_end = data.rfind(b"*")  # the offending header is the last one
+    for cut in range(data.find(b"\n", header_end) + 1):
+        assert native_reads(data[:cut])[0] == "incomplete", cut
+    # The Python engine's walker refuses it at the same header, however the bytes arrive.
+    for step in (1, 3, len(data)):
+        walker = Headers()
+        with pytest.raises(ReplyTooLarge, match="past the limits"):
+            for at in range(0, len(data), step):
+                walker.feed(data[at : at + step])
+
+
+@pytest.mark.parametrize("case", list(AT_LIMITS))
+def test_an_array_at_the_limits_is_read(case: str) -> None:
+    data = AT_LIMITS[case]
+    kind, value = native_reads(data)
+    assert kind == "value" and value[1] == len(data)
+    walker = Headers()
+    walker.feed(data)
+    assert walker._owed == []  # every array closed
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(replies, st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=40))
+def test_the_python_walker_follows_a_reply_fed_in_any_pieces(
+    data: bytes, steps: list[int]
+) -> None:
+    # Within the limits it never refuses, and it ends each reply with no array open,
+    # over two replies back to back (a bulk's body is skipped, never taken for headers).
+    assume(strict_reads(data)[0] == "value")
+    stream = data + data
+    walker, at = Headers(), 0
+    for step in itertools.cycle(steps):
+        if at >= len(stream):
+            break
+        walker.feed(stream[at : at + step])
+        at += step
+    assert walker._owed == [] and walker._skip == 0 and walker._line == b""
 
 
 @pytest.mark.parametrize(

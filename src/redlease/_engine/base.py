@@ -56,6 +56,18 @@ broken or hostile, and nothing it says makes us buffer past this cap.
 """
 
 
+MAX_REPLY_ELEMENTS = 65536
+"""No array in a reply on a connection of ours may hold more elements than this."""
+
+MAX_REPLY_DEPTH = 8
+"""Nor may arrays nest deeper than this many levels.
+
+Both are refused when the array's header arrives, before anything is sized
+by the count the server sent (a parser that allocates a list of the
+announced length would otherwise be told to make one of two billion).
+"""
+
+
 CALL_CONNECTIONS = 2
 """Control-path connections per engine (acquire, release, lock scripts)."""
 

@@ -21,6 +21,7 @@ from redis.exceptions import ConnectionError, InvalidResponse
 from .._scripts import Script
 from .base import MAX_REPLY_BYTES
 from .encodable import EncodableT
+from .pysock import Headers
 from .replies import ReplyTooLarge
 
 try:
@@ -75,6 +76,7 @@ class PyLoopConn:
         self._tls = False
         self._out = bytearray()
         self._reader = hiredis.Reader(replyError=_BaseParser.parse_error)
+        self._headers = Headers()
         self._unreplied = 0  # bytes read since the last whole reply
 
     @property
@@ -93,6 +95,7 @@ class PyLoopConn:
         sock.setblocking(False)
         self._redis_conn = conn
         self._reader = hiredis.Reader(replyError=_BaseParser.parse_error)
+        self._headers = Headers()
         self._unreplied = 0
         self._tls = isinstance(sock, ssl.SSLSocket)
         self._connected_in = generation
@@ -152,6 +155,12 @@ class PyLoopConn:
             if not data:
                 self.drop()
                 raise ConnectionError("Connection closed by server.")
+            try:
+                # An array past the limits is refused before the reader sizes a list by it.
+                self._headers.feed(data)
+            except ReplyTooLarge:
+                self.drop()
+                raise
             reader.feed(data)
             self._unreplied += len(data)
             try:

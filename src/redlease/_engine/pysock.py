@@ -8,7 +8,10 @@ round trip ``begin``s with its deadline, every read waits at most until
 then (a trickle or a stall ends in ``socket.timeout``, which redis-py
 reports as its ``TimeoutError``), and the bytes read in one round trip
 count against ``MAX_REPLY_BYTES`` (past it, ``ReplyTooLarge``, and the
-connection is dropped).
+connection is dropped). Every byte read also passes a ``Headers`` walker,
+which refuses an array past ``MAX_REPLY_ELEMENTS`` or ``MAX_REPLY_DEPTH``
+as its header arrives, before the parser (hiredis makes a list of the
+length a header announces) sees it.
 
 It is installed by the connection class (``bounded_class``), whatever the
 user's connection class is (TCP, unix socket, TLS, a Sentinel's) and
@@ -21,22 +24,93 @@ import functools
 import time
 from typing import Any
 
-from .base import MAX_REPLY_BYTES, MIN_STEP
+from .base import MAX_REPLY_BYTES, MAX_REPLY_DEPTH, MAX_REPLY_ELEMENTS, MIN_STEP
 from .replies import ReplyTooLarge
 
 _SHORTEST = 1e-6
 """The smallest timeout set on the socket: 0 would make it non-blocking."""
 
 
+_AGGREGATES = {ord("*"): 1, ord("~"): 1, ord(">"): 1, ord("%"): 2, ord("|"): 2}
+"""RESP types that hold elements, and how many elements each counted entry is."""
+
+_BLOBS = frozenset(map(ord, "$=!"))
+"""RESP types whose header is followed by a body of the length it gives."""
+
+
+class Headers:
+    """Walks the headers of a RESP stream as bytes arrive; refuses arrays past the limits.
+
+    Only headers are looked at: a bulk string's body is skipped by its
+    length, never scanned. The elements still owed by each open array are
+    the stack, at most ``MAX_REPLY_DEPTH`` deep. A line it cannot read is
+    left to the parser, which will refuse it; the walk stops there.
+    """
+
+    __slots__ = ("_broken", "_line", "_owed", "_skip")
+
+    def __init__(self) -> None:
+        self._line = b""
+        self._skip = 0
+        self._owed: list[int] = []
+        self._broken = False
+
+    def feed(self, data: bytes) -> None:
+        """Walk ``data``; ``ReplyTooLarge`` at a header past the limits."""
+        pos, n = 0, len(data)
+        while pos < n and not self._broken:
+            if self._skip:
+                taken = min(self._skip, n - pos)
+                self._skip -= taken
+                pos += taken
+                continue
+            end = data.find(b"\n", pos)
+            if end < 0:
+                # A header line split across reads (the byte cap bounds it).
+                self._line += data[pos:]
+                return
+            line = self._line + data[pos:end]
+            self._line = b""
+            pos = end + 1
+            self._header(line)
+
+    def _header(self, line: bytes) -> None:
+        kind = line[0] if line else 0
+        owed = self._owed
+        if owed:
+            owed[-1] -= 1  # this entry fills one place of the array it is in
+        count = 0
+        if kind in _AGGREGATES or kind in _BLOBS:
+            try:
+                count = int(line[1:].rstrip(b"\r"))
+            except ValueError:
+                self._broken = True
+                return
+        if kind in _BLOBS:
+            if count >= 0:
+                self._skip = count + 2
+        elif kind in _AGGREGATES and count > 0:
+            elements = count * _AGGREGATES[kind]
+            if elements > MAX_REPLY_ELEMENTS or len(owed) >= MAX_REPLY_DEPTH:
+                raise ReplyTooLarge.past_limits(
+                    elements, len(owed) + 1, MAX_REPLY_ELEMENTS, MAX_REPLY_DEPTH
+                )
+            owed.append(elements)
+            return
+        while owed and owed[-1] == 0:
+            owed.pop()
+
+
 class BoundedSocket:
     """A socket whose reads share the round trip's deadline and byte budget."""
 
-    __slots__ = ("_deadline", "_left", "_sock")
+    __slots__ = ("_deadline", "_headers", "_left", "_sock")
 
     def __init__(self, sock: Any) -> None:
         self._sock = sock
         self._deadline: float | None = None
         self._left = MAX_REPLY_BYTES
+        self._headers = Headers()
 
     def begin(self, deadline: float) -> None:
         """A new round trip: reads end by ``deadline`` and share a fresh byte budget.
@@ -59,12 +133,14 @@ class BoundedSocket:
         self._before_read()
         data: bytes = self._sock.recv(bufsize, flags)
         self._count(len(data))
+        self._headers.feed(data)
         return data
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
         self._before_read()
         got: int = self._sock.recv_into(buffer, nbytes, flags)
         self._count(got)
+        self._headers.feed(bytes(memoryview(buffer)[:got]))
         return got
 
     def _before_read(self) -> None:

@@ -140,6 +140,17 @@ class ReplyTooLarge(InvalidResponse):
             "may hold on this connection: a broken or foreign server (the connection is dropped)"
         )
 
+    @classmethod
+    def past_limits(
+        cls, elements: int, depth: int, max_elements: int, max_depth: int
+    ) -> ReplyTooLarge:
+        """The error for an array of ``elements`` elements opened at nesting ``depth``."""
+        return cls(
+            f"the server sent an array of {elements:,} elements at nesting depth {depth}, past "
+            f"the limits on one reply ({max_elements:,} elements, {max_depth} levels): "
+            "a broken or foreign server (the connection is dropped)"
+        )
+
 
 class UnexpectedReply(ResponseError):
     """A reply the script cannot give: the server is broken, or not a Redis server.

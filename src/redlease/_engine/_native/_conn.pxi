@@ -7,9 +7,13 @@
 # Needs: _posix, _resp_encode, _resp_parse; hooks into _tls, _discovery, _pool (signals), declared in their .pxd files.
 
 from redlease._engine.base import MAX_REPLY_BYTES as _ENGINE_MAX_REPLY_BYTES
+from redlease._engine.base import MAX_REPLY_DEPTH as _ENGINE_MAX_REPLY_DEPTH
+from redlease._engine.base import MAX_REPLY_ELEMENTS as _ENGINE_MAX_REPLY_ELEMENTS
 
 if MAX_REPLY != _ENGINE_MAX_REPLY_BYTES:
     raise ImportError("the native reply cap differs from redlease._engine.base.MAX_REPLY_BYTES")
+if (MAX_REPLY_ELEMENTS, MAX_REPLY_DEPTH) != (_ENGINE_MAX_REPLY_ELEMENTS, _ENGINE_MAX_REPLY_DEPTH):
+    raise ImportError("the native array limits differ from redlease._engine.base's")
 
 # A connection idle for longer than this is probed (a zero-timeout poll)
 # before use, so a connection the server closed while idle (restart,
@@ -165,8 +169,9 @@ cdef Py_ssize_t conn_parse(rl_conn* c, size_t off) noexcept nogil:
     connection, the notice thread) asks: the length of a whole reply; 0
     while more of it is owed and less than MAX_REPLY bytes of it are
     buffered; or -1, the failure recorded on ``c`` and the connection
-    dropped: a malformed reply, no memory, or a reply past the cap (no
-    buffer grows on the server's say-so).
+    dropped: a malformed reply, no memory, a reply past the cap, or an
+    array past the element or depth limit (no buffer grows on the
+    server's say-so).
     """
     cdef Py_ssize_t rc = resp_parse(c.r.data + off, c.r.len - off, &c.nodes)
     if rc > 0:
@@ -179,6 +184,11 @@ cdef Py_ssize_t conn_parse(rl_conn* c, size_t off) noexcept nogil:
                  "a reply, past the %d MiB cap on one reply", c.r.len - off, MAX_REPLY // 1048576)
     elif rc == -2:
         conn_fail(c, RL_ENOMEM, "out of memory parsing a reply")
+    elif rc == RESP_PAST_LIMIT:
+        c.err_kind = RL_EPROTO
+        snprintf(c.err_msg, ERR_MSG, "Protocol error: the server sent an array of more than %d "
+                 "elements or nested deeper than %d levels, past the limits on one reply",
+                 <int>MAX_REPLY_ELEMENTS, <int>MAX_REPLY_DEPTH)
     else:
         conn_fail(c, RL_EPROTO, "Protocol error: the server sent a malformed reply")
     conn_drop(c)

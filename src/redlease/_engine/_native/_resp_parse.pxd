@@ -1,6 +1,11 @@
 # What _resp_parse.pxi offers the other units: RESP2 replies as C nodes,
 # and those nodes as Python objects.
 
+cdef enum:
+    MAX_REPLY_DEPTH = 8           # arrays nest no deeper: redlease._engine.base.MAX_REPLY_DEPTH
+    MAX_REPLY_ELEMENTS = 65536    # no array holds more: redlease._engine.base.MAX_REPLY_ELEMENTS
+    RESP_PAST_LIMIT = -3          # resp_parse: an array past one of those limits
+
 cdef struct rl_node:
     char kind         # one of : + - $ *
     long long ival    # integer value; payload length for + - $; element count for *

@@ -51,11 +51,15 @@ cdef Py_ssize_t resp_parse(const char* p, size_t n, rl_nodes* out) noexcept nogi
     """Parse one whole reply from ``p[:n]`` into ``out`` (preorder nodes).
 
     Returns the bytes it spans, 0 when incomplete, -1 on a protocol error,
-    -2 when out of memory. Arrays need no stack: a counter of elements still
-    owed is enough, since the node counts rebuild the nesting later.
+    -2 when out of memory, ``RESP_PAST_LIMIT`` (-3) for an array of more
+    than ``MAX_REPLY_ELEMENTS`` elements or nested deeper than
+    ``MAX_REPLY_DEPTH``: refused when its header arrives, whatever follows,
+    and nothing is ever sized by a count the server sent. The elements
+    still owed at each open level are the only stack, of fixed size.
     """
     cdef size_t pos = 0
-    cdef long long need = 1
+    cdef long long owed[MAX_REPLY_DEPTH + 1]
+    cdef int depth = 0
     cdef const char* cr
     cdef size_t eol
     cdef char kind
@@ -64,7 +68,8 @@ cdef Py_ssize_t resp_parse(const char* p, size_t n, rl_nodes* out) noexcept nogi
     cdef rl_node* grown
     cdef size_t cap
     out.len = 0
-    while need > 0:
+    owed[0] = 1
+    while True:
         if pos >= n:
             return 0
         kind = p[pos]
@@ -91,6 +96,7 @@ cdef Py_ssize_t resp_parse(const char* p, size_t n, rl_nodes* out) noexcept nogi
         out.len += 1
         node.kind = kind
         node.off = pos + 1
+        owed[depth] -= 1  # this node fills one place of the array it is in
         if kind == c'+' or kind == c'-':
             if memchr(p + pos + 1, c'\n', eol - pos - 1) != NULL:
                 return -1  # a line holds no LF (hiredis refuses it too)
@@ -112,22 +118,21 @@ cdef Py_ssize_t resp_parse(const char* p, size_t n, rl_nodes* out) noexcept nogi
                 if p[pos + <size_t>v] != c'\r' or p[pos + <size_t>v + 1] != c'\n':
                     return -1
                 pos += <size_t>v + 2
-        elif kind == c'*':
+        else:  # '*'
             if parse_ll(p + pos + 1, eol - pos - 1, &v) < 0 or v < -1:
                 return -1
             node.ival = v
             pos = eol + 2
             if v > 0:
-                # A count that would wrap the tally could end the reply with
-                # fewer nodes than its arrays claim; build_reply would then
-                # read past the node array.
-                if v > LLONG_MAX - need:
-                    return -1
-                need += v
-        else:
-            return -1
-        need -= 1
-    return <Py_ssize_t>pos
+                if v > MAX_REPLY_ELEMENTS or depth == MAX_REPLY_DEPTH:
+                    return RESP_PAST_LIMIT
+                depth += 1
+                owed[depth] = v
+                continue
+        while owed[depth] == 0:
+            if depth == 0:
+                return <Py_ssize_t>pos
+            depth -= 1
 
 
 # ---------------------------------------------------------------- nodes -> Python (GIL held)
@@ -204,6 +209,8 @@ def _parse_reply(bytes data not None):
             return None
         if rc == -2:
             raise MemoryError()
+        if rc == RESP_PAST_LIMIT:
+            raise ValueError("RESP2 array past the element or depth limit")
         if rc < 0:
             raise ValueError("malformed RESP2 reply")
         return build_reply(PyBytes_AS_STRING(data), nodes.items, &i), rc
