@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -30,11 +30,18 @@ def require_native() -> ModuleType:
     try:
         from redlease._engine._native import _core
     except ImportError as exc:
-        reason = f"the native extension redlease._engine._native._core is not built ({exc})"
-        if os.environ.get("REDLEASE_REQUIRE_NATIVE") == "1":
-            pytest.fail(f"REDLEASE_REQUIRE_NATIVE=1 but {reason}", pytrace=False)
-        pytest.skip(reason, allow_module_level=True)
+        _missing(
+            "REDLEASE_REQUIRE_NATIVE",
+            f"the native extension redlease._engine._native._core is not built ({exc})",
+        )
     return _core
+
+
+def _missing(required_by: str, reason: str) -> NoReturn:
+    """Skip for ``reason``, or fail when the environment variable ``required_by`` is 1."""
+    if os.environ.get(required_by) == "1":
+        pytest.fail(f"{required_by}=1 but {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
 
 
 def require_valkey() -> ModuleType:
@@ -46,10 +53,7 @@ def require_valkey() -> ModuleType:
     try:
         import valkey
     except ImportError as exc:
-        reason = f"valkey-py is not installed ({exc})"
-        if os.environ.get("REDLEASE_REQUIRE_VALKEY") == "1":
-            pytest.fail(f"REDLEASE_REQUIRE_VALKEY=1 but {reason}", pytrace=False)
-        pytest.skip(reason, allow_module_level=True)
+        _missing("REDLEASE_REQUIRE_VALKEY", f"valkey-py is not installed ({exc})")
     return valkey
 
 

@@ -65,17 +65,29 @@ SLOW_REPLIES: dict[str, Callable[[], Stream]] = {
 }
 
 
+def failed_once(
+    fake: FakeRedis, client: redis.Redis, engine: str, reply: Stream
+) -> tuple[BaseException, float]:
+    """A fenced write answered with ``reply``: its error and how long it took to fail.
+
+    Checked here: it was sent once, and the next write on the same elector (a
+    new connection, the next reply) is applied.
+    """
+    fake.script("fence_set", reply, b":1\r\n")
+    e = make_elector(client, engine)
+    exc, took = timed_failure(lambda: e.fence_set(1, "k", "v"))
+    assert fake.runs("fence_set") == 1
+    assert e.fence_set(1, "k", "v") is True
+    return exc, took
+
+
 @pytest.mark.parametrize("slow", list(SLOW_REPLIES))
 def test_a_slow_reply_ends_at_the_writes_bound(
     fake: FakeRedis, client: redis.Redis, engine: str, family: str, slow: str
 ) -> None:
-    fake.script("fence_set", SLOW_REPLIES[slow](), b":1\r\n")
-    e = make_elector(client, engine)
-    exc, took = timed_failure(lambda: e.fence_set(1, "k", "v"))
+    exc, took = failed_once(fake, client, engine, SLOW_REPLIES[slow]())
     assert isinstance(exc, family_errors(family).TimeoutError), repr(exc)
     assert took < BOUND + SLACK, f"the write took {took:.2f} s, its bound is {BOUND} s"
-    assert fake.runs("fence_set") == 1
-    assert e.fence_set(1, "k", "v") is True  # a new connection, the next reply
 
 
 def test_a_flood_past_the_reply_cap_is_cut_off_at_the_cap(
@@ -84,14 +96,10 @@ def test_a_flood_past_the_reply_cap_is_cut_off_at_the_cap(
     # Sent as fast as the client takes it, with no line end: the client reads
     # no more than the cap before it gives up, long before the bound.
     flood = itertools.chain([b"+"], itertools.repeat(b"x" * 65536))
-    fake.script("fence_set", Stream(flood, every=0.0), b":1\r\n")
-    e = make_elector(client, engine)
-    exc, took = timed_failure(lambda: e.fence_set(1, "k", "v"))
+    exc, took = failed_once(fake, client, engine, Stream(flood, every=0.0))
     assert isinstance(exc, family_errors(family).InvalidResponse), repr(exc)
     assert f"{MAX_REPLY_BYTES / 1048576:g} MiB" in str(exc), str(exc)
     assert took < BOUND + SLACK
-    assert fake.runs("fence_set") == 1
-    assert e.fence_set(1, "k", "v") is True
 
 
 ARRAYS_PAST_THE_LIMITS = {
@@ -105,15 +113,11 @@ ARRAYS_PAST_THE_LIMITS = {
 def test_an_array_past_the_limits_is_refused_as_its_header_arrives(
     fake: FakeRedis, client: redis.Redis, engine: str, family: str, array: str
 ) -> None:
-    fake.script("fence_set", ARRAYS_PAST_THE_LIMITS[array](), b":1\r\n")
-    e = make_elector(client, engine)
-    exc, took = timed_failure(lambda: e.fence_set(1, "k", "v"))
+    exc, took = failed_once(fake, client, engine, ARRAYS_PAST_THE_LIMITS[array]())
     errors = family_errors(family)
     assert isinstance(exc, (errors.InvalidResponse, errors.ConnectionError)), repr(exc)
     assert re.search(r"past the limits", str(exc)), str(exc)
     assert took < BOUND / 2, f"refused after {took:.2f} s, not as the header arrived"
-    assert fake.runs("fence_set") == 1
-    assert e.fence_set(1, "k", "v") is True  # a new connection, the next reply
 
 
 def test_an_asyncio_write_answered_past_the_array_limits_raises_and_the_next_works(
