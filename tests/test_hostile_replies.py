@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import re
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -23,8 +25,8 @@ import redis.exceptions
 
 import redlease
 import redlease.aio
-from fake_redis import FakeRedis, Stream, client_of
-from helpers import family_errors, make_elector, wait_until
+from fake_redis import FakeRedis, Stream, client_of, lock_won, won
+from helpers import Events, RunThread, Terms, family_errors, make_elector, wait_until
 from redlease._engine import pynotices
 from redlease._engine.base import MAX_REPLY_BYTES
 from redlease._engine.replies import ReplyTooLarge
@@ -217,3 +219,85 @@ def test_a_notice_connection_whose_reply_never_ends_is_made_again(
         wait_until(lambda: hub.connects >= 2, 20.0, what="the notice connection made again")
     finally:
         sub.cancel()
+
+
+# -- in a running elector, and under a lock's watchdog ----------------------------------
+
+HOSTILE: dict[str, Callable[[], Stream]] = {
+    **SLOW_REPLIES,
+    "flood": lambda: Stream(itertools.chain([b"+"], itertools.repeat(b"x" * 65536)), every=0.0),
+    **ARRAYS_PAST_THE_LIMITS,
+}
+"""Every way of answering badly above: each must cost one bounded, reported error."""
+
+
+def reported_in_family(events: Events, family: str) -> list[BaseException]:
+    """What ``on_error`` got, each checked to be a timeout or a broken reply of ``family``."""
+    errors = family_errors(family)
+    reported: list[BaseException] = events.values("error")
+    for exc in reported:
+        assert isinstance(
+            exc, (errors.TimeoutError, errors.InvalidResponse, errors.ConnectionError)
+        ), repr(exc)
+    return reported
+
+
+@pytest.mark.parametrize("hostile", list(HOSTILE))
+def test_a_running_elector_reports_a_hostile_acquire_and_then_leads(
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str, hostile: str
+) -> None:
+    fake.script("acquire", HOSTILE[hostile](), won(1))
+    events, terms = Events(), Terms()
+    run = RunThread(make_elector(client, engine, observer=events.observer()), terms)
+    try:
+        assert terms.wait_for(1, timeout=15).token == 1
+        assert len(reported_in_family(events, family)) == 1
+        assert fake.runs("acquire") == 2  # the hostile answer, then the one that elected
+        assert run.alive and run.error is None
+    finally:
+        run.stop()
+    assert run.error is None
+
+
+@pytest.mark.parametrize("hostile", list(HOSTILE))
+def test_a_leader_reports_a_hostile_renewal_and_leads_on(
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str, hostile: str
+) -> None:
+    # After the hostile renewal every renewal is answered 1, and an acquire after
+    # a lost lease elects again: either way the run leads on.
+    fake.script("acquire", won(1)).script("renew", HOSTILE[hostile]())
+    fake.script("acquire", won(2))
+    events, terms = Events(), Terms()
+    run = RunThread(make_elector(client, engine, observer=events.observer()), terms)
+    try:
+        terms.wait_for(1, timeout=10)
+        wait_until(lambda: events.values("error"), 10, what="the renewal's error reported")
+        assert len(reported_in_family(events, family)) >= 1
+        wait_until(
+            lambda: terms.terms and not terms.terms[-1].ended(), 10, what="leading again"
+        )
+        assert run.alive and run.error is None
+    finally:
+        run.stop()
+    assert run.error is None
+
+
+@pytest.mark.parametrize("hostile", list(HOSTILE))
+def test_a_locks_watchdog_survives_a_hostile_refresh(
+    fake: FakeRedis, client: redis.Redis, engine: str, hostile: str, caplog: Any
+) -> None:
+    # A TTL of 3 s, refreshed every second: one refresh lost to the server's
+    # answer is survived, and the lock stays held (the next refreshes answer 1).
+    fake.script("lock_acquire", lock_won(7)).script("lock_refresh", HOSTILE[hostile]())
+    locker = redlease.RedisLocker(client, engine=engine)
+    with caplog.at_level(logging.WARNING, logger="redlease"):
+        held = locker.try_acquire("job", ttl=3.0, auto_renew=True)
+        try:
+            wait_until(lambda: fake.pending("lock_refresh") == 0, 10, what="the hostile refresh")
+            wait_until(lambda: fake.runs("lock_refresh") >= 3, 10, what="refreshes after it")
+            assert not held.done.is_set(), "the lock was given up over one bad refresh"
+            failing = [r for r in caplog.records if "failing" in r.getMessage()]
+            assert failing, "the watchdog's error was not logged"
+        finally:
+            held.release()
+    locker.close()
