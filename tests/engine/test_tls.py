@@ -660,3 +660,62 @@ def test_a_forked_child_leaves_the_parents_tls_connections_alone(tls_endpoint: A
     finally:
         pool.close()
         engine.close()
+
+
+# -- a TLS server that stalls or lies, under a fenced write ----------------------------
+
+STALL_BOUND = 0.5
+"""The client's socket_timeout in the stalled-handshake tests: the write's bound."""
+
+
+def fenced_write_error(client: Any, engine: str, front: str) -> tuple[BaseException, float]:
+    """The error one fenced write on ``client`` (threaded or asyncio) raised, and its time."""
+    started = time.monotonic()
+    try:
+        if front == "sync":
+            redlease.Elector(client, "tls", engine=engine).fence_set(1, "tls:k", "v")
+        else:
+
+            async def write() -> None:
+                e = redlease.aio.Elector(client, "tls", engine=engine)
+                try:
+                    await e.fence_set(1, "tls:k", "v")
+                finally:
+                    await e.stop()
+                    await client.aclose()
+
+            asyncio.run(asyncio.wait_for(write(), 30))
+    except Exception as exc:
+        return exc, time.monotonic() - started
+    pytest.fail("the fenced write returned instead of raising")
+
+
+@pytest.mark.parametrize("front", ["sync", "asyncio"])
+def test_a_fenced_write_whose_tls_handshake_stalls_ends_at_its_bound(
+    black_hole: Any, tls_engine: str, front: str
+) -> None:
+    module: Any = redis if front == "sync" else redis.asyncio
+    client = module.Redis(
+        host="127.0.0.1", port=black_hole.port, ssl=True,
+        socket_timeout=STALL_BOUND, socket_connect_timeout=STALL_BOUND,
+    )  # fmt: skip
+    error, took = fenced_write_error(client, tls_engine, front)
+    assert isinstance(error, (rex.TimeoutError, rex.ConnectionError)), repr(error)
+    assert took < STALL_BOUND + 1.5, f"the write gave up after {took:.2f} s"
+    assert black_hole.accepted >= 1  # it did connect, and the handshake went unanswered
+
+
+@pytest.mark.parametrize("front", ["sync", "asyncio"])
+def test_a_fenced_write_to_a_certificate_for_another_host_is_refused_unsent(
+    make_tls_server: MakeServer, tls_engine: str, front: str
+) -> None:
+    server = make_tls_server(mismatched=True)  # a certificate for redis.invalid
+    client = server.client(
+        asyncio=front == "asyncio", ssl_check_hostname=True,
+        socket_timeout=2, socket_connect_timeout=2,
+    )  # fmt: skip
+    error, took = fenced_write_error(client, tls_engine, front)
+    assert isinstance(error, rex.ConnectionError), repr(error)
+    assert "certificate verify failed" in str(error), str(error)
+    assert took < 2.0, f"refused after {took:.2f} s"
+    assert not tls_client(server, ssl_check_hostname=False).exists("tls:k")
