@@ -301,3 +301,33 @@ def test_a_locks_watchdog_survives_a_hostile_refresh(
         finally:
             held.release()
     locker.close()
+
+
+# -- the sentinels' answers ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hostile", ["trickled", "flood", "two billion elements"])
+def test_sentinels_that_answer_badly_cost_the_confirmation_no_more_than_its_bound(
+    hostile: str,
+) -> None:
+    # Three sentinels answering SENTINEL MASTER badly: the Python engine's
+    # master confirmation asks each within its share of the bound, reads no
+    # more than the cap, and says the majority did not answer.
+    from redlease._engine.client import Sentinels
+    from redlease._engine.failover import SentinelProbes
+
+    fakes = [FakeRedis() for _ in range(3)]
+    try:
+        for fake in fakes:
+            fake.command("SENTINEL", HOSTILE[hostile]())
+        sentinels = Sentinels(tuple(("127.0.0.1", fake.port) for fake in fakes), "svc")
+        probes = SentinelProbes()
+        started = time.monotonic()
+        why, _named_elsewhere = probes.check(sentinels, ("127.0.0.1", 6379), BOUND)
+        took = time.monotonic() - started
+        probes.close()
+    finally:
+        for fake in fakes:
+            fake.close()
+    assert why is not None and "only 0 of the 3 sentinels answered" in why, why
+    assert took < BOUND + SLACK, f"the confirmation took {took:.2f} s, its bound is {BOUND} s"

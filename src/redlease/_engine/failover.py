@@ -26,9 +26,11 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
+from redis.connection import Connection, SSLConnection
 from redis.retry import Retry
 
 from .client import TLS, Sentinels
+from .pysock import begin_round_trip, bounded_class
 
 SWITCH_CHANNEL = "+switch-master"
 _POLL = 0.2
@@ -52,8 +54,16 @@ def _tls_kwargs(tls: TLS | None) -> dict[str, Any]:
 
 
 def sentinel_client(sentinels: Sentinels, address: tuple[str, int], timeout: float) -> Any:
-    """A ``redis.Redis`` for one sentinel: its credentials and TLS, no retries, ``timeout``."""
-    return redis.Redis(
+    """A ``redis.Redis`` for one sentinel: its credentials and TLS, no retries, ``timeout``.
+
+    Its connections read through a ``BoundedSocket``: a round trip begun
+    with ``begin_round_trip`` ends by its deadline and reads no more than
+    the reply cap, however the sentinel trickles or floods its answer.
+    """
+    tls = _tls_kwargs(sentinels.tls)
+    cls = SSLConnection if tls.pop("ssl", False) else Connection
+    pool = redis.ConnectionPool(
+        connection_class=bounded_class(cls),
         host=address[0],
         port=address[1],
         username=sentinels.username,
@@ -61,8 +71,9 @@ def sentinel_client(sentinels: Sentinels, address: tuple[str, int], timeout: flo
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), 0),
-        **_tls_kwargs(sentinels.tls),
+        **tls,
     )
+    return redis.Redis(connection_pool=pool)
 
 
 def parse_switch(data: object) -> tuple[str, tuple[str, int], tuple[str, int]] | None:
@@ -137,6 +148,8 @@ class SwitchListener:
         try:
             pubsub.subscribe(SWITCH_CHANNEL)
             while self._wanted():
+                # Each message read within a bound and under the reply cap.
+                begin_round_trip(pubsub.connection, time.monotonic() + _POLL * 5)
                 message = pubsub.get_message(timeout=_POLL)
                 on_switch = self._on_switch()
                 if on_switch is None:
@@ -262,6 +275,8 @@ class SentinelProbes:
         pool = client.connection_pool
         conn = pool.get_connection()
         try:
+            # The whole answer by ``timeout``: a trickle cannot renew the wait.
+            begin_round_trip(conn, time.monotonic() + timeout)
             conn.send_command("SENTINEL", "MASTER", sentinels.service)
             if not conn.can_read(timeout=timeout):
                 raise redis.exceptions.TimeoutError(f"no answer within {timeout:.3f} s")

@@ -21,6 +21,7 @@ whichever parser reads from it.
 from __future__ import annotations
 
 import functools
+import socket
 import time
 from typing import Any
 
@@ -132,15 +133,17 @@ class BoundedSocket:
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         self._before_read()
         data: bytes = self._sock.recv(bufsize, flags)
-        self._count(len(data))
-        self._headers.feed(data)
+        if not flags & socket.MSG_PEEK:  # a peek (redis-py's can_read) reads nothing yet
+            self._count(len(data))
+            self._headers.feed(data)
         return data
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
         self._before_read()
         got: int = self._sock.recv_into(buffer, nbytes, flags)
-        self._count(got)
-        self._headers.feed(bytes(memoryview(buffer)[:got]))
+        if not flags & socket.MSG_PEEK:
+            self._count(got)
+            self._headers.feed(bytes(memoryview(buffer)[:got]))
         return got
 
     def _before_read(self) -> None:
