@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from fake_redis import FakeRedis
 from helpers import BlackHole, ClosedPort, require_native, require_valkey
 from redlease._testing import (
     ClusterSet,
@@ -30,6 +29,7 @@ from redlease._testing._common import (
     redis_server_candidates,
     server_version,
 )
+from redlease._testing.fake import FakeRedis
 
 ENGINES = ("python", "native")
 

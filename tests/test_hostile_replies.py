@@ -1,6 +1,6 @@
 """A server that answers slowly, endlessly or too much: every round trip keeps its bound.
 
-The fake server of ``fake_redis`` answers a fenced write with a reply sent
+The fake server (``redlease._testing.fake``) answers a fenced write with a reply sent
 in pieces over time. The client's ``socket_timeout`` (1 s) is the write's
 bound: a reply trickled a byte at a time, or one that never ends its line,
 ends in a ``TimeoutError`` by then, however often bytes arrive, and a flood
@@ -25,12 +25,12 @@ import redis.exceptions
 
 import redlease
 import redlease.aio
-from fake_redis import FakeRedis, Stream, client_of, lock_won, won
 from helpers import Events, RunThread, Terms, family_errors, make_elector, wait_until
 from redlease._engine import pynotices
 from redlease._engine.base import MAX_REPLY_BYTES
 from redlease._engine.replies import ReplyTooLarge
 from redlease._testing._common import client_module
+from redlease._testing.fake import FakeRedis, Stream, client_of, lock_won, won
 from redlease._testing.notices import python_hubs
 
 pytestmark = pytest.mark.timeout(60)

@@ -26,7 +26,6 @@ import redis.exceptions
 
 import redlease
 import redlease.aio
-from fake_redis import FakeRedis, array, bulk, client_of, lock_won, won
 from helpers import (
     NAME,
     Events,
@@ -38,6 +37,7 @@ from helpers import (
     wait_until,
 )
 from redlease._testing._common import client_module
+from redlease._testing.fake import FakeRedis, array, bulk, client_of, lock_won, won
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,6 +13,9 @@
   makes every node TLS-only, its bus and replication included.
 - ``notices`` (imported on its own): what this process's release-notice
   listeners hold (hubs per server, the driver's routing).
+- ``fake`` (imported on its own): a fake server answering each script with
+  the raw bytes chosen, at the pace chosen (``FakeRedis``, ``Stream``), for
+  the tests and the benchmark of broken and hostile servers.
 
 Everything started here and still running at interpreter exit is stopped by
 an ``atexit`` hook, and its temporary files removed.
