@@ -30,7 +30,15 @@ from redlease._engine import pynotices
 from redlease._engine.base import MAX_REPLY_BYTES
 from redlease._engine.replies import ReplyTooLarge
 from redlease._testing._common import client_module
-from redlease._testing.fake import FakeRedis, Stream, client_of, lock_won, won
+from redlease._testing.fake import (
+    HOSTILE,
+    FakeRedis,
+    Reply,
+    Stream,
+    client_of,
+    lock_won,
+    won,
+)
 from redlease._testing.notices import python_hubs
 
 pytestmark = pytest.mark.timeout(60)
@@ -57,18 +65,16 @@ def timed_failure(call: object) -> tuple[BaseException, float]:
     pytest.fail(f"returned {returned!r} instead of raising")
 
 
-SLOW_REPLIES: dict[str, Callable[[], Stream]] = {
+SLOW_REPLIES: dict[str, Callable[[], Reply]] = {
     # Each byte well within the socket timeout, the whole reply not.
-    "trickled": lambda: Stream([b":", b"1", b"\r", b"\n"], every=0.4),
+    "trickled": HOSTILE["a valid `:1`, one byte every 400 ms"],
     # Bytes keep coming, and the line never ends.
-    "endless line": lambda: Stream(
-        itertools.chain([b"+"], itertools.repeat(b"x" * 16)), every=0.02
-    ),
+    "endless line": HOSTILE["no line end, 16 bytes every 20 ms"],
 }
 
 
 def failed_once(
-    fake: FakeRedis, client: redis.Redis, engine: str, reply: Stream
+    fake: FakeRedis, client: redis.Redis, engine: str, reply: Reply
 ) -> tuple[BaseException, float]:
     """A fenced write answered with ``reply``: its error and how long it took to fail.
 
@@ -81,6 +87,18 @@ def failed_once(
     assert fake.runs("fence_set") == 1
     assert e.fence_set(1, "k", "v") is True
     return exc, took
+
+
+@pytest.mark.parametrize("answer", list(HOSTILE))
+def test_a_fenced_write_answered_badly_raises_within_its_bound_and_is_sent_once(
+    fake: FakeRedis, client: redis.Redis, engine: str, family: str, answer: str
+) -> None:
+    # Every row of benchmarks/hostile.py: never a result, never past the bound.
+    exc, took = failed_once(fake, client, engine, HOSTILE[answer]())
+    errors = family_errors(family)
+    base = errors.ValkeyError if family == "valkey" else errors.RedisError
+    assert isinstance(exc, base), repr(exc)
+    assert took < BOUND + SLACK, f"the write took {took:.2f} s, its bound is {BOUND} s"
 
 
 @pytest.mark.parametrize("slow", list(SLOW_REPLIES))
@@ -97,17 +115,16 @@ def test_a_flood_past_the_reply_cap_is_cut_off_at_the_cap(
 ) -> None:
     # Sent as fast as the client takes it, with no line end: the client reads
     # no more than the cap before it gives up, long before the bound.
-    flood = itertools.chain([b"+"], itertools.repeat(b"x" * 65536))
-    exc, took = failed_once(fake, client, engine, Stream(flood, every=0.0))
+    exc, took = failed_once(fake, client, engine, HOSTILE["no line end, as fast as read"]())
     assert isinstance(exc, family_errors(family).InvalidResponse), repr(exc)
     assert f"{MAX_REPLY_BYTES / 1048576:g} MiB" in str(exc), str(exc)
     assert took < BOUND + SLACK
 
 
-ARRAYS_PAST_THE_LIMITS = {
+ARRAYS_PAST_THE_LIMITS: dict[str, Callable[[], Reply]] = {
     # The header, then silence: refused when it arrives, not when the bound ends.
-    "two billion elements": lambda: Stream([b"*2147483647\r\n", b""], every=BOUND * 3),
-    "nested nine deep": lambda: Stream([b"*1\r\n" * 9, b""], every=BOUND * 3),
+    "two billion elements": HOSTILE["`*2147483647`, then silence"],
+    "nested nine deep": HOSTILE["arrays nested 9 deep, then silence"],
 }
 
 
@@ -223,12 +240,12 @@ def test_a_notice_connection_whose_reply_never_ends_is_made_again(
 
 # -- in a running elector, and under a lock's watchdog ----------------------------------
 
-HOSTILE: dict[str, Callable[[], Stream]] = {
+IN_A_RUN: dict[str, Callable[[], Reply]] = {
     **SLOW_REPLIES,
-    "flood": lambda: Stream(itertools.chain([b"+"], itertools.repeat(b"x" * 65536)), every=0.0),
+    "flood": HOSTILE["no line end, as fast as read"],
     **ARRAYS_PAST_THE_LIMITS,
 }
-"""Every way of answering badly above: each must cost one bounded, reported error."""
+"""The slow, endless and oversized answers: each must cost one bounded, reported error."""
 
 
 def reported_in_family(events: Events, family: str) -> list[BaseException]:
@@ -242,11 +259,11 @@ def reported_in_family(events: Events, family: str) -> list[BaseException]:
     return reported
 
 
-@pytest.mark.parametrize("hostile", list(HOSTILE))
+@pytest.mark.parametrize("hostile", list(IN_A_RUN))
 def test_a_running_elector_reports_a_hostile_acquire_and_then_leads(
     fake: FakeRedis, client: redis.Redis, engine: str, family: str, hostile: str
 ) -> None:
-    fake.script("acquire", HOSTILE[hostile](), won(1))
+    fake.script("acquire", IN_A_RUN[hostile](), won(1))
     events, terms = Events(), Terms()
     run = RunThread(make_elector(client, engine, observer=events.observer()), terms)
     try:
@@ -259,13 +276,13 @@ def test_a_running_elector_reports_a_hostile_acquire_and_then_leads(
     assert run.error is None
 
 
-@pytest.mark.parametrize("hostile", list(HOSTILE))
+@pytest.mark.parametrize("hostile", list(IN_A_RUN))
 def test_a_leader_reports_a_hostile_renewal_and_leads_on(
     fake: FakeRedis, client: redis.Redis, engine: str, family: str, hostile: str
 ) -> None:
     # After the hostile renewal every renewal is answered 1, and an acquire after
     # a lost lease elects again: either way the run leads on.
-    fake.script("acquire", won(1)).script("renew", HOSTILE[hostile]())
+    fake.script("acquire", won(1)).script("renew", IN_A_RUN[hostile]())
     fake.script("acquire", won(2))
     events, terms = Events(), Terms()
     run = RunThread(make_elector(client, engine, observer=events.observer()), terms)
@@ -282,13 +299,13 @@ def test_a_leader_reports_a_hostile_renewal_and_leads_on(
     assert run.error is None
 
 
-@pytest.mark.parametrize("hostile", list(HOSTILE))
+@pytest.mark.parametrize("hostile", list(IN_A_RUN))
 def test_a_locks_watchdog_survives_a_hostile_refresh(
     fake: FakeRedis, client: redis.Redis, engine: str, hostile: str, caplog: Any
 ) -> None:
     # A TTL of 3 s, refreshed every second: one refresh lost to the server's
     # answer is survived, and the lock stays held (the next refreshes answer 1).
-    fake.script("lock_acquire", lock_won(7)).script("lock_refresh", HOSTILE[hostile]())
+    fake.script("lock_acquire", lock_won(7)).script("lock_refresh", IN_A_RUN[hostile]())
     locker = redlease.RedisLocker(client, engine=engine)
     with caplog.at_level(logging.WARNING, logger="redlease"):
         held = locker.try_acquire("job", ttl=3.0, auto_renew=True)
@@ -319,7 +336,7 @@ def test_sentinels_that_answer_badly_cost_the_confirmation_no_more_than_its_boun
     fakes = [FakeRedis() for _ in range(3)]
     try:
         for fake in fakes:
-            fake.command("SENTINEL", HOSTILE[hostile]())
+            fake.command("SENTINEL", IN_A_RUN[hostile]())
         sentinels = Sentinels(tuple(("127.0.0.1", fake.port) for fake in fakes), "svc")
         probes = SentinelProbes()
         started = time.monotonic()

@@ -35,6 +35,9 @@ _SHORTEST = 1e-6
 _AGGREGATES = {ord("*"): 1, ord("~"): 1, ord(">"): 1, ord("%"): 2, ord("|"): 2}
 """RESP types that hold elements, and how many elements each counted entry is."""
 
+_LINE_KEPT = 64
+"""How much of one line the walker keeps while waiting for its end."""
+
 _BLOBS = frozenset(map(ord, "$=!"))
 """RESP types whose header is followed by a body of the length it gives."""
 
@@ -67,10 +70,13 @@ class Headers:
                 continue
             end = data.find(b"\n", pos)
             if end < 0:
-                # A header line split across reads (the byte cap bounds it).
-                self._line += data[pos:]
+                # A line split across reads: only its start is kept (a header
+                # is a type byte and at most 20 digits; a simple string's
+                # text does not matter here).
+                if len(self._line) < _LINE_KEPT:
+                    self._line += data[pos : pos + _LINE_KEPT - len(self._line)]
                 return
-            line = self._line + data[pos:end]
+            line = (self._line + data[pos : min(end, pos + _LINE_KEPT)])[:_LINE_KEPT]
             self._line = b""
             pos = end + 1
             self._header(line)

@@ -11,8 +11,10 @@ script in ``lua/`` by its SHA1, and records every command it received.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import socket
 import socketserver
+import struct
 import threading
 import time
 from collections import deque
@@ -38,7 +40,15 @@ class Stream:
         self.every = every
 
 
-Reply = bytes | Stream | Callable[[list[bytes], list[bytes]], bytes]
+class Hangup:
+    """A reply cut off: ``data`` is sent, then the connection closed (``reset``: with an RST)."""
+
+    def __init__(self, data: bytes = b"", *, reset: bool = False) -> None:
+        self.data = data
+        self.reset = reset
+
+
+Reply = bytes | Stream | Hangup | Callable[[list[bytes], list[bytes]], bytes]
 """Raw reply bytes, a ``Stream`` of them, or a function of the script's (keys, args) giving them."""
 
 
@@ -76,6 +86,39 @@ def _script_names() -> dict[str, str]:
     return {**{_scripts.fenced_file(stem).sha: stem for stem in stems}, **plain}
 
 
+HOSTILE: dict[str, Callable[[], Reply]] = {
+    "garbage": lambda: b"\x00\xffgarbage\r\n",
+    "a bad type byte": lambda: b"?1\r\n",
+    "a negative bulk length": lambda: b"$-5\r\n",
+    "an overflowing integer": lambda: b":99999999999999999999\r\n",
+    "`$9223372036854775807`, then silence": lambda: Stream(
+        [b"$9223372036854775807\r\n", b""], every=5.0
+    ),
+    "`*2147483647`, then silence": lambda: Stream([b"*2147483647\r\n", b""], every=5.0),
+    "arrays nested 9 deep, then silence": lambda: Stream([b"*1\r\n" * 9, b""], every=5.0),
+    "no line end, 16 bytes every 20 ms": lambda: Stream(
+        itertools.chain([b"+"], itertools.repeat(b"x" * 16)), every=0.02
+    ),
+    "no line end, as fast as read": lambda: Stream(
+        itertools.chain([b"+"], itertools.repeat(b"x" * 65536)), every=0.0
+    ),
+    "a valid `:1`, one byte every 400 ms": lambda: Stream(
+        [b":", b"1", b"\r", b"\n"], every=0.4
+    ),
+    "`*3 :1 :2 :3`": lambda: b"*3\r\n:1\r\n:2\r\n:3\r\n",
+    "a 64 MiB bulk": lambda: b"$%d\r\n" % (64 << 20) + b"x" * (64 << 20) + b"\r\n",
+    "a bulk whose length lies": lambda: b"$2\r\nabcd\r\n",
+    "an error reply": lambda: b"-ERR no\r\n",
+    "closed mid-reply": lambda: Hangup(b"*3\r\n:1\r\n"),
+    "reset (RST)": lambda: Hangup(reset=True),
+}
+"""Every way of answering a call badly that the tests and ``benchmarks/hostile.py`` try.
+
+Each makes a fresh reply (a ``Stream`` is consumed as it is sent). None is a
+result: a call answered so must raise, within its bound, and be sent once.
+"""
+
+
 class FakeRedis:
     """The fake server: ``with FakeRedis() as fake: fake.script("renew", b":1\\r\\n")``."""
 
@@ -106,7 +149,7 @@ class FakeRedis:
             self._queues.setdefault(name, deque()).extend(replies)
         return self
 
-    def command(self, verb: str, *replies: bytes | Stream) -> FakeRedis:
+    def command(self, verb: str, *replies: bytes | Stream | Hangup) -> FakeRedis:
         """Answer the next ``verb`` commands (SUBSCRIBE, PING...) with ``replies``, in order."""
         with self._lock:
             self._queues.setdefault(verb.upper(), deque()).extend(replies)
@@ -147,6 +190,14 @@ class FakeRedis:
                 with self._lock:
                     self.commands.append(cmd)
                     reply = self._answer(cmd, session)
+                if isinstance(reply, Hangup):
+                    conn.sendall(reply.data)
+                    if reply.reset:  # SO_LINGER 0: the close sends an RST
+                        conn.setsockopt(
+                            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                        )
+                    conn.close()
+                    return
                 if isinstance(reply, Stream):
                     for piece in reply.pieces:
                         if self._closing:
@@ -167,7 +218,7 @@ class FakeRedis:
             return self._names.get(hashlib.sha1(cmd[1]).hexdigest(), "<eval>")
         return None
 
-    def _answer(self, cmd: list[bytes], session: _Session) -> bytes | Stream:
+    def _answer(self, cmd: list[bytes], session: _Session) -> bytes | Stream | Hangup:
         verb = cmd[0].upper()
         queued = self._queues.get(verb.decode("ascii", "replace"))
         if queued:
