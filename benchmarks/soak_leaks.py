@@ -30,6 +30,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -209,7 +210,8 @@ def main() -> int:
             time.sleep(0.5)
         row("after")
         leftover = sorted(
-            open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")
+            Path(f"/proc/self/task/{t}/comm").read_text().strip()
+            for t in os.listdir("/proc/self/task")
         )
         fds = sorted(
             os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
