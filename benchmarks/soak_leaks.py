@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import os
 import sys
 import threading
@@ -39,18 +38,7 @@ import redlease
 import redlease.aio
 from redlease._cli.bench import native_engine_available
 from redlease._testing import RedisServer
-
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def snapshot() -> tuple[int, int, float]:
-    """``(threads, fds, RSS MiB)`` of this process (native threads included)."""
-    gc.collect()
-    fds = len(os.listdir("/proc/self/fd"))
-    tasks = len(os.listdir("/proc/self/task"))
-    with open("/proc/self/statm") as f:
-        rss_mib = int(f.read().split()[1]) * PAGE / 2**20
-    return tasks, fds, rss_mib
+from resources import snapshot
 
 
 class Counts:

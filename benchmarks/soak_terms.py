@@ -13,8 +13,6 @@ asserts nothing.
 from __future__ import annotations
 
 import argparse
-import gc
-import os
 import sys
 import threading
 import time
@@ -24,17 +22,7 @@ import redis
 import redlease
 from redlease._cli.bench import native_engine_available
 from redlease._testing import RedisServer
-
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def snapshot() -> tuple[int, int, float]:
-    gc.collect()
-    fds = len(os.listdir("/proc/self/fd"))
-    tasks = len(os.listdir("/proc/self/task"))
-    with open("/proc/self/statm") as f:
-        rss_mib = int(f.read().split()[1]) * PAGE / 2**20
-    return tasks, fds, rss_mib
+from resources import snapshot
 
 
 def soak_terms(client: redis.Redis, engine: str, terms: int, report: list[str]) -> None:

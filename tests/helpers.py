@@ -68,6 +68,13 @@ def family_errors(family: str) -> ModuleType:
     return importlib.import_module(f"{family}.exceptions")
 
 
+def family_base_error(family: str) -> type[Exception]:
+    """The base of every error of a client family: ``RedisError`` or ``ValkeyError``."""
+    errors = family_errors(family)
+    base: type[Exception] = errors.ValkeyError if family == "valkey" else errors.RedisError
+    return base
+
+
 def wait_until(
     predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.005, what: str = ""
 ) -> Any:
