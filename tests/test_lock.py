@@ -14,7 +14,8 @@ import pytest
 import redis
 
 import redlease
-from helpers import require_native, stays, wait_until
+from helpers import require_native, require_valkey, stays, wait_until
+from redlease._testing import RedisServer
 from redlease.lock import (
     DEFAULT_RETRY_INTERVAL,
     DEFAULT_TTL,
@@ -29,22 +30,31 @@ from redlease.lock import (
     with_lock,
 )
 
-LOCKERS = ("memory", "redis-python", "redis-native")
+LOCKERS = ("memory", "redis-python", "redis-native", "valkey-python", "valkey-native")
 # The Redis client of each RedisLocker under test, so a test can reach behind it.
 _clients: dict[int, redis.Redis] = {}
 
 
 @pytest.fixture(params=LOCKERS, ids=LOCKERS)
 def locker(request: pytest.FixtureRequest) -> Iterator[Locker]:
-    """A MemoryLocker, and a RedisLocker on each engine (native skipped when not built)."""
+    """A MemoryLocker, and a RedisLocker on each engine with each client family.
+
+    The native engine is skipped when not built, valkey-py when not installed
+    (each a failure where CI requires it).
+    """
     kind: str = request.param
     if kind == "memory":
         yield MemoryLocker()
         return
-    engine = kind.split("-", 1)[1]
+    family, engine = kind.split("-", 1)
     if engine == "native":
         require_native()
-    client: redis.Redis = request.getfixturevalue("client")
+    if family == "valkey":
+        require_valkey()
+    server: RedisServer = request.getfixturevalue("redis_server")
+    client: redis.Redis = server.client(
+        family=family, socket_timeout=5, socket_connect_timeout=5
+    )
     redis_locker = RedisLocker(client, engine=engine)
     _clients[id(redis_locker)] = client
     try:
@@ -52,6 +62,7 @@ def locker(request: pytest.FixtureRequest) -> Iterator[Locker]:
     finally:
         _clients.pop(id(redis_locker), None)
         redis_locker.close()
+        client.close()
 
 
 def expire_now(locker: Locker, name: str) -> None:
