@@ -10,11 +10,13 @@ import gc
 import os
 import threading
 import time
+import weakref
 
 import redis
 
 import redlease
 from helpers import wait_until
+from redlease._testing import RedisServer
 
 
 def threads_and_fds() -> tuple[int, int]:
@@ -95,3 +97,25 @@ def test_start_stop_cycles_leak_no_threads_or_fds(client: redis.Redis, engine: s
     assert after[0] <= before[0] and after[1] <= before[1], (
         f"threads/fds went from {before} to {after} over 100 start/stop cycles"
     )
+
+
+def test_a_stopped_and_dropped_elector_lets_its_engine_go(
+    redis_server: RedisServer, engine: str
+) -> None:
+    # Its engine (natively: a renewer thread and connections) is freed once
+    # nothing holds it, even while the process's driver sleeps with nothing
+    # else to do: it once kept the last run it stepped until its next wake.
+    client = redis_server.client(socket_timeout=5)
+    e = redlease.Elector(client, "dropped", ttl=0.5, engine=engine)
+    engine_ref = weakref.ref(e._core.engine)
+    e.start(None)
+    wait_until(e.token, timeout=5, what="election")
+    e.stop()
+    del e
+
+    def gone() -> bool:
+        gc.collect()
+        return engine_ref() is None
+
+    wait_until(gone, timeout=5, what="the engine freed")
+    client.close()

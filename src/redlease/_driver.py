@@ -232,37 +232,45 @@ class Driver:
                     hook()
                 except Exception:  # never the driver's end: the runs poll meanwhile
                     logging.getLogger("redlease").warning("a ring hook failed", exc_info=True)
-            with self._lock:
-                now = time.monotonic()
-                due: list[Timed] = []
-                wait: float | None = None
-                sweep = bool(self._watched) and now - self._last_sweep >= TICK
-                if self._ready or (self._heap and self._heap[0][0] <= now) or sweep:
-                    self._sleeping = False
-                    due.extend(self._ready)
-                    self._ready.clear()
-                    while self._heap and self._heap[0][0] <= now:
-                        _, seq, item = heapq.heappop(self._heap)
-                        if self._latest.get(item) == seq:
-                            del self._latest[item]
-                            due.append(item)
-                else:
-                    wait = TICK if self._watched else None
-                    if self._heap:
-                        until = self._heap[0][0] - now
-                        wait = until if wait is None else min(wait, until)
-                    self._sleeping = True
-                asleep = self._sleeping
-            if asleep:
+            due, sweep, wait = self._due()
+            if due is None:
                 # Unlocked: a wake-up from now on rings the bell, and the sleep returns at once.
                 self._bell.sleep(wait)
                 continue
-            self._prefetch(due)
-            for item in due:
-                self._step(item)
-            if sweep:
-                self._last_sweep = time.monotonic()
-                self._sweep()
+            # In a method of its own: no item stepped stays referenced from this
+            # frame while the driver sleeps (a stopped run, and with it its
+            # engine's renewer and connections, would live on until the next wake).
+            self._run_due(due, sweep)
+
+    def _due(self) -> tuple[list[Timed] | None, bool, float | None]:
+        """What to step now and whether to sweep; or None, False and how long to sleep."""
+        with self._lock:
+            now = time.monotonic()
+            sweep = bool(self._watched) and now - self._last_sweep >= TICK
+            if self._ready or (self._heap and self._heap[0][0] <= now) or sweep:
+                self._sleeping = False
+                due: list[Timed] = list(self._ready)
+                self._ready.clear()
+                while self._heap and self._heap[0][0] <= now:
+                    _, seq, item = heapq.heappop(self._heap)
+                    if self._latest.get(item) == seq:
+                        del self._latest[item]
+                        due.append(item)
+                return due, sweep, None
+            wait = TICK if self._watched else None
+            if self._heap:
+                until = self._heap[0][0] - now
+                wait = until if wait is None else min(wait, until)
+            self._sleeping = True
+            return None, False, wait
+
+    def _run_due(self, due: list[Timed], sweep: bool) -> None:
+        self._prefetch(due)
+        for item in due:
+            self._step(item)
+        if sweep:
+            self._last_sweep = time.monotonic()
+            self._sweep()
 
     def _prefetch(self, due: list[Timed]) -> None:
         """Send the acquires that due contending runs are about to make, a batch per engine.

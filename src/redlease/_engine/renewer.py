@@ -401,40 +401,54 @@ class Renewer:
 
     def _main(self) -> None:
         while True:
-            with self._cond:
-                while True:
-                    if self._stopped:
-                        return
-                    now = time.monotonic()
-                    if self._heap and self._heap[0][0] <= now:
+            taken = self._next_due()
+            if taken is None:
+                return
+            self._renew(*taken)
+            # Nothing of a lease stays referenced from this frame while the
+            # thread waits: a dropped lease's engine would live on until the
+            # next renewal of any other lease.
+            del taken
+
+    def _next_due(self) -> tuple[int, Lease, list[Lease]] | None:
+        """Wait for the next lease due: ``(generation, lease, batch)``; None once stopped."""
+        with self._cond:
+            while True:
+                if self._stopped:
+                    return None
+                now = time.monotonic()
+                if self._heap and self._heap[0][0] <= now:
+                    break
+                self._cond.wait(self._heap[0][0] - now if self._heap else None)
+            _when, _seq, generation, keeper = heapq.heappop(self._heap)
+            batch: list[Lease] = []
+            if keeper.batch is not None and keeper._generation == generation:
+                # Everything else due now on the same connection goes with it.
+                batch.append(keeper)
+                until = now + BATCH_WINDOW
+                while self._heap and self._heap[0][0] <= until and len(batch) < BATCH_MAX:
+                    other = self._heap[0]
+                    if other[3].batch != keeper.batch:
                         break
-                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
-                _when, _seq, generation, keeper = heapq.heappop(self._heap)
-                batch: list[Lease] = []
-                if keeper.batch is not None and keeper._generation == generation:
-                    # Everything else due now on the same connection goes with it.
-                    batch.append(keeper)
-                    until = now + BATCH_WINDOW
-                    while self._heap and self._heap[0][0] <= until and len(batch) < BATCH_MAX:
-                        other = self._heap[0]
-                        if other[3].batch != keeper.batch:
-                            break
-                        heapq.heappop(self._heap)
-                        if other[3]._generation == other[2]:
-                            batch.append(other[3])
-            try:
-                if batch:
-                    _tick_batch(batch)
-                elif keeper._generation == generation:
-                    keeper._tick()
-            except BaseException:
-                # This thread also enforces the keepers' deadlines: if a tick
-                # fails outright, no term must outlive it.
-                victims: list[Lease] = [*batch] if batch else [keeper]
-                for lost in victims:
-                    with lost._cond:
-                        if lost._state == ACTIVE:
-                            lost._lose()
+                    heapq.heappop(self._heap)
+                    if other[3]._generation == other[2]:
+                        batch.append(other[3])
+            return generation, keeper, batch
+
+    def _renew(self, generation: int, keeper: Lease, batch: list[Lease]) -> None:
+        try:
+            if batch:
+                _tick_batch(batch)
+            elif keeper._generation == generation:
+                keeper._tick()
+        except BaseException:
+            # This thread also enforces the keepers' deadlines: if a tick
+            # fails outright, no term must outlive it.
+            victims: list[Lease] = [*batch] if batch else [keeper]
+            for lost in victims:
+                with lost._cond:
+                    if lost._state == ACTIVE:
+                        lost._lose()
 
     def _after_fork_in_child(self) -> None:
         self._cond = threading.Condition()
