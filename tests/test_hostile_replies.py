@@ -358,3 +358,89 @@ def test_sentinels_that_answer_badly_cost_the_confirmation_no_more_than_its_boun
             fake.close()
     assert why is not None and "only 0 of the 3 sentinels answered" in why, why
     assert took < BOUND + SLACK, f"the confirmation took {took:.2f} s, its bound is {BOUND} s"
+
+
+# -- the same, from coroutines ----------------------------------------------------------
+
+
+def in_a_loop(scenario: Callable[[Any], Any], fake: FakeRedis, family: str) -> Any:
+    """``await scenario(client)`` on a fresh loop, with an asyncio client of ``family``."""
+
+    async def main() -> Any:
+        aclient = client_module(family, asyncio=True).Redis(
+            host="127.0.0.1", port=fake.port, socket_timeout=BOUND, socket_connect_timeout=BOUND
+        )
+        try:
+            return await scenario(aclient)
+        finally:
+            await aclient.aclose()
+
+    return asyncio.run(asyncio.wait_for(main(), 60))
+
+
+@pytest.mark.parametrize("answer", list(HOSTILE))
+def test_an_asyncio_pipeline_answered_badly_raises_within_its_bound_and_is_sent_once(
+    fake: FakeRedis, engine: str, family: str, answer: str
+) -> None:
+    fake.script("fence_set", b":1\r\n", HOSTILE[answer](), b":1\r\n")
+
+    async def scenario(aclient: Any) -> tuple[BaseException, float, bool]:
+        e = redlease.aio.Elector(aclient, "svc", engine=engine)
+        try:
+            pipe = e.fence_pipeline(1).set("a", "1").set("b", "2").set("c", "3")
+            started = time.monotonic()
+            try:
+                returned = await pipe.execute()
+            except Exception as exc:
+                return exc, time.monotonic() - started, await e.fence_set(1, "k", "v")
+            pytest.fail(f"returned {returned!r} instead of raising")
+        finally:
+            await e.stop()
+
+    exc, took, next_applied = in_a_loop(scenario, fake, family)
+    assert isinstance(exc, family_base_error(family)), repr(exc)
+    assert took < BOUND + SLACK, f"the pipeline took {took:.2f} s, its bound is {BOUND} s"
+    assert next_applied is True
+    assert fake.runs("fence_set") <= 4
+
+
+@pytest.mark.parametrize("hostile", list(IN_A_RUN))
+def test_an_asyncio_elector_reports_a_hostile_acquire_and_then_leads(
+    fake: FakeRedis, engine: str, family: str, hostile: str
+) -> None:
+    fake.script("acquire", IN_A_RUN[hostile](), won(1))
+
+    async def scenario(aclient: Any) -> tuple[Events, int]:
+        events = Events()
+        e = redlease.aio.Elector(aclient, "svc", ttl=1.0, engine=engine, observer=events.observer())
+        async with e:
+            deadline = time.monotonic() + 15
+            while e.token() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            return events, e.token() or 0
+
+    events, token = in_a_loop(scenario, fake, family)
+    assert token == 1
+    assert len(reported_in_family(events, family)) == 1
+    assert fake.runs("acquire") == 2
+
+
+@pytest.mark.parametrize("hostile", list(IN_A_RUN))
+def test_an_asyncio_locks_watchdog_survives_a_hostile_refresh(
+    fake: FakeRedis, engine: str, family: str, hostile: str
+) -> None:
+    fake.script("lock_acquire", lock_won(7)).script("lock_refresh", IN_A_RUN[hostile]())
+
+    async def scenario(aclient: Any) -> bool:
+        locker = redlease.aio.RedisLocker(aclient, engine=engine)
+        try:
+            async with locker.hold("job", ttl=3.0) as held:
+                deadline = time.monotonic() + 10
+                while fake.runs("lock_refresh") < 3 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                assert fake.runs("lock_refresh") >= 3, "no refreshes after the hostile one"
+                return bool(held.done.is_set())
+        finally:
+            await locker.close()
+
+    assert in_a_loop(scenario, fake, family) is False, "the lock was given up over one refresh"
