@@ -11,6 +11,7 @@ from .._errors import ConfigError
 from .._forksafe import ForkSafeLock
 from .base import Engine
 from .client import Endpoint, native_endpoint, write_timeout
+from .family import threaded
 
 ENGINES = ("auto", "native", "python")
 
@@ -95,7 +96,10 @@ def make_engine(client: object, engine: str | None) -> Engine:
     """Build the engine ``engine`` names for ``client`` (see ``choose_engine``).
 
     The engine's ``reason`` says why an ``auto`` choice fell back to Python.
+    Engines run on a threaded redis-py client: an asyncio or valkey-py one is
+    served through its twin (``family.threaded``).
     """
+    client = threaded(client).client
     name, reason, endpoint = choose_engine(client, engine)
     built: Engine
     if name == "native":
@@ -125,6 +129,7 @@ def shared_engine(client: object, engine: str | None) -> Engine:
     pool and (natively) one renewal thread and connection, whatever their
     number. Clients that cannot be weakly referenced get an engine each.
     """
+    client = threaded(client).client
     name, reason, _endpoint = choose_engine(client, engine)
     kind = f"{name}:{reason}"
     key = id(client)
