@@ -25,6 +25,11 @@ def _lua_dir() -> Path:
     )
 
 
+def names() -> list[str]:
+    """The name of every script (``lua/<name>.lua``), sorted."""
+    return sorted(path.stem for path in _lua_dir().glob("*.lua"))
+
+
 @cache
 def source(name: str) -> str:
     """The text of ``lua/<name>.lua``."""

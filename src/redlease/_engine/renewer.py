@@ -1,11 +1,9 @@
 """The Python renewer: one Python thread that renews every lease of its owner on time.
 
-Shared by the Python engine (renewing with a script on a connection of its
-own, pipelined where many leases share one) and ``MemoryLocker`` (renewing
-in memory): the state machine, the lease deadline, the schedule and the
-bookkeeping are one ``Lease`` class for both, and every lease waits in one
-``Renewer``'s timer heap — no thread per lease. It needs the GIL to run,
-which is the limitation the native renewer removes.
+Shared by the Python engine (a script on its own connection, pipelined where
+leases share one) and ``MemoryLocker`` (in memory): one ``Lease`` class holds the
+state machine, deadline, schedule and bookkeeping, and every lease waits in one
+``Renewer``'s timer heap. It needs the GIL, the limitation the native one removes.
 """
 
 from __future__ import annotations
@@ -41,11 +39,10 @@ class Lease:
     Python engine, an in-memory refresh for ``MemoryLocker``. ``on_close``
     frees what ``renew`` uses. With ``command`` and ``batch`` the renewer may
     pipeline this lease's renewal with others due together on the same
-    ``batch`` (one connection): ``command`` is its EVALSHA; ``batch`` sends
-    many such commands in one write and returns each reply (or the error
-    reply in its place), or raises when the connection failed (every renewal
-    of the batch then failed). On NOSCRIPT a lease falls back to its own
-    ``renew`` (EVAL) at once.
+    ``batch`` (one connection): ``command`` is its EVALSHA; ``batch`` sends many
+    in one write and returns each reply (an error reply in its place), or raises
+    when the connection failed (so did every renewal of the batch). On NOSCRIPT
+    a lease falls back to its own ``renew`` (EVAL) at once.
     """
 
     def __init__(
@@ -369,11 +366,10 @@ class Renewer:
     def stop(self, join_timeout: float | None = None) -> None:
         """Stop and join the thread (the engine is closed or gone). Idempotent.
 
-        From the garbage collector the join is bounded (``join_timeout``):
-        the collector may in principle run on a thread that holds what the
-        keeper thread needs to finish, and must then not wait forever.
-        In a forked child (an engine's finalizer may run there before the
-        fork handlers did) it does nothing: the thread is the parent's.
+        From the garbage collector the join is bounded (``join_timeout``): the
+        collector may run on a thread holding what the renewer needs to finish.
+        In a forked child (a finalizer may run before the fork handlers) it does
+        nothing: the thread is the parent's.
         """
         if os.getpid() != self._pid:
             return
@@ -400,14 +396,10 @@ class Renewer:
                 self._cond.notify()
 
     def _main(self) -> None:
-        while True:
-            taken = self._next_due()
-            if taken is None:
-                return
+        # Taken and renewed in methods of their own, and let go here: nothing of a
+        # lease stays referenced while the thread waits (its engine would live on).
+        while (taken := self._next_due()) is not None:
             self._renew(*taken)
-            # Nothing of a lease stays referenced from this frame while the
-            # thread waits: a dropped lease's engine would live on until the
-            # next renewal of any other lease.
             del taken
 
     def _next_due(self) -> tuple[int, Lease, list[Lease]] | None:
@@ -441,9 +433,7 @@ class Renewer:
                 _tick_batch(batch)
             elif keeper._generation == generation:
                 keeper._tick()
-        except BaseException:
-            # This thread also enforces the keepers' deadlines: if a tick
-            # fails outright, no term must outlive it.
+        except BaseException:  # this thread enforces the deadlines: no term outlives a failed tick
             victims: list[Lease] = [*batch] if batch else [keeper]
             for lost in victims:
                 with lost._cond:

@@ -81,7 +81,7 @@ DEFAULTS: dict[str, Reply] = {
 
 def _script_names() -> dict[str, str]:
     """SHA1 -> name of every script file, as sent plain and wrapped as a fenced write."""
-    stems = [path.stem for path in _scripts._lua_dir().glob("*.lua")]
+    stems = _scripts.names()
     plain = {_scripts.load(stem).sha: stem for stem in stems}
     return {**{_scripts.fenced_file(stem).sha: stem for stem in stems}, **plain}
 
