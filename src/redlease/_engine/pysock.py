@@ -35,6 +35,9 @@ _SHORTEST = 1e-6
 _AGGREGATES = {ord("*"): 1, ord("~"): 1, ord(">"): 1, ord("%"): 2, ord("|"): 2}
 """RESP types that hold elements, and how many elements each counted entry is."""
 
+_LINES = frozenset(map(ord, ":+-"))
+"""RESP types that are one line and nothing more."""
+
 _LINE_KEPT = 64
 """How much of one line the walker keeps while waiting for its end."""
 
@@ -61,6 +64,13 @@ class Headers:
 
     def feed(self, data: bytes) -> None:
         """Walk ``data``; ``ReplyTooLarge`` at a header past the limits."""
+        if (
+            data
+            and data[0] in _LINES
+            and not (self._skip or self._owed or self._line)
+            and data.find(b"\n") == len(data) - 1
+        ):
+            return  # one whole line (``:1``, ``+OK``, an error): the usual reply, no array
         pos, n = 0, len(data)
         while pos < n and not self._broken:
             if self._skip:
