@@ -189,6 +189,14 @@ def test_on_error_gets_valkey_errors(closed_port: ClosedPort, engine: str) -> No
     assert isinstance(errors[0], valkey.exceptions.ConnectionError), repr(errors[0])
 
 
+def test_leader_on_an_unreachable_server_raises_a_valkey_error(
+    closed_port: ClosedPort, engine: str
+) -> None:
+    client = valkey.Valkey(host="127.0.0.1", port=closed_port.port, socket_timeout=1)
+    with pytest.raises(valkey.exceptions.ConnectionError):
+        make_elector(client, engine).leader()
+
+
 def test_a_valkey_lockers_redis_errors_are_valkey_errors(
     closed_port: ClosedPort, engine: str
 ) -> None:
