@@ -328,10 +328,9 @@ class Election:
 
     def leader(self) -> Leader | None:
         """Who holds the lease now, as Redis says (one round trip); None when nobody does."""
+        request = (_LEADER, (self.keys.leader,), ())
         try:
-            reply, _ = run_one(
-                self.engine, (_LEADER, (self.keys.leader,), ()), timeout=self.config.renew_interval
-            )
+            reply, _ = run_one(self.engine, request, timeout=self.config.renew_interval)
         except Exception as exc:
             raise self.family.adopt(exc)  # noqa: B904 - the same object, in place
         if reply is None:

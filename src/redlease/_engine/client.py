@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +15,7 @@ from redis.sentinel import (
     SentinelManagedSSLConnection,
 )
 
+from .._forksafe import ForkSafeLock
 from .base import DEFAULT_CALL_TIMEOUT, DEFAULT_WRITE_TIMEOUT
 
 _REDACTED = "<REDACTED>"
@@ -304,6 +307,30 @@ def _cluster_endpoint(client: Any) -> tuple[Endpoint | None, str]:
         tls=tls,
         cluster_nodes=seen,
     ), ""
+
+
+_refresh_lock = ForkSafeLock()
+_refreshed: dict[int, float] = {}  # id(cluster client) -> when its last slot-map refresh began
+
+
+def refresh_slot_map(client: Any, asked: float | None = None) -> None:
+    """Refresh a cluster client's slot map, unless a refresh began after ``asked``.
+
+    The one place either engine asks for a fresh slot map (after a MOVED, a
+    dropped connection, or a notice channel that left its node): many
+    callers that saw the same move cause one refresh. ``asked`` is when the
+    caller saw the need (default: now). Never raises: a cluster that does
+    not answer leaves the old map, and the caller tries again later.
+    """
+    asked = time.monotonic() if asked is None else asked
+    with _refresh_lock:
+        if _refreshed.get(id(client), 0.0) >= asked:
+            return
+        _refreshed[id(client)] = time.monotonic()
+        try:
+            client.nodes_manager.initialize()
+        except Exception as exc:
+            logging.getLogger("redlease").debug("the slot map could not be refreshed: %r", exc)
 
 
 def socket_timeout(client: object) -> float | None:

@@ -24,8 +24,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .._driver import driver
-from .._forksafe import ForkSafeLock
 from .._log import logger
+from .client import refresh_slot_map
 from .notices import Wake, channel_of
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ class NativeNotices:
         cluster that does not answer leaves it where it is: its hub tells it
         to look again at its next failed reconnect.
         """
-        _refresh_slots(self._cluster, asked)
+        refresh_slot_map(self._cluster, asked)
         channel = sub.channel
         with registry.lock:
             if sub.cancelled:
@@ -297,22 +297,6 @@ class _Rehomer:
 
 
 _rehomer = _Rehomer()
-_refresh_lock = ForkSafeLock()
-_refreshed: dict[int, float] = {}  # id(cluster client) -> when its last slot-map refresh began
-
-
-def _refresh_slots(client: Any, asked: float) -> None:
-    """Refresh ``client``'s slot map, unless a refresh began after ``asked`` already."""
-    with _refresh_lock:
-        if _refreshed.get(id(client), 0.0) >= asked:
-            return
-        _refreshed[id(client)] = time.monotonic()
-        try:
-            client.nodes_manager.initialize()
-        except Exception as exc:  # the cluster is not answering: the lookup uses the old map
-            logger.debug("the cluster's slot map could not be refreshed: %r", exc)
-
-
 class DriverNotices:
     """The native notices of the driver's runs: the reader thread rings the driver's doorbell.
 

@@ -26,7 +26,7 @@ from redis.exceptions import (
 
 from .._scripts import Script
 from .base import EncodableT, ScriptRequest, remaining
-from .client import is_cluster
+from .client import is_cluster, refresh_slot_map
 from .connect import connection_factory
 from .pysock import begin_round_trip, bounded_class
 from .replies import server_changed
@@ -151,8 +151,7 @@ class BoundedConnection:
         self.drop()
         if self._node_addr is not None:
             return  # an ASK target: one node on purpose, for one redirected call
-        with contextlib.suppress(RedisError):
-            self._client.nodes_manager.initialize()
+        refresh_slot_map(self._client)
         self._make = connection_factory(self._client, self._key, wrap=bounded_class)
 
     def eval_script(

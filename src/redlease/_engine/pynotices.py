@@ -23,7 +23,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from .._forksafe import ForkSafeLock
 from .._log import logger
-from .client import is_cluster
+from .client import is_cluster, refresh_slot_map
 from .connect import connection_factory
 from .notices import Wake, channel_of, sharded_notices
 from .pysock import begin_round_trip, bounded_class
@@ -286,8 +286,7 @@ class _Hub:
 
     def _rehome(self, client: Any) -> None:
         """Move each channel whose slot another node owns now to that node's hub."""
-        with contextlib.suppress(Exception):
-            client.nodes_manager.initialize()
+        refresh_slot_map(client)
         with self._lock:
             subs = [sub for group in self._channels.values() for sub in group]
         for sub in subs:
