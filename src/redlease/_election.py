@@ -328,11 +328,10 @@ class Election:
 
     def leader(self) -> Leader | None:
         """Who holds the lease now, as Redis says (one round trip); None when nobody does."""
-        request = (_LEADER, (self.keys.leader,), ())
-        try:
-            reply, _ = run_one(self.engine, request, timeout=self.config.renew_interval)
-        except Exception as exc:
-            raise self.family.adopt(exc)  # noqa: B904 - the same object, in place
+        with self.family.errors():
+            reply, _ = run_one(
+                self.engine, (_LEADER, (self.keys.leader,), ()), timeout=self.config.renew_interval
+            )
         if reply is None:
             return None
         return Leader(instance_text(reply[0]), int(reply[1]))

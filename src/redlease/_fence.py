@@ -245,8 +245,7 @@ class Fence:
 
     def _failed(self, request: FenceRequest, exc: RedisError) -> None:
         """A write raised ``exc``: made the client family's, and a failover reply reported."""
-        if self._events.adopt is not None:
-            self._events.adopt(exc)
+        self._events.adopt(exc)
         if self._on_failover is not None and is_failover_reply(exc):
             self._on_failover(int(request[2][0]), exc)
 
@@ -406,8 +405,7 @@ class Fence:
                 f"{foreign!r} are not in slot {self._slot} of {self._name!r}; on a cluster "
                 f"give every key the name's hash tag"
             )
-            if self._events.adopt is not None:
-                self._events.adopt(error)
+            self._events.adopt(error)
             raise error
 
 

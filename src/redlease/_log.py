@@ -23,6 +23,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 logger = logging.getLogger("redlease")
+
+
+def _as_is(exc: BaseException) -> BaseException:
+    """The default ``Events.adopt``: a redis-py client's errors are already its family's."""
+    return exc
 logger.addHandler(logging.NullHandler())
 
 STILL_FAILING_EVERY = 10.0
@@ -83,7 +88,7 @@ class Events:
         # locker reaches the locks it grants later.
         self.sinks: list[Sink] = sinks if sinks is not None else []
         # Makes an error one of the user's client family (see ``_engine.family``), in place.
-        self.adopt = adopt
+        self.adopt: Callable[[BaseException], object] = adopt or _as_is
         self._mutex = threading.Lock()
         self._failing_since = 0.0  # 0: no outage going on
         self._failures = 0
@@ -143,8 +148,7 @@ class Events:
         The error is first made one of the user's client family, in place:
         whoever sees it next (``on_error``, a metric, the log) sees that.
         """
-        if self.adopt is not None:
-            self.adopt(exc)
+        self.adopt(exc)
         now = time.monotonic()
         with self._mutex:
             self._failures += 1

@@ -186,10 +186,8 @@ class RedisLocker(Locker):
 
     def _call(self, request: ScriptRequest, wait: Any = None) -> tuple[Any, int]:
         """One script on the engine within the client's timeout; errors in the client's family."""
-        try:
+        with self._family.errors():
             return run_one(self._engine, request, timeout=self._timeout, wait=wait)
-        except Exception as exc:
-            raise self._family.adopt(exc)  # noqa: B904 - the same object, in place
 
     def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
         keys = (self.key(name), self._keys.fencing)
@@ -204,10 +202,8 @@ class RedisLocker(Locker):
                     "released again",
                     give_back=lambda: self._give_back(name, owner),
                 )
-            try:
+            with self._family.errors():
                 self._engine.confirm_master(self._timeout, lambda: self._give_back(name, owner))
-            except Exception as exc:
-                raise self._family.adopt(exc)  # noqa: B904 - the same object, in place
         return (token, 0.0) if token > 0 else (0, max(pttl, 0) / 1000)
 
     def _give_back(self, name: str, owner: str) -> None:

@@ -26,8 +26,10 @@ out; nothing inside the engines needs to know.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import weakref
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any, NamedTuple, TypeVar
 
@@ -75,6 +77,15 @@ class Family:
         if twin is not cls:
             exc.__class__ = twin
         return exc
+
+    @contextlib.contextmanager
+    def errors(self) -> Iterator[None]:
+        """Whatever the block raises leaves it as this family's error (``adopt``, in place)."""
+        try:
+            yield
+        except BaseException as exc:
+            self.adopt(exc)
+            raise
 
     def _twin_class(self, cls: type) -> type:
         ours = self._counterpart(cls)

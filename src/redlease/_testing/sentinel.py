@@ -37,7 +37,6 @@ from types import TracebackType
 from typing import Any
 
 import redis
-from redis.sentinel import Sentinel
 
 from ._common import (
     LOOPBACK,
@@ -54,7 +53,6 @@ from .tls import ServerTLS, TLSMaterials, tls_binary
 
 __all__ = ["SentinelSet", "SwitchWatcher"]
 
-_Sentinel: Any = Sentinel  # redis-py leaves its constructor unannotated
 # Data nodes may all become masters: diskless full syncs without the default
 # 5 s wait for more replicas keep a (re)joining replica's first sync quick.
 # The harness's own look at a node: one try, a short wait.
@@ -244,11 +242,8 @@ class SentinelSet:
                 sentinel_kwargs.update(self.tls.client_kwargs())
             for key, value in self.tls.client_kwargs().items():
                 kwargs.setdefault(key, value)
-        sentinel_cls: Any = (
-            _Sentinel
-            if family == "redis" and not asyncio
-            else client_module(family, asyncio=asyncio).sentinel.Sentinel
-        )
+        # Unannotated in redis-py.
+        sentinel_cls: Any = client_module(family, asyncio=asyncio).sentinel.Sentinel
         return sentinel_cls(self.sentinel_addresses(), sentinel_kwargs=sentinel_kwargs, **kwargs)
 
     def master_for(
