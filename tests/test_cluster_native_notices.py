@@ -25,6 +25,7 @@ from redis.cluster import RedisCluster
 
 import redlease
 from helpers import (
+    BlackHole,
     Events,
     elected_token,
     lock_handover,
@@ -386,3 +387,71 @@ def test_a_lost_native_cluster_subscription_still_hands_over(cluster_set: Cluste
         polled = time.monotonic() - started
     client.close()
     assert polled < 8.0, f"takeover by polling took {polled:.3f} s (poll interval ~2.5 s)"
+
+
+def _threads_named(name: str) -> int:
+    count = 0
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/comm") as f:
+            count += f.read().strip() == name
+    return count
+
+
+def test_one_native_reader_serves_every_master_and_a_node_that_never_answers_holds_none_up(
+    cluster_set: ClusterSet,
+) -> None:
+    from redlease._engine._native import _core
+    from redlease._engine.client import Endpoint
+    from redlease._engine.nativenotices import registry
+
+    client = cluster_set.client(socket_timeout=2)
+    # One name per master: a follower of each listens on that master.
+    names: dict[int, str] = {}
+    for i in range(200):
+        name = f"{{one-reader-{i}}}"
+        names.setdefault(cluster_set.master_for_slot(client.keyslot(name)).port, name)
+    assert len(names) == len(cluster_set.masters())
+    pairs = [_pair(client, name) for name in names.values()]
+    hole = BlackHole()
+    stuck: Any = None
+    with contextlib.ExitStack() as stack:
+        for a, b, events in pairs:
+            stack.enter_context(a)
+            elected_token(a)
+            stack.enter_context(b)
+            wait_until(lambda ev=events: ev.count("follower") >= 1, 5, what="a follower")
+        for name in names.values():
+            channel = f"{name}:leader:released"
+            slot = client.keyslot(name)
+            wait_until(
+                lambda s=slot, c=channel: listeners_on(cluster_set, s, c) >= 1,
+                5,
+                what="a listener on every master",
+            )
+        hubs = [h for h in native_cluster_hubs() if h.subscribed]
+        assert len(hubs) >= len(names), "a hub per master"
+        # Every master's session is read by one thread, the process's reader.
+        assert len({id(h.reader) for h in hubs}) == 1
+        assert _threads_named("redlease-notice") == 1
+        # A node that accepts and never answers: its hub's connect (its
+        # handshake sends AUTH) blocks for the connect bound (5 s),
+        # on the connector thread ...
+        with registry.lock:
+            stuck = registry.hub(
+                Endpoint("127.0.0.1", hole.port, None, 0, None, "secret", None), sharded=True
+            )
+        waiter = _core.NoticeSub(stuck, b"{never}:released")
+        wait_until(lambda: hole.accepted >= 1, 5, what="the connect to the silent node")
+        # ... while every master's handover is still pushed, by the reader.
+        for a, b, _ in pairs:
+            assert stuck.reader.connecting and not stuck.subscribed
+            took = timed_handover(a.resign, b)
+            assert took < PUSHED, f"handover took {took:.3f} s beside a node that never answers"
+        assert stuck.connects == 0
+        assert _threads_named("redlease-notice") == 1
+        assert _threads_named("redlease-nconn") <= 1
+        waiter.cancel()
+    with registry.lock:
+        stuck.close()
+    hole.close()
+    client.close()

@@ -22,7 +22,7 @@ import pytest
 import redis
 
 import redlease
-from helpers import gil_call_size, hold_gil, release_during_a_gil_hold, require_native, wait_until
+from helpers import BlackHole, gil_call_size, hold_gil, release_during_a_gil_hold, require_native, wait_until
 from redlease._engine import make_engine
 from redlease._engine.nativenotices import NativeSubscription
 from redlease._testing import RedisServer
@@ -161,11 +161,10 @@ def test_the_native_listener_is_a_native_thread_not_a_python_one(
     native_engine: Any, client: redis.Redis
 ) -> None:
     python_threads = {t.ident for t in threading.enumerate()}
-    before = notice_tasks()
     sub = native_engine.notices(client).listen("threads", lambda _p: None)
     wait_until(lambda: subscribed(client, "threads:released"), timeout=5, what="the subscription")
-    new = notice_tasks() - before
-    assert len(new) == 1, f"expected one new native notice thread, found {new}"
+    new = notice_tasks()
+    assert len(new) == 1, f"expected the process's one native notice thread, found {new}"
     assert {t.ident for t in threading.enumerate()} == python_threads
     assert all(t.native_id not in new for t in threading.enumerate())
     assert not any(t.name == "redlease-notices" for t in threading.enumerate())
@@ -186,6 +185,46 @@ def test_native_waiters_of_one_server_share_one_hub_and_one_connection(
     for sub in subs:
         sub.cancel()
     wait_until(lambda: not subscribed(client, "many-0:released"), timeout=5, what="unsubscribe")
+
+
+def test_one_native_reader_reads_every_server_and_a_server_that_never_answers_stalls_none(
+    native_engine: Any, client: redis.Redis, redis_server: RedisServer
+) -> None:
+    from redlease._engine._native import _core
+    from redlease._engine.client import Endpoint
+    from redlease._engine.nativenotices import registry
+
+    got: list[bytes | None] = []
+    sub = native_engine.notices(client).listen("one-reader", got.append)
+    wait_until(lambda: subscribed(client, "one-reader:released"), timeout=5, what="subscribed")
+    hole = BlackHole()
+    # A second server that accepts and never answers its AUTH: the connect
+    # waits out its 5 s bound on the connector thread, not on the reader.
+    with registry.lock:
+        stuck = registry.hub(Endpoint("127.0.0.1", hole.port, None, 0, None, "pw", None))
+    waiter = _core.NoticeSub(stuck, b"nowhere:released")
+    try:
+        wait_until(lambda: hole.accepted >= 1, 5, what="the connect to the silent server")
+        assert stuck.reader is sub.hub.reader
+        assert stuck.reader.connecting and stuck.reader.hubs >= 2
+        for i in range(3):
+            client.publish("one-reader:released", f"n{i}".encode())
+            assert sub.wait(2.0), "a notice was held up by the server that never answers"
+        assert got == [b"n0", b"n1", b"n2"]
+        assert not stuck.subscribed and hole.accepted == 1
+        assert len(notice_tasks()) == 1
+        # Closing the stuck hub cancels its connect at once.
+        started = time.monotonic()
+        with registry.lock:
+            stuck.close()
+        assert time.monotonic() - started < 1.0
+        wait_until(lambda: not stuck.reader.connecting, 5, what="the connector's end")
+    finally:
+        waiter.cancel()
+        with registry.lock:
+            stuck.close()
+        hole.close()
+        sub.cancel()
 
 
 def test_a_forked_child_inherits_no_running_notice_thread(

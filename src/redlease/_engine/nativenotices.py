@@ -1,7 +1,8 @@
 """The native engine's release-notice listener: the Python side of the core's ``NoticeHub``.
 
-A native thread per server (``NoticeHub``) reads the notices without the GIL
-and writes the waiters' eventfds; a waiter sleeps on its own with the GIL
+One subscription connection per server (``NoticeHub``), all read by one
+native thread of the process without the GIL, which writes the waiters'
+eventfds; a waiter sleeps on its own with the GIL
 released and runs its wake-up on its own thread (``NativeSubscription``).
 A run the process's driver steps has no thread to sleep on: its
 subscription rings the driver's doorbell (``DriverNotices``). On a Redis

@@ -18,8 +18,9 @@ reaches the listeners:
 
 * ``pynotices`` — the Python engine's: a Python thread per server
   (``PythonNotices``).
-* ``nativenotices`` — the native engine's: a native thread per server that
-  never takes the GIL (``NativeNotices``, the core's ``NoticeHub``). It wakes
+* ``nativenotices`` — the native engine's: a connection per server, all
+  read by one native thread of the process that never takes the GIL
+  (``NativeNotices``, the core's ``NoticeHub`` and ``NoticeReader``). It wakes
   a waiter through an eventfd the waiter sleeps on with the GIL released, so
   a notice reaches a follower while another thread holds the GIL. On a Redis
   Cluster that is one hub per node that owns a listened-to name's slot

@@ -78,11 +78,15 @@ any thread may block on it, the renewer thread included.
 #                      protocol), its state, errors and lateness for Python
 #   _notices_queue.pxi release notices: the hub's and a waiter's state, the
 #                      bell, queueing a notice for a waiter
-#   _notices_thread.pxi
-#                      the hub's reader thread: a subscription connection per
-#                      server (no GIL, ever), waiters woken through eventfds
+#   _notices_session.pxi
+#                      one subscription session to one server: connect and
+#                      subscribe (hub_open), one look at it (hub_serve)
+#   _notices_reader.pxi
+#                      the process's reader thread (every live session in one
+#                      poll) and connector thread; no GIL, ever
 #   _notices_hub_api.pxi
-#                      NoticeHub: the Python face of one hub and its thread
+#                      NoticeReader and NoticeHub: the Python faces of the
+#                      threads and of one hub
 #   _notices_sub_api.pxi
 #                      NoticeBell and NoticeSub: the Python faces of waiters
 #
@@ -127,7 +131,8 @@ include "_renewer_thread.pxi"
 include "_renewer_api.pxi"
 include "_renewer_lease_api.pxi"
 include "_notices_queue.pxi"
-include "_notices_thread.pxi"
+include "_notices_session.pxi"
+include "_notices_reader.pxi"
 include "_notices_hub_api.pxi"
 include "_notices_sub_api.pxi"
 

@@ -1,14 +1,129 @@
-# The Python face of one subscription connection: ``NoticeHub``, which owns
-# an rl_hub, registers and removes waiters, queues their SUBSCRIBE /
-# UNSUBSCRIBE for the reader thread to send, and starts that thread with the
-# first waiter and joins it at close(). GIL held.
+# The Python faces of release notices' native side: ``NoticeReader`` owns
+# the process's reader and connector threads (one rl_reader), ``NoticeHub``
+# one subscription connection to one server, which registers and removes
+# waiters, queues their SUBSCRIBE / UNSUBSCRIBE for the reader to send, has
+# the reader serve it from the first waiter on, and is let go at close().
+# GIL held.
 #
-# Needs: _posix, _process (ProcessBound), _conn, _tls, _pool (Target), _notices_queue, _notices_thread (hub_main, hub_queue).
+# Needs: _posix, _process (ProcessBound), _conn, _tls, _pool (Target), _notices_queue, _notices_session (hub_queue), _notices_reader (reader_want, reader_let_go).
 
 # ---------------------------------------------------------------- Python faces (GIL held)
 
+cdef class NoticeReader(ProcessBound):
+    """The process's notice threads: one reader for every hub, and a connector.
+
+    Made once per process (``notice_reader()``); every NoticeHub holds it.
+    The reader thread starts with the first waiter of any hub and ends when
+    no hub has a session or wants one; the connector lives only while a hub
+    wants a session. After ``os.fork()`` the child's copy is inert and the
+    child makes its own.
+    """
+
+    def __cinit__(self):
+        self.r = NULL
+
+    def __init__(self):
+        cdef rl_reader* r
+        if self.r != NULL:
+            raise RuntimeError("NoticeReader already initialised")
+        r = <rl_reader*>calloc(1, sizeof(rl_reader))
+        if r == NULL:
+            raise MemoryError()
+        r.wake_fd = r.connect_fd = -1
+        pthread_mutex_init(&r.mu, NULL)
+        rl_cond_init(&r.released)
+        self.r = r
+        r.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
+        r.connect_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
+        if r.wake_fd < 0 or r.connect_fd < 0:
+            raise OSError(errno, strerror(errno).decode("utf-8", "replace"))
+        _live.add(self)
+
+    def __dealloc__(self):
+        # Every hub holds a reference: none is listed any more.
+        cdef rl_reader* r = self.r
+        cdef int reader, connector
+        if r == NULL:
+            return
+        self.r = NULL
+        if self.inherited():
+            return            # the parent's threads may have held its lock: left as it is
+        pthread_mutex_lock(&r.mu)
+        r.stop = 1
+        reader = r.thread_started
+        connector = r.connector_started
+        pthread_mutex_unlock(&r.mu)
+        fd_signal(r.wake_fd)
+        fd_signal(r.connect_fd)
+        with nogil:
+            if reader:
+                pthread_join(r.thread, NULL)
+            if connector:
+                pthread_join(r.connector, NULL)
+        for fd in (r.wake_fd, r.connect_fd):
+            if fd >= 0:
+                close(fd)
+        free(r.hubs)
+        pthread_cond_destroy(&r.released)
+        pthread_mutex_destroy(&r.mu)
+        free(r)
+
+    cdef void forget_parent(self) noexcept:
+        # Neither thread was copied; the parent's hubs are inert here.
+        if self.r == NULL:
+            return
+        pthread_mutex_init(&self.r.mu, NULL)
+        rl_cond_init(&self.r.released)
+        self.r.thread_started = self.r.connector_started = 0
+        self.r.nhubs = 0
+        self.r.stop = 1
+
+    cdef tuple _counts(self):
+        cdef rl_reader* r = self.r
+        cdef tuple t
+        if r == NULL or self.inherited():
+            return (False, False, 0, 0)
+        pthread_mutex_lock(&r.mu)
+        t = (r.thread_started != 0 and not r.exited,
+             r.connector_started != 0 and not r.connector_exited, r.nhubs, r.connectors)
+        pthread_mutex_unlock(&r.mu)
+        return t
+
+    @property
+    def running(self):
+        """True while the reader thread runs (some hub has a session or wants one)."""
+        return self._counts()[0]
+
+    @property
+    def connecting(self):
+        """True while the connector thread runs (some hub wants a session)."""
+        return self._counts()[1]
+
+    @property
+    def hubs(self):
+        """How many hubs have a session or want one."""
+        return self._counts()[2]
+
+    @property
+    def connectors(self):
+        """How many connector threads were started so far."""
+        return self._counts()[3]
+
+
+cdef NoticeReader _reader = None
+
+
+def notice_reader():
+    """The process's NoticeReader (a forked child makes its own)."""
+    global _reader
+    if _reader is None or _reader.inherited():
+        _reader = NoticeReader()
+    return _reader
+
+
+@cython.no_gc_clear
 cdef class NoticeHub(ProcessBound):
-    """One subscription connection to one server and its native reader thread.
+    """One subscription connection to one server, served by the process's NoticeReader.
 
     Made from a Target (a fixed address, or a Sentinel-managed master; TLS
     as the Target says). ``sharded``: the Target is one node of a Redis
@@ -17,10 +132,11 @@ cdef class NoticeHub(ProcessBound):
     pub/sub), and when the node stops carrying a channel (its slot moved
     away, or the node cannot be reached) the channel's waiters are told to
     look again and marked moved (``NoticeSub.take_moved()``), so that they
-    subscribe on the slot's new owner. ``NoticeSub`` objects register with it; the thread
-    starts with the first, and ends (closing its connection) once no waiter
-    has been left for a while, or at ``close()``. After ``os.fork()`` the child's copy
-    is inert: no thread, its socket dropped unsent; a new hub is made there.
+    subscribe on the slot's new owner. ``NoticeSub`` objects register with
+    it; the reader serves it from the first, and lets it go (closing its
+    connection) once no waiter has been left for a while, or at
+    ``close()``. After ``os.fork()`` the child's copy is inert: its socket
+    dropped unsent; a new hub is made there.
     """
 
     def __cinit__(self):
@@ -33,6 +149,7 @@ cdef class NoticeHub(ProcessBound):
         if self.h != NULL:
             raise RuntimeError("NoticeHub already initialised")
         self.target = target
+        self.reader = notice_reader()
         h = <rl_hub*>calloc(1, sizeof(rl_hub))
         if h == NULL:
             raise MemoryError()
@@ -40,6 +157,8 @@ cdef class NoticeHub(ProcessBound):
         h.sharded = sharded
         h.cmd_fd = -1
         h.stop_fd = -1
+        h.index = -1
+        h.reader = self.reader.r
         pthread_mutex_init(&h.mu, NULL)
         self.h = h
         target.init_conn(&h.conn)
@@ -52,29 +171,15 @@ cdef class NoticeHub(ProcessBound):
 
     def __dealloc__(self):
         cdef rl_hub* h = self.h
-        cdef pthread_t tid
-        cdef int exited
         if h == NULL:
             return
         self.inherited()
         self.h = NULL
-        if self._forked or not h.thread_started:
-            if not self._forked:
-                hub_free(h)
-            return
-        tid = h.thread
-        pthread_mutex_lock(&h.mu)
-        h.stop = 1
-        h.detached = 1
-        exited = h.exited
-        fd_signal(h.stop_fd)
-        pthread_mutex_unlock(&h.mu)
-        if exited:
-            with nogil:
-                pthread_join(tid, NULL)
-            hub_free(h)
-        else:
-            pthread_detach(tid)
+        if self._forked:
+            return            # the parent's reader may be using it: left as it is
+        with nogil:
+            reader_let_go(<rl_reader*>h.reader, h)
+        hub_free(h)
 
     @property
     def closed(self):
@@ -113,34 +218,37 @@ cdef class NoticeHub(ProcessBound):
         pthread_mutex_unlock(&self.h.mu)
         return n
 
+    cdef int _state(self) noexcept:
+        cdef rl_reader* r
+        cdef int state
+        if self.h == NULL or self.inherited():
+            return HUB_IDLE
+        r = <rl_reader*>self.h.reader
+        pthread_mutex_lock(&r.mu)
+        state = self.h.state
+        pthread_mutex_unlock(&r.mu)
+        return state
+
     @property
     def running(self):
-        """True while the native reader thread runs (it ends when no waiter is left)."""
-        cdef bint alive
-        if self.h == NULL or self.inherited():
-            return False
-        pthread_mutex_lock(&self.h.mu)
-        alive = self.h.thread_started and not self.h.exited
-        pthread_mutex_unlock(&self.h.mu)
-        return alive
+        """True while the reader serves it: a session is up or wanted (until no waiter is left)."""
+        return self._state() != HUB_IDLE
 
     @property
     def idle(self):
-        """True when no waiter is registered and the reader thread has ended."""
-        cdef bint idle
+        """True when no waiter is registered and the reader has let it go."""
+        cdef int nsubs
         if self.h == NULL or self.inherited():
             return True
         pthread_mutex_lock(&self.h.mu)
-        idle = self.h.nsubs == 0 and (not self.h.thread_started or self.h.exited)
+        nsubs = self.h.nsubs
         pthread_mutex_unlock(&self.h.mu)
-        return idle
+        return nsubs == 0 and self._state() == HUB_IDLE
 
     cdef int add(self, rl_nsub* s) except -1:
         cdef rl_hub* h = self.h
         cdef rl_nsub** grown
         cdef int rc = 0
-        cdef pthread_t old
-        cdef bint joining = False
         cdef bytes channel
         cdef Py_ssize_t wanted
         if h == NULL or self._closed or self.inherited():
@@ -163,30 +271,16 @@ cdef class NoticeHub(ProcessBound):
         if h.subscribed_at != 0 and wanted == 0:
             # Else subscribed already (or by the session's SUBSCRIBE to come).
             rc = hub_queue(h, False, s.channel, s.channel_len)
-        if h.thread_started and h.exited:
-            # The last one ended for want of waiters: start another, and
-            # join the old one once the lock is let go.
-            old = h.thread
-            h.thread_started = 0
-            h.exited = 0
-            joining = True
-        if not h.thread_started:
-            rc = rl_spawn(&h.thread, hub_main, h)
-            if rc != 0:
-                h.nsubs -= 1
-                pthread_mutex_unlock(&h.mu)
-                if joining:
-                    with nogil:
-                        pthread_join(old, NULL)
-                raise OSError(rc, "cannot start the notice thread: " + strerror(rc).decode())
-            h.thread_started = 1
         self._counts[channel] = wanted + 1
         pthread_mutex_unlock(&h.mu)
         if wanted == 0:
             fd_signal(h.cmd_fd)
-        if joining:
-            with nogil:
-                pthread_join(old, NULL)
+        with nogil:
+            rc = reader_want(<rl_reader*>h.reader, h)
+        if rc != 0:
+            # Nobody would read it: the waiter is not kept (it polls instead).
+            self.remove(s)
+            raise OSError(rc, "cannot start the notice reader thread: " + strerror(rc).decode())
         return 0
 
     cdef void remove(self, rl_nsub* s) noexcept:
@@ -240,23 +334,14 @@ cdef class NoticeHub(ProcessBound):
         fd_signal(h.cmd_fd)
 
     def close(self):
-        """Stop and join the thread, close the connection. Idempotent. Waiters then only poll."""
+        """Let the reader drop the connection; waiters then only poll. Idempotent."""
         cdef rl_hub* h = self.h
-        cdef int started
         if h == NULL or self._closed or self.inherited():
             self._closed = True
             return
         self._closed = True
-        pthread_mutex_lock(&h.mu)
-        h.stop = 1
-        started = h.thread_started
-        fd_signal(h.stop_fd)
-        pthread_mutex_unlock(&h.mu)
-        if started:
-            with nogil:
-                pthread_join(h.thread, NULL)
-            h.thread_started = 0
-        conn_drop(&h.conn)
+        with nogil:
+            reader_let_go(<rl_reader*>h.reader, h)
 
     cdef void forget_parent(self) noexcept:
         cdef rl_hub* h = self.h
@@ -266,7 +351,7 @@ cdef class NoticeHub(ProcessBound):
         # The struct stays allocated: freeing what a vanished thread may
         # have been using is not safe.
         pthread_mutex_init(&h.mu, NULL)
-        h.thread_started = 0
+        h.state = HUB_IDLE
         h.stop = 1
         tls_forget_after_fork(&h.conn)
         conn_drop(&h.conn)

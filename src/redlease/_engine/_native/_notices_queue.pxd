@@ -38,23 +38,58 @@ cdef struct rl_bell:
 
 cdef struct rl_hub:
     rl_conn conn             # its ``w`` holds the SUBSCRIBE of a new session, ``e`` what ``out`` had
-    pthread_t thread
     pthread_mutex_t mu
     int cmd_fd               # eventfd: ``out`` has commands to send
     int stop_fd              # eventfd: stop (the connection's cancel fd; never drained)
+    void* reader             # the rl_reader that serves it (fixed)
     # Guarded by mu.
-    int thread_started
     int stop
-    int exited
-    int detached             # the Python object is gone: the thread frees this struct
     int cluster              # a cluster node's hub: channels live in slots that move (fixed)
     int sharded              # SSUBSCRIBE (a cluster node with sharded pub/sub), else SUBSCRIBE
     int64_t connects         # sessions established so far
     int64_t subscribed_at    # when the current session sent its SUBSCRIBE (0: none)
-    rl_buf out               # SUBSCRIBE / UNSUBSCRIBE queued by Python for the thread
+    rl_buf out               # SUBSCRIBE / UNSUBSCRIBE queued by Python for the reader
     rl_nsub** subs
     int nsubs
     int cap
+    # Guarded by the reader's mu: where the hub is in its life (HUB_IDLE ...).
+    int state
+    int index                # where it is in the reader's ``hubs`` (not HUB_IDLE)
+    bint lost                # a session of it was lost since it left HUB_IDLE
+    int64_t connect_at       # HUB_WANT: not before this
+    int64_t backoff          # the pause after the next failure
+    # The reader thread's own, while HUB_LIVE (set by the connector before).
+    int64_t heard            # the last reply of the session
+    int64_t pinged           # the last PING sent
+    int64_t idle_since       # since when no waiter is left (0: some are)
+    int64_t live_since       # when the session began
+
+
+cdef enum:
+    HUB_IDLE = 0             # no session, none wanted: not in the reader's list
+    HUB_WANT = 1             # waiters, no session: the connector connects it at connect_at
+    HUB_CONNECTING = 2       # the connector is connecting it (its I/O, off the reader's list)
+    HUB_LIVE = 3             # a session the reader thread reads
+
+
+cdef struct rl_reader:
+    pthread_mutex_t mu
+    pthread_cond_t released  # a hub went back to HUB_IDLE (close() waits for its own)
+    int wake_fd              # eventfd: the reader looks at its hubs again
+    int connect_fd           # eventfd: the connector looks for a hub to connect
+    # Guarded by mu.
+    int stop
+    pthread_t thread         # the reader
+    int thread_started
+    int exited
+    pthread_t connector      # the connector: alive while a hub wants a session
+    int connector_started
+    int connector_exited
+    int64_t connectors       # connector threads started so far (a test hook)
+    rl_hub** hubs            # every hub not HUB_IDLE
+    int nhubs
+    int cap
+
 
 cdef void bell_unlink(rl_bell* b, rl_nsub* s) noexcept nogil
 cdef void hub_free(rl_hub* h) noexcept nogil

@@ -16,7 +16,7 @@
 #
 # Here: the bell's fired list, queueing a notice for a waiter (sub_push) and
 # waking a hub's waiters; those structs are declared in _notices_queue.pxd.
-# The reader thread is in _notices_thread.pxi, the Python faces in
+# The threads are in _notices_session.pxi and _notices_reader.pxi, the Python faces in
 # _notices_hub_api.pxi and _notices_sub_api.pxi.
 #
 # Needs: _posix, _resp_encode, _conn, _lease (fd_signal).

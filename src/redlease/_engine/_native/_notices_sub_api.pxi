@@ -3,7 +3,7 @@
 # waiter's interest in one channel of a NoticeHub: wait on its eventfd, take
 # the queued payloads). GIL held.
 #
-# Needs: _posix, _process (ProcessBound), _discovery (copy_bytes), _pool (deadline_after), _notices_queue, _notices_thread (drain_fd), _notices_hub_api (NoticeHub).
+# Needs: _posix, _process (ProcessBound), _discovery (copy_bytes), _pool (deadline_after), _notices_queue, _notices_session (drain_fd), _notices_hub_api (NoticeHub).
 
 cdef class NoticeBell(ProcessBound):
     """Where subscriptions without a thread of their own report their notices.

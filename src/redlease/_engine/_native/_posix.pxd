@@ -6,7 +6,7 @@
 #
 # Needs: nothing: the bottom layer.
 
-from libc.errno cimport EINPROGRESS, EINTR, errno
+from libc.errno cimport EINPROGRESS, EINTR, EINVAL, ENOMEM, errno
 from libc.limits cimport LLONG_MAX
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdio cimport snprintf
@@ -169,6 +169,7 @@ cdef extern from *:
     int pthread_mutex_unlock(pthread_mutex_t* m) nogil
     int pthread_cond_wait(pthread_cond_t* cv, pthread_mutex_t* m) nogil
     int pthread_cond_signal(pthread_cond_t* cv) nogil
+    int pthread_cond_broadcast(pthread_cond_t* cv) nogil
     int pthread_cond_destroy(pthread_cond_t* cv) nogil
     enum:
         POLLIN

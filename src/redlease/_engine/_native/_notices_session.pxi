@@ -1,22 +1,18 @@
-# Release notices, read natively: one subscription connection per server and
-# its pthread, which never takes the GIL. A release of a lease PUBLISHes on
-# ``<lease key>:released`` (see redlease._notices); this thread reads those
-# messages and wakes the waiters of the channel by writing their eventfds
-# (and, for an elector, its keeper's eventfd, which its follower sleeps on),
-# so a waiter is woken while another thread holds the GIL.
+# Release notices, read natively: one subscription session to one server.
+# A release of a lease PUBLISHes on ``<lease key>:released``; a session
+# SUBSCRIBEs every channel its hub's waiters want (SSUBSCRIBE each on a
+# cluster node with sharded pub/sub) and wakes a channel's waiters by writing
+# their eventfds (and, for an elector, its keeper's eventfd, which its
+# follower sleeps on), so a waiter is woken while another thread holds the
+# GIL. On a cluster node a channel the node no longer carries marks its
+# waiters moved (``hub_moved``), so that Python re-homes them.
 #
-# What the thread does, as redlease._notices' Python listener does: connect
-# (a fixed address, or the master the sentinels name, or one node of a
-# Redis Cluster; TLS as the Target says), SUBSCRIBE every channel wanted
-# (SSUBSCRIBE each on a cluster node with sharded pub/sub), read; on a
-# cluster node, mark the waiters of a channel the node no longer carries
-# (``hub_moved``) so that Python re-homes them; ping a silent connection and
-# drop one silent for too long; reconnect with backoff after any failure and
-# then wake every waiter once (notices may have been lost meanwhile); close
-# the connection and end when no waiter is left for a while (the next
-# waiter starts a new thread). Sending SUBSCRIBE / UNSUBSCRIBE for waiters that come and go is the
-# thread's job too: Python appends the encoded command to ``out`` and kicks
-# ``cmd_fd``; only this thread ever reads, writes or closes the socket.
+# Here: what one session does, in two parts: ``hub_open`` (connect and
+# subscribe: blocking, under NOTICE_CONNECT_NS, done by the connector
+# thread) and ``hub_serve`` (one non-blocking look at a live session: send
+# the (UN)SUBSCRIBE Python queued, read, dispatch, ping a silent connection,
+# drop one silent too long; done by the reader thread). The threads that
+# run them for every hub of the process are in _notices_reader.pxi.
 #
 # Needs: _posix, _resp_encode, _resp_parse, _conn, _tls, _discovery, _sentinel, _replies, _notices_queue.
 
@@ -29,22 +25,6 @@ cdef int64_t NOTICE_BACKOFF_MAX_NS = 1000000000
 cdef int64_t NOTICE_CONNECT_NS = 5000000000
 
 cdef const char* PING_CMD = b"*1\r\n$4\r\nPING\r\n"
-
-cdef extern from *:
-    """
-    #ifndef _GNU_SOURCE
-    #define _GNU_SOURCE
-    #endif
-    #include <pthread.h>
-    /* The reader thread's name, as ps and /proc show it (at most 15 bytes). */
-    static void rl_name_notice_thread(void) {
-    #if defined(__GLIBC__)
-        pthread_setname_np(pthread_self(), "redlease-notice");
-    #endif
-    }
-    """
-    void rl_name_notice_thread() noexcept nogil
-
 
 cdef int hub_read_some(rl_conn* c) noexcept nogil:
     """Read what the socket has now, without waiting: 1 read, 0 nothing yet, -1 failed (dropped)."""
@@ -209,17 +189,15 @@ cdef void drain_fd(int fd) noexcept nogil:
     read(fd, &value, 8)
 
 
-cdef int hub_session(rl_hub* h, bint reconnect) noexcept nogil:
-    """One connection's life: 0 when it ended by itself (stop, idle), -1 on a failure.
+cdef int hub_open(rl_hub* h, bint reconnect) noexcept nogil:
+    """The connector's part of a session: connect, SUBSCRIBE every wanted channel. 0 or -1.
 
-    ``reconnect``: an earlier session of this thread was lost, and notices with it.
+    ``reconnect``: an earlier session of this hub was lost, and notices with
+    it: every waiter looks once now instead of at its next poll.
     """
     cdef rl_conn* c = &h.conn
-    cdef pollfd fds[3]
-    cdef int64_t now, heard, pinged, idle_since = 0
-    cdef int rc, nsubs
-    cdef Py_ssize_t parsed
-    now = rl_now_ns()
+    cdef int64_t now = rl_now_ns()
+    cdef int rc
     if c.disco != NULL and (<rl_disco*>c.disco).kind != DISCO_SENTINEL:
         return conn_fail(c, RL_EUNEXPECTED, "a cluster's notices are read per node, by its own hub")
     if c.disco != NULL:
@@ -239,132 +217,76 @@ cdef int hub_session(rl_hub* h, bint reconnect) noexcept nogil:
     if c.w.len and conn_send(c, c.w.data, c.w.len, rl_now_ns() + NOTICE_CONNECT_NS) < 0:
         return -1
     if reconnect:
-        # Notices sent while the connection was down are lost: every waiter
-        # looks once now instead of at its next poll.
         hub_wake_all(h)
-    heard = pinged = rl_now_ns()
-    while True:
-        if c.r.len > 0:
-            parsed = conn_parse(c, 0)
-            if parsed > 0:
-                c.reply_len = <size_t>parsed
-                heard = rl_now_ns()
-                rc = hub_dispatch(h)
-                conn_consume(c)
-                if rc == HUB_RESUBSCRIBE:
-                    pthread_mutex_lock(&h.mu)
-                    rc = hub_build_subscribe(h, &c.e)
-                    pthread_mutex_unlock(&h.mu)
-                    if rc < 0:
-                        return conn_fail(c, RL_ENOMEM, "out of memory encoding SUBSCRIBE")
-                    if c.e.len and conn_send(c, c.e.data, c.e.len, rl_now_ns() + NOTICE_CONNECT_NS) < 0:
-                        return -1
-                continue
-            if parsed < 0:
-                return -1
-        if c.ssl != NULL and rl_tls_has_pending(c.ssl):
-            if hub_read_some(c) < 0:
-                return -1
-            continue
-        fds[0].fd = c.fd
-        fds[0].events = POLLIN
-        fds[0].revents = 0
-        fds[1].fd = h.cmd_fd
-        fds[1].events = POLLIN
-        fds[1].revents = 0
-        fds[2].fd = h.stop_fd
-        fds[2].events = POLLIN
-        fds[2].revents = 0
-        rc = rl_ppoll(fds, 3, NOTICE_SLICE_NS)
-        if rc < 0 and errno != EINTR:
-            return conn_io_error(c, errno, "waiting for")
-        if fds[2].revents != 0:
+    return 0
+
+
+cdef int hub_send_queued(rl_hub* h) noexcept nogil:
+    """Send the (UN)SUBSCRIBE that Python queued in ``out``. 0 or -1."""
+    cdef rl_conn* c = &h.conn
+    cdef int rc
+    pthread_mutex_lock(&h.mu)
+    drain_fd(h.cmd_fd)
+    c.e.len = 0
+    rc = buf_put(&c.e, h.out.data, h.out.len) if h.out.len else 0
+    h.out.len = 0
+    pthread_mutex_unlock(&h.mu)
+    if rc < 0:
+        return conn_fail(c, RL_ENOMEM, "out of memory queueing a subscription")
+    if c.e.len and conn_send(c, c.e.data, c.e.len, rl_now_ns() + NOTICE_CONNECT_NS) < 0:
+        return -1
+    return 0
+
+
+cdef int hub_dispatch_buffered(rl_hub* h) noexcept nogil:
+    """Dispatch every whole reply buffered. 0 or -1 (a malformed reply: the session fails)."""
+    cdef rl_conn* c = &h.conn
+    cdef Py_ssize_t parsed
+    cdef int rc
+    while c.r.len > 0:
+        parsed = conn_parse(c, 0)
+        if parsed == 0:
             return 0
-        if fds[1].revents != 0:
+        if parsed < 0:
+            return -1
+        c.reply_len = <size_t>parsed
+        h.heard = rl_now_ns()
+        rc = hub_dispatch(h)
+        conn_consume(c)
+        if rc == HUB_RESUBSCRIBE:
             pthread_mutex_lock(&h.mu)
-            drain_fd(h.cmd_fd)
-            c.e.len = 0
-            rc = buf_put(&c.e, h.out.data, h.out.len) if h.out.len else 0
-            h.out.len = 0
+            rc = hub_build_subscribe(h, &c.e)
             pthread_mutex_unlock(&h.mu)
             if rc < 0:
-                return conn_fail(c, RL_ENOMEM, "out of memory queueing a subscription")
+                return conn_fail(c, RL_ENOMEM, "out of memory encoding SUBSCRIBE")
             if c.e.len and conn_send(c, c.e.data, c.e.len, rl_now_ns() + NOTICE_CONNECT_NS) < 0:
                 return -1
-        if fds[0].revents != 0:
-            if hub_read_some(c) < 0:
-                return -1
-            continue
-        now = rl_now_ns()
-        pthread_mutex_lock(&h.mu)
-        nsubs = h.nsubs
-        pthread_mutex_unlock(&h.mu)
-        if nsubs == 0:
-            if idle_since == 0:
-                idle_since = now
-            elif now - idle_since >= NOTICE_IDLE_NS:
-                return 0
-        else:
-            idle_since = 0
-        if now - heard >= NOTICE_DEAD_NS:
-            conn_fail(c, RL_ECONN, "the notice connection went silent")
-            return -1
-        if now - heard >= NOTICE_PING_NS and now - pinged >= NOTICE_PING_NS:
-            pinged = now
-            if conn_send(c, PING_CMD, strlen(PING_CMD), now + NOTICE_CONNECT_NS) < 0:
-                return -1
+    return 0
 
 
-cdef bint hub_pause(rl_hub* h, int64_t ns) noexcept nogil:
-    """Sleep ``ns`` unless stopped meanwhile (True)."""
-    cdef pollfd pfd
-    cdef int64_t until = rl_now_ns() + ns
-    cdef int64_t now
-    while True:
-        now = rl_now_ns()
-        if now >= until:
-            return False
-        pfd.fd = h.stop_fd
-        pfd.events = POLLIN
-        pfd.revents = 0
-        if rl_ppoll(&pfd, 1, until - now) > 0:
-            return True
+cdef int hub_serve(rl_hub* h, bint readable, bint queued, int64_t now) noexcept nogil:
+    """The reader's look at one live session. 0, or -1 when the session failed.
 
-
-cdef void* hub_main(void* arg) noexcept nogil:
-    cdef rl_hub* h = <rl_hub*>arg
-    cdef int64_t backoff = NOTICE_BACKOFF_MIN_NS
-    cdef int rc, detached
-    cdef bint lost = False
-    rl_name_notice_thread()
-    while True:
-        pthread_mutex_lock(&h.mu)
-        if h.stop or h.nsubs == 0:
-            # Nobody listens (any more): the thread ends. Decided and marked
-            # under one hold of the lock, so a waiter that comes now sees it
-            # ended and starts another (NoticeHub.add).
-            detached = h.detached
-            h.exited = 1
-            pthread_mutex_unlock(&h.mu)
-            break
-        pthread_mutex_unlock(&h.mu)
-        rc = hub_session(h, lost)
-        lost = True       # whatever ended it, the next session follows a gap
-        conn_drop(&h.conn)
-        pthread_mutex_lock(&h.mu)
-        h.subscribed_at = 0
-        pthread_mutex_unlock(&h.mu)
+    Sends what Python queued, reads one chunk (more while TLS holds
+    decrypted bytes) and dispatches every whole reply; a silent connection
+    is pinged, and dropped when silent too long. One chunk per session per
+    round: a busy server cannot keep the others waiting.
+    """
+    cdef rl_conn* c = &h.conn
+    cdef int rc
+    if queued and hub_send_queued(h) < 0:
+        return -1
+    if readable or (c.ssl != NULL and rl_tls_has_pending(c.ssl)):
+        rc = hub_read_some(c)
         if rc < 0:
-            if h.cluster:
-                # The node may be gone for good (a failover): its waiters look
-                # again, and look up who owns their slots now.
-                hub_moved(h, NULL, 0)
-            # Waiters poll meanwhile; the connection is tried again after a backoff.
-            if hub_pause(h, backoff):
-                continue      # stopped: the top of the loop ends the thread
-            backoff = backoff * 2 if backoff * 2 < NOTICE_BACKOFF_MAX_NS else NOTICE_BACKOFF_MAX_NS
-        else:
-            backoff = NOTICE_BACKOFF_MIN_NS
-    if detached:
-        hub_free(h)
-    return NULL
+            return -1
+        if rc > 0 and hub_dispatch_buffered(h) < 0:
+            return -1
+        return 0
+    if now - h.heard >= NOTICE_DEAD_NS:
+        return conn_fail(c, RL_ECONN, "the notice connection went silent")
+    if now - h.heard >= NOTICE_PING_NS and now - h.pinged >= NOTICE_PING_NS:
+        h.pinged = now
+        if conn_send(c, PING_CMD, strlen(PING_CMD), now + NOTICE_CONNECT_NS) < 0:
+            return -1
+    return 0
