@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,8 @@ from redis.sentinel import (
 
 from .._forksafe import ForkSafeLock
 from .base import DEFAULT_CALL_TIMEOUT, DEFAULT_WRITE_TIMEOUT
+from .connect import is_cluster as is_cluster
+from .slotmap import refresh
 
 _REDACTED = "<REDACTED>"
 _NEEDS_PASSWORD = "the client uses a credential_provider; the native engine needs a fixed password"
@@ -135,12 +138,6 @@ class Endpoint:
             f"<Endpoint {self.address} db={self.db} username={self.username!r}{secret}"
             f" client_name={self.client_name!r}{extra}>"
         )
-
-
-def is_cluster(client: object) -> bool:
-    """True for a ``redis.RedisCluster`` client."""
-    cluster_cls = getattr(redis, "RedisCluster", None)
-    return cluster_cls is not None and isinstance(client, cluster_cls)
 
 
 # TLS options of redis-py that the native connection does not implement: a
@@ -309,8 +306,18 @@ def _cluster_endpoint(client: Any) -> tuple[Endpoint | None, str]:
     ), ""
 
 
-_refresh_lock = ForkSafeLock()
-_refreshed: dict[int, float] = {}  # id(cluster client) -> when its last slot-map refresh began
+class _Refreshes:
+    """One cluster client's slot-map refreshes: one at a time, and when the last began."""
+
+    __slots__ = ("began", "lock")
+
+    def __init__(self) -> None:
+        self.lock = ForkSafeLock()
+        self.began = 0.0
+
+
+_refreshes_lock = ForkSafeLock()  # guards _refreshes only, never held across a round trip
+_refreshes: weakref.WeakKeyDictionary[Any, _Refreshes] = weakref.WeakKeyDictionary()
 
 
 def refresh_slot_map(client: Any, asked: float | None = None) -> None:
@@ -319,18 +326,46 @@ def refresh_slot_map(client: Any, asked: float | None = None) -> None:
     The one place either engine asks for a fresh slot map (after a MOVED, a
     dropped connection, or a notice channel that left its node): many
     callers that saw the same move cause one refresh. ``asked`` is when the
-    caller saw the need (default: now). Never raises: a cluster that does
-    not answer leaves the old map, and the caller tries again later.
+    caller saw the need (default: now). The map is read and checked by
+    ``slotmap``, each node within the client's call bound and all within
+    twice it. Callers wait only for a refresh of the same client: one
+    cluster that answers slowly or badly holds no other client's. Never
+    raises: a cluster that does not answer, or answers with something that
+    is not a map, leaves the old map, and the caller tries again later.
     """
     asked = time.monotonic() if asked is None else asked
-    with _refresh_lock:
-        if _refreshed.get(id(client), 0.0) >= asked:
-            return
-        _refreshed[id(client)] = time.monotonic()
+    with _refreshes_lock:
         try:
-            client.nodes_manager.initialize()
+            state = _refreshes.get(client) or _refreshes.setdefault(client, _Refreshes())
+        except TypeError:  # not weakly referenceable or hashable: no coalescing for it
+            state = _Refreshes()
+    with state.lock:
+        if state.began >= asked:
+            return
+        state.began = time.monotonic()
+        try:
+            refresh(client, slot_map_timeout(client))
         except Exception as exc:
             logging.getLogger("redlease").debug("the slot map could not be refreshed: %r", exc)
+
+
+def slot_map_timeout(client: Any) -> float:
+    """The bound on asking one node of a cluster client for its slot map.
+
+    The client's call bound: the ``socket_timeout`` of its nodes'
+    connections (a ``RedisCluster`` keeps it in its nodes manager, not in
+    a pool of its own), else 5 s.
+    """
+    manager = getattr(client, "nodes_manager", None)
+    kwargs = getattr(manager, "connection_kwargs", None)
+    value = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
+    return _seconds(value) or DEFAULT_CALL_TIMEOUT
+
+
+def _seconds(value: object) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
 
 
 def socket_timeout(client: object) -> float | None:
@@ -338,9 +373,7 @@ def socket_timeout(client: object) -> float | None:
     pool = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
     value = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    return None
+    return _seconds(value)
 
 
 def call_timeout(client: object) -> float:

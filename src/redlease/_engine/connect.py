@@ -1,9 +1,11 @@
-"""Standalone redis-py connections like the user's client's, for the Python engine's own use.
+"""Standalone redis-py connections like the user's client's, for the engines' own use.
 
-The Python engine's control calls, fenced writes and renewals, and the
-Python notice listener, each open connections of their own with the
-client's settings (address, credentials, TLS, database) but none of its
-retry policy: every call carries its own deadline instead.
+The Python engine's control calls, fenced writes and renewals, the Python
+notice listener, and the slot-map refresh of both engines, each open
+connections of their own with the client's settings (address, credentials,
+TLS, database) but none of its retry policy: every call carries its own
+deadline instead. Whether the client is a cluster's (``is_cluster``) says
+where they go, so it is answered here.
 """
 
 from __future__ import annotations
@@ -11,10 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .client import is_cluster
+
+def is_cluster(client: object) -> bool:
+    """True for a ``redis.RedisCluster`` client."""
+    cluster_cls = getattr(redis, "RedisCluster", None)
+    return cluster_cls is not None and isinstance(client, cluster_cls)
 
 
 def connection_factory(
