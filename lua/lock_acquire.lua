@@ -1,6 +1,8 @@
 -- lock acquire: take the lock for one acquisition and allocate its fencing token.
 -- KEYS[1] the lock hash (<prefix>key:<name>), KEYS[2] the fencing counter (<prefix>fencing)
--- ARGV[1] ownership token (random, one per acquisition), ARGV[2] lease TTL in milliseconds
+-- ARGV[1] ownership token (random, one per acquisition), ARGV[2] lease TTL in milliseconds,
+-- ARGV[3] (optional) the holder's label, for people: stored as the hash's 'holder' field,
+-- never used for ownership
 -- Returns {fencing token, pttl}: token >= 1 and pttl = the TTL when the lock is ours;
 -- token 0 and the holder's remaining PTTL when another owner holds it.
 local owner = redis.call('HGET', KEYS[1], 'owner')
@@ -15,5 +17,8 @@ if owner then
 end
 local token = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fencing', token)
+if ARGV[3] then
+  redis.call('HSET', KEYS[1], 'holder', ARGV[3])
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {token, tonumber(ARGV[2])}

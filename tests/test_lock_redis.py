@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import time
 import warnings
 from collections.abc import Iterator
@@ -48,12 +49,13 @@ def test_locker_runs_on_the_engine_asked_for(locker: RedisLocker, engine: str) -
     assert locker.engine == engine
 
 
-def test_lock_is_an_expiring_hash_of_owner_and_fencing_token(
+def test_lock_is_an_expiring_hash_of_owner_fencing_token_and_holder(
     client: redis.Redis, locker: RedisLocker
 ) -> None:
     held = locker.try_acquire("job", ttl=10.0)
     fields = client.hgetall(KEY)
-    assert set(fields) == {b"owner", b"fencing"}
+    assert set(fields) == {b"owner", b"fencing", b"holder"}
+    assert fields[b"holder"] == f"{socket.gethostname()}-{os.getpid()}".encode()
     assert re.fullmatch(rb"[0-9a-f]{32}", fields[b"owner"])
     assert int(fields[b"fencing"]) == held.fencing_token
     assert 9000 < client.pttl(KEY) <= 10000

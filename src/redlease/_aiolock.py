@@ -152,6 +152,14 @@ class _AsyncLocker:
             dict(ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew),
         )
 
+    async def holder(self, name: str) -> lock.LockHolder | None:
+        """Who holds the lock ``name`` now (None: nobody); see ``redlease.Locker.holder``."""
+        return await off_loop(self._inner.holder, name)
+
+    async def held(self) -> list[tuple[str, lock.LockHolder]]:
+        """Every lock held now, sorted by name. See ``redlease.Locker.held``."""
+        return await off_loop(self._inner.held)
+
     async def close(self) -> None:
         """Free the locker's own connections. Release its locks first."""
         await off_loop(self._inner.close)
@@ -187,6 +195,7 @@ class RedisLocker(_AsyncLocker):
         client: Any,
         prefix: str = lock.DEFAULT_PREFIX,
         engine: str | None = "auto",
+        holder: str | None = None,
         *,
         min_replicas: int = 0,
         replica_timeout: Duration | None = None,
@@ -196,6 +205,7 @@ class RedisLocker(_AsyncLocker):
                 threaded(client, asyncio=True),
                 prefix=prefix,
                 engine=engine,
+                holder=holder,
                 min_replicas=min_replicas,
                 replica_timeout=replica_timeout,
             )
@@ -205,8 +215,8 @@ class RedisLocker(_AsyncLocker):
 class MemoryLocker(_AsyncLocker):
     """``redlease.MemoryLocker`` for asyncio: in-process only, same semantics."""
 
-    def __init__(self) -> None:
-        super().__init__(lock.MemoryLocker())
+    def __init__(self, *, holder: str | None = None) -> None:
+        super().__init__(lock.MemoryLocker(holder=holder))
 
 
 class _Hold:

@@ -29,6 +29,7 @@ from ._config import Duration, to_seconds, whole_ms
 from ._driver import driver
 from ._engine import Keeper
 from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
+from ._holders import LockHolder
 from ._log import Events
 from ._watchdog import Watchdog, stop_renewing
 
@@ -380,6 +381,14 @@ class Locker(ABC):
             raise
         held.release()
 
+    def holder(self, name: str) -> LockHolder | None:
+        """Who holds the lock ``name`` now, as the store says; None when nobody does. One read."""
+        return self._holder(_check_name(name))
+
+    def held(self) -> list[tuple[str, LockHolder]]:
+        """Every lock held now, as ``(name, LockHolder)`` sorted by name: for operators."""
+        return sorted(self._held(), key=lambda item: item[0])
+
     def close(self) -> None:  # noqa: B027 - lockers without connections have nothing to free
         """Free the locker's own resources (connections). Release its locks first."""
 
@@ -446,6 +455,14 @@ class Locker(ABC):
     @abstractmethod
     def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> Keeper:
         """A keeper that refreshes ``owner``'s lease every ``interval`` seconds."""
+
+    @abstractmethod
+    def _holder(self, name: str) -> LockHolder | None:
+        """The live lease of ``name`` (label, token, TTL), read atomically; None without one."""
+
+    @abstractmethod
+    def _held(self) -> list[tuple[str, LockHolder]]:
+        """Every live lease, by name, in any order."""
 
     def _pause(self, seconds: float) -> None:
         time.sleep(seconds)

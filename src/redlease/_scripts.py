@@ -39,7 +39,12 @@ def source(name: str) -> str:
 # What each script answers, where it is not 0 or 1 (every fenced write, renew,
 # release and the lock's refresh and release answer 0 or 1). The shapes
 # themselves are checked in ``_engine.replies``.
-_REPLIES = {"acquire": "acquire", "lock_acquire": "lock_acquire", "leader": "leader"}
+_REPLIES = {
+    "acquire": "acquire",
+    "lock_acquire": "lock_acquire",
+    "leader": "leader",
+    "lock_holder": "lock_holder",
+}
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from redis.exceptions import AskError
+
 from ._config import Duration, ReplicationGuard
 from ._engine import (
     Engine,
@@ -45,6 +47,7 @@ from ._engine import (
 from ._engine.family import threaded
 from ._engine.renewer import Lease, Renewer
 from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
+from ._holders import SCAN_COUNT, LockHolder, check_label, from_reply, label, lease_keys
 from ._keys import LockKeys, has_hash_tag
 from ._lock import (
     DEFAULT_RETRY_INTERVAL,
@@ -65,6 +68,7 @@ __all__ = [
     "MIN_AUTO_RENEW_TTL",
     "AutoRenewTTLTooShort",
     "Lock",
+    "LockHolder",
     "Locker",
     "MemoryLocker",
     "NotAcquired",
@@ -105,6 +109,11 @@ class RedisLocker(Locker):
     engine's own connection, bounded by the client's ``socket_timeout`` (5 s
     when it has none). Targets one Redis server; not Redlock.
 
+    ``holder`` labels this locker's leases for people (``holder(name)``,
+    ``held()``, ``redlease locks``); None gives ``<hostname>-<pid>``. It is
+    stored with each lease and never decides anything: ownership stays the
+    random token.
+
     ``min_replicas=N`` (default 0, off) follows each acquisition with ``WAIT
     N replica_timeout`` (default 0.1 s) on the same connection: one that
     fewer than N replicas confirmed is released again and ``acquire`` /
@@ -117,12 +126,14 @@ class RedisLocker(Locker):
         client: Any,
         prefix: str = DEFAULT_PREFIX,
         engine: str | None = "auto",
+        holder: str | None = None,
         *,
         min_replicas: int = 0,
         replica_timeout: Duration | None = None,
     ) -> None:
         if client is None:
             raise ConfigError("RedisLocker needs a redis client, got None")
+        self._label = check_label(holder)
         # The engines run on a threaded redis-py client; errors go out in the user's family.
         client, self._family = threaded(client)
         if not isinstance(prefix, str):
@@ -141,6 +152,7 @@ class RedisLocker(Locker):
         self._acquire_script = load("lock_acquire")
         self._refresh_script = load("lock_refresh")
         self._release_script = load("lock_release")
+        self._holder_script = load("lock_holder")
         self._engine: Engine = make_engine(client, engine)
         self._client = client
         # Releases announce in the lock's slot on a cluster (SPUBLISH).
@@ -192,7 +204,8 @@ class RedisLocker(Locker):
     def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
         keys = (self.key(name), self._keys.fencing)
         guard = self._guard
-        reply, acked = self._call((self._acquire_script, keys, (owner, ttl_ms)), guard.wait)
+        args = (owner, ttl_ms, label(self._label))
+        reply, acked = self._call((self._acquire_script, keys, args), guard.wait)
         token, pttl = reply[0], reply[1]
         if token > 0:
             if guard.enabled:
@@ -222,6 +235,32 @@ class RedisLocker(Locker):
             (self._release_script, keys, (owner, self._ack_ttl_ms, self._sharded_notice))
         )
         return bool(reply == 1)
+
+    def _holder(self, name: str) -> LockHolder | None:
+        reply, _ = self._call((self._holder_script, (self.key(name),), ()))
+        return from_reply(reply)
+
+    def _held(self) -> list[tuple[str, LockHolder]]:
+        start = len(self._keys.lock(""))
+        found: dict[str, LockHolder] = {}
+        with self._family.errors():
+            scanned = lease_keys(self._client, self._prefix, is_cluster(self._client))
+            keys = list(dict.fromkeys(key.decode("utf-8", "replace") for key in scanned))
+            for first in range(0, len(keys), SCAN_COUNT):
+                chunk = keys[first : first + SCAN_COUNT]
+                batch = [(self._holder_script, (key,), ()) for key in chunk]
+                replies, _ = self._engine.run(batch, timeout=self._timeout)
+                for key, reply in zip(chunk, replies, strict=True):
+                    if isinstance(reply, AskError):
+                        # Mid-migration, this key has moved: a read, so asked
+                        # again on its own, which follows the redirection.
+                        reply = self._call((self._holder_script, (key,), ()))[0]
+                    if isinstance(reply, Exception):
+                        raise reply
+                    who = from_reply(reply)
+                    if who is not None:  # released or expired since the SCAN saw it
+                        found[key[start:]] = who
+        return list(found.items())
 
     @contextlib.contextmanager
     def _waiting(self, name: str) -> Iterator[Callable[[float], None]]:
@@ -257,13 +296,15 @@ class MemoryLocker(Locker):
     """Locks for the threads of one process, with the same semantics as ``RedisLocker``.
 
     TTL expiry (on the monotonic clock), ownership tokens, one fencing
-    counter for every name, waiting and auto-renewal all behave as they do
-    on Redis, so code moves between the two unchanged. It guards nothing
+    counter for every name, waiting, auto-renewal and the holder labels
+    (``holder=``, ``holder(name)``, ``held()``) all behave as they do on
+    Redis, so code moves between the two unchanged. It guards nothing
     across processes: use it for development, tests and single-process
     deployments. Thread-safe.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, holder: str | None = None) -> None:
+        self._label = check_label(holder)
         self._store = MemoryStore()
         # One thread renews every auto-renewed lock of this locker, in memory.
         self._renewer = Renewer()
@@ -275,8 +316,14 @@ class MemoryLocker(Locker):
         return "memory"
 
     def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
-        token, remaining = self._store.acquire(name, owner, ttl_ms / 1000)
+        token, remaining = self._store.acquire(name, owner, ttl_ms / 1000, label(self._label))
         return (token, 0.0) if token > 0 else (0, remaining)
+
+    def _holder(self, name: str) -> LockHolder | None:
+        return self._store.holder(name)
+
+    def _held(self) -> list[tuple[str, LockHolder]]:
+        return self._store.held()
 
     def _refresh(self, name: str, owner: str, ttl_ms: int) -> bool:
         return self._store.refresh(name, owner, ttl_ms / 1000)

@@ -1,4 +1,4 @@
-"""The ``redlease`` command (also ``python -m redlease``): demo, status, bench.
+"""The ``redlease`` command (also ``python -m redlease``): demo, status, locks, bench.
 
 Every failure is one line on stderr and a non-zero exit status: 2 for bad
 arguments, 1 for everything else (a bad URL, an unreachable server, no
@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from .. import __version__
 from .._keys import ElectionKeys
+from ..lock import DEFAULT_PREFIX
 from .redisurl import DEFAULT_STATUS_URL, CliError, one_line, url_from
 from .topology import TOPOLOGIES
 
@@ -106,6 +107,22 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"Redis URL (default: REDIS_URL, else {DEFAULT_STATUS_URL})")
     status.add_argument("--json", action="store_true", help="print one JSON object")
 
+    locks = sub.add_parser(
+        "locks",
+        help="list the locks held under a prefix: holder, fencing token, TTL",
+        description=(
+            "Walks <prefix>key:* with SCAN (on a Redis Cluster, on every master; never KEYS) "
+            "and reads each lease: the holder's label, the fencing token and the time left. "
+            f"--redis defaults to REDIS_URL, else {DEFAULT_STATUS_URL}."
+        ),
+    )
+    locks.add_argument("--prefix", default=DEFAULT_PREFIX, metavar="P",
+                       help=f"the lockers' key prefix (default {DEFAULT_PREFIX})")
+    locks.add_argument("--redis", metavar="URL",
+                       help=f"Redis URL (default: REDIS_URL, else {DEFAULT_STATUS_URL})")
+    locks.add_argument("--json", action="store_true",
+                       help="print a JSON list of objects: name, holder, fencing_token, ttl_ms")
+
     bench = sub.add_parser(
         "bench",
         help="renew lateness and fenced-write throughput, engines side by side",
@@ -153,6 +170,11 @@ def run(args: argparse.Namespace) -> int:
         from . import status as _status
 
         print(_status.run(url_from(args.redis) or DEFAULT_STATUS_URL, args.name, args.json))
+        return 0
+    if args.command == "locks":
+        from . import locks as _locks
+
+        print(_locks.run(url_from(args.redis) or DEFAULT_STATUS_URL, args.prefix, args.json))
         return 0
     if args.command == "demo":
         from . import demo as _demo

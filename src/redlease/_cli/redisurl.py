@@ -154,6 +154,33 @@ def connect(url: str, *, family: str | None = None, **kwargs: Any) -> Any:
     return _library(url, family=family).Redis.from_url(url, **{**TIMEOUTS, **kwargs})
 
 
+def connect_any(url: str) -> Any:
+    """``connect``, or a cluster client when the server at ``url`` is a Redis Cluster node.
+
+    A ``redis.cluster.RedisCluster`` (``valkey.cluster.ValkeyCluster`` for a
+    valkey URL) that starts from that node and reaches every master. Asks
+    the node once (``INFO cluster``); CliError when it cannot be reached.
+    """
+    client = connect(url)
+    try:
+        with unreachable_as_cli_error(url):
+            cluster = bool(client.info("cluster").get("cluster_enabled", 0))
+    except errors("ResponseError"):
+        cluster = False  # INFO restricted: a plain client is the best guess
+    except BaseException:
+        client.close()
+        raise
+    if not cluster:
+        return client
+    client.close()
+    library = _library(url)
+    importlib.import_module(library.__name__ + ".cluster")
+    module = sys.modules[library.__name__ + ".cluster"]
+    cls = module.ValkeyCluster if library.__name__ == "valkey" else module.RedisCluster
+    with unreachable_as_cli_error(url):
+        return cls.from_url(url, **TIMEOUTS)
+
+
 def async_connect(url: str, *, family: str | None = None) -> Any:
     """``connect``'s asyncio twin (``redis.asyncio`` or ``valkey.asyncio``)."""
     check_url(url)

@@ -204,11 +204,26 @@ def _leader(reply: object) -> bool:
     )
 
 
+def _lock_holder(reply: object) -> bool:
+    # nil, or {holder label, fencing token, pttl}
+    return reply is None or (
+        type(reply) is list
+        and len(reply) == 3
+        and type(reply[0]) is bytes
+        and _is_int(reply[1], 0, MAX_TOKEN)
+        and type(reply[2]) is int
+    )
+
+
 _SHAPES = {
     "flag": (_flag, "0 or 1"),
     "acquire": (_acquire, "an array of a token below 2**53, a PTTL and a holder"),
     "lock_acquire": (_lock_acquire, "an array of a fencing token below 2**53 and a PTTL"),
     "leader": (_leader, "nil or an array of a holder and a PTTL"),
+    "lock_holder": (
+        _lock_holder,
+        "nil or an array of a holder, a fencing token below 2**53 and a PTTL",
+    ),
     "any": (lambda _reply: True, "anything"),
 }
 

@@ -1,0 +1,70 @@
+"""``redlease locks``: every lock held under a prefix, who holds it, its token and TTL."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .. import ConfigError, RedisLocker
+from .redisurl import CliError, connect_any, errors, one_line, redact, unreachable_as_cli_error
+
+
+def collect(client: Any, prefix: str) -> list[dict[str, Any]]:
+    """Every held lock under ``prefix``, as JSON-able dicts sorted by name."""
+    locker = RedisLocker(client, prefix=prefix)
+    try:
+        return [
+            {
+                "name": name,
+                "holder": who.holder,
+                "fencing_token": who.fencing_token,
+                "ttl_ms": who.ttl_ms,
+            }
+            for name, who in locker.held()
+        ]
+    finally:
+        locker.close()
+
+
+def run(url: str, prefix: str, as_json: bool) -> str:
+    """The text ``redlease locks`` prints (CliError when Redis cannot be read)."""
+    if not prefix:
+        raise CliError("the prefix must not be empty (the default is redlease:lock:)")
+    client = connect_any(url)
+    try:
+        with unreachable_as_cli_error(url):
+            rows = collect(client, prefix)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    except errors("ResponseError") as exc:
+        raise CliError(f"Redis at {redact(url)} answered with an error: {one_line(exc)}") from None
+    except errors("RedisError") as exc:
+        raise CliError(f"reading the locks at {redact(url)} failed: {one_line(exc)}") from None
+    finally:
+        client.close()
+    if as_json:
+        return json.dumps(rows)
+    return render(rows, prefix, redact(url))
+
+
+def render(rows: list[dict[str, Any]], prefix: str, where: str) -> str:
+    """The locks as a table a person reads at a glance."""
+    if not rows:
+        return f"no lock is held under {prefix!r} at {where}"
+    table = [("LOCK", "HOLDER", "TOKEN", "TTL")] + [
+        (
+            r["name"],
+            r["holder"] or "-",
+            str(r["fencing_token"]),
+            f"{r['ttl_ms'] / 1000:.3f} s",
+        )
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(3)]
+    lines = [
+        f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:>{widths[2]}}  {row[3]}"
+        for row in table
+    ]
+    count = len(rows)
+    lines.append(f"{count} lock{'s' if count != 1 else ''} held under {prefix!r} at {where}")
+    return "\n".join(lines)
