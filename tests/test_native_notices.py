@@ -22,7 +22,14 @@ import pytest
 import redis
 
 import redlease
-from helpers import BlackHole, gil_call_size, hold_gil, release_during_a_gil_hold, require_native, wait_until
+from helpers import (
+    BlackHole,
+    gil_call_size,
+    hold_gil,
+    release_during_a_gil_hold,
+    require_native,
+    wait_until,
+)
 from redlease._engine import make_engine
 from redlease._engine.nativenotices import NativeSubscription
 from redlease._testing import RedisServer
