@@ -34,6 +34,7 @@ from .lock import (
     LockHolder,
     MemoryLocker,
     RedisLocker,
+    Semaphore,
     default_locker,
     with_lock,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "Observer",
     "RedisLocker",
     "RedleaseError",
+    "Semaphore",
     "Term",
     "TooManyEvalBodies",
     "__version__",

@@ -160,6 +160,11 @@ class _AsyncLocker:
         """Every lock held now, sorted by name. See ``redlease.Locker.held``."""
         return await off_loop(self._inner.held)
 
+    def semaphore(self, name: str, permits: int) -> Semaphore:
+        """At most ``permits`` holders of ``name`` at once; see ``redlease.Semaphore``."""
+        inner = self._inner.semaphore(name, permits)  # type: ignore[attr-defined]
+        return Semaphore(inner, _AsyncLocker(inner._core))
+
     async def close(self) -> None:
         """Free the locker's own connections. Release its locks first."""
         await off_loop(self._inner.close)
@@ -169,6 +174,62 @@ class _AsyncLocker:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+class Semaphore:
+    """``redlease.Semaphore`` for asyncio: permits are ``redlease.aio.Lock`` objects."""
+
+    def __init__(self, inner: lock.Semaphore, permits: _AsyncLocker) -> None:
+        self._inner = inner
+        self._permits = permits
+
+    @property
+    def name(self) -> str:
+        """The semaphore's name."""
+        return self._inner.name
+
+    @property
+    def permits(self) -> int:
+        """How many holders it admits at once."""
+        return self._inner.permits
+
+    async def acquire(
+        self,
+        *,
+        ttl: Duration = lock.DEFAULT_TTL,
+        wait: Duration = 0.0,
+        retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
+        auto_renew: bool = False,
+    ) -> Lock:
+        """Take a permit, waiting up to ``wait``; cancelling the wait leaks no permit."""
+        return await self._permits.acquire(
+            self.name, ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew
+        )
+
+    async def try_acquire(
+        self, *, ttl: Duration = lock.DEFAULT_TTL, auto_renew: bool = False
+    ) -> Lock:
+        """One attempt at a permit; ``NotAcquired`` when all are taken."""
+        return await self._permits.try_acquire(self.name, ttl=ttl, auto_renew=auto_renew)
+
+    def hold(
+        self,
+        ttl: Duration = lock.DEFAULT_TTL,
+        wait: Duration = 0.0,
+        retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
+        auto_renew: bool = True,
+    ) -> _Hold:
+        """``async with sem.hold() as permit:`` — auto-renewed, released on every path."""
+        return self._permits.hold(
+            self.name, ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew
+        )
+
+    async def holders(self) -> list[lock.LockHolder]:
+        """Who holds the live permits, soonest to expire first."""
+        return await off_loop(self._inner.holders)
+
+    def __repr__(self) -> str:
+        return f"<redlease.aio.Semaphore {self.name!r} permits={self.permits}>"
 
 
 def _release_orphan(attempt: asyncio.Future[lock.Lock]) -> None:

@@ -79,15 +79,20 @@ def glob_escape(text: str) -> str:
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
-def lease_keys(client: Any, prefix: str, cluster: bool) -> Iterator[bytes]:
-    """Every key under ``<prefix>key:`` that is a hash, by SCAN (on every master of a cluster).
+def lease_keys(client: Any, prefix: str, cluster: bool, kind: str = "key") -> Iterator[str]:
+    """Every key ``<prefix><kind>:*`` of a lease: a lock's hash (``key``) or a semaphore's
+    sorted set of permits (``sem``), by SCAN (on every master of a cluster).
 
     A key may come twice (SCAN's own rule); the caller reads each lease and
     keeps one per name.
     """
-    pattern = glob_escape(prefix + "key:") + "*"
-    options: dict[str, Any] = {"match": pattern, "count": SCAN_COUNT, "_type": "hash"}
+    pattern = glob_escape(f"{prefix}{kind}:") + "*"
+    options: dict[str, Any] = {
+        "match": pattern,
+        "count": SCAN_COUNT,
+        "_type": "hash" if kind == "key" else "zset",
+    }
     if cluster:
         options["target_nodes"] = client.PRIMARIES
     for key in client.scan_iter(**options):
-        yield key if isinstance(key, bytes) else str(key).encode("utf-8")
+        yield key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)

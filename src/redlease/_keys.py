@@ -57,6 +57,14 @@ class LockKeys:
         """The short-lived acknowledgement of ``owner``'s release."""
         return f"{self.prefix}ack:{owner}"
 
+    def permits(self, name: str) -> str:
+        """The expiring sorted set of the semaphore ``name``'s live permits (owner -> expiry)."""
+        return f"{self.prefix}sem:{name}"
+
+    def permit_info(self, name: str) -> str:
+        """The expiring hash of those permits' fencing tokens and holders."""
+        return f"{self.prefix}sem:{name}:info"
+
 
 def has_hash_tag(text: str) -> bool:
     """Whether ``text`` carries a Redis Cluster hash tag: a non-empty ``{...}``.

@@ -52,7 +52,7 @@ _RETRY_JITTER = 0.1
 # -- validation ----------------------------------------------------------------
 
 
-def _check_name(name: object) -> str:
+def check_name(name: object) -> str:
     if not isinstance(name, str):
         raise ConfigError(f"lock name must be a str, got {type(name).__name__} {name!r}")
     if not name:
@@ -326,7 +326,7 @@ class Locker(ABC):
         The lease is counted from just before the request was sent. Invalid
         settings raise ``ConfigError`` naming the rule.
         """
-        name = _check_name(name)
+        name = check_name(name)
         ttl_ms = _ttl_ms(ttl, auto_renew)
         window = _wait_seconds(wait)
         interval = to_seconds(retry_interval, "retry_interval")
@@ -344,7 +344,7 @@ class Locker(ABC):
         For work where "another replica is already doing it" is a normal
         outcome (a cron tick). Otherwise as ``acquire`` with no wait.
         """
-        name = _check_name(name)
+        name = check_name(name)
         ttl_ms = _ttl_ms(ttl, auto_renew)
         return self._acquire(name, ttl_ms, 0.0, DEFAULT_RETRY_INTERVAL, auto_renew)
 
@@ -383,11 +383,12 @@ class Locker(ABC):
 
     def holder(self, name: str) -> LockHolder | None:
         """Who holds the lock ``name`` now, as the store says; None when nobody does. One read."""
-        return self._holder(_check_name(name))
+        return self._holder(check_name(name))
 
     def held(self) -> list[tuple[str, LockHolder]]:
-        """Every lock held now, as ``(name, LockHolder)`` sorted by name: for operators."""
-        return sorted(self._held(), key=lambda item: item[0])
+        """Every lock held now, and each live semaphore permit under its semaphore's name,
+        as ``(name, LockHolder)`` sorted by name (then token): for operators."""
+        return sorted(self._held(), key=lambda item: (item[0], item[1].fencing_token))
 
     def close(self) -> None:  # noqa: B027 - lockers without connections have nothing to free
         """Free the locker's own resources (connections). Release its locks first."""
@@ -418,7 +419,7 @@ class Locker(ABC):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     waited = f" after waiting {window} s" if window > 0 else ""
-                    raise NotAcquired(f"lock {name!r} is held by another owner{waited}")
+                    raise NotAcquired(self._taken(name) + waited)
                 delay = interval * (1.0 - _RETRY_JITTER * random.random())
                 if 0 < remaining < delay:
                     delay = remaining
@@ -466,6 +467,10 @@ class Locker(ABC):
 
     def _pause(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    def _taken(self, name: str) -> str:
+        """What ``NotAcquired`` says when ``name`` could not be had."""
+        return f"lock {name!r} is held by another owner"
 
     def _waiting(self, name: str) -> contextlib.AbstractContextManager[Callable[[float], None]]:
         """For one waiting ``acquire`` of ``name``: the pause between its attempts.

@@ -1,18 +1,29 @@
-"""The in-process lock store behind ``MemoryLocker``.
+"""``MemoryLocker`` and its in-process store.
 
 ``MemoryStore`` plays the part the Lua scripts play for ``RedisLocker``: the
 same acquire / refresh / release rules (ownership token, TTL expiry on the
-monotonic clock, one fencing counter for every name), applied under one mutex
-instead of inside Redis. Its leases are kept by the Python engine's keeper,
-renewing in memory, so a lock treats both lockers alike.
+monotonic clock, one fencing counter for every name), for locks and for
+semaphores' permits, applied under one mutex instead of inside Redis. Its
+leases are kept by the Python engine's renewer, renewing in memory, so a
+lock treats both lockers alike.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+import weakref
+from collections.abc import Callable
 
-from ._holders import LockHolder
+from ._engine import Keeper
+from ._engine.renewer import Lease, Renewer
+from ._holders import LockHolder, check_label, label
+from ._lock import Locker, check_name
+from ._semaphore import Semaphore, check_permits, mismatch
+
+Permit = tuple[int, float, str]
+"""A live permit: its fencing token, its expiry (monotonic), its holder's label."""
 
 
 class MemoryStore:
@@ -23,6 +34,8 @@ class MemoryStore:
         # name -> (owner, fencing token, expiry on the monotonic clock)
         self._leases: dict[str, tuple[str, int, float]] = {}
         self._labels: dict[str, str] = {}  # name -> the holder's label, for people
+        # semaphore name -> (its permits, owner -> Permit)
+        self._sems: dict[str, tuple[int, dict[str, Permit]]] = {}
         self._fencing = 0
 
     def _live(self, name: str, now: float) -> tuple[str, int, float] | None:
@@ -84,15 +97,80 @@ class MemoryStore:
             return LockHolder(self._labels.get(name, ""), lease[1], _ms_left(lease[2], now))
 
     def held(self) -> list[tuple[str, LockHolder]]:
-        """Every live lease, by name."""
+        """Every live lease, by name: locks, and each semaphore's live permits."""
         with self._cond:
             now = time.monotonic()
             live = [(name, self._live(name, now)) for name in list(self._leases)]
-            return [
+            found = [
                 (name, LockHolder(self._labels.get(name, ""), lease[1], _ms_left(lease[2], now)))
                 for name, lease in live
                 if lease is not None
             ]
+            for name in list(self._sems):
+                found += [(name, who) for who in self.sem_holders(name)]
+            return found
+
+    def _permits(self, name: str, now: float) -> tuple[int, dict[str, Permit]] | None:
+        """The semaphore ``name`` with its expired permits dropped; None when none is live."""
+        entry = self._sems.get(name)
+        if entry is None:
+            return None
+        held = entry[1]
+        for owner in [o for o, permit in held.items() if permit[1] <= now]:
+            del held[owner]
+            self._cond.notify_all()
+        if not held:
+            del self._sems[name]
+            return None
+        return entry
+
+    def sem_acquire(
+        self, name: str, owner: str, ttl: float, permits: int, label: str
+    ) -> tuple[int, float]:
+        """A permit of ``name``: ``(token, ttl)``, or ``(0, time until one frees)``."""
+        with self._cond:
+            now = time.monotonic()
+            entry = self._permits(name, now)
+            if entry is not None and entry[0] != permits:
+                raise mismatch(name, permits, entry[0])
+            held = entry[1] if entry is not None else {}
+            if owner in held:  # a repeated request of the same acquisition
+                token = held[owner][0]
+            elif len(held) >= permits:
+                return 0, min(permit[1] for permit in held.values()) - now
+            else:
+                self._fencing += 1
+                token = self._fencing
+            held[owner] = (token, now + ttl, label)
+            self._sems[name] = (permits, held)
+            return token, ttl
+
+    def sem_refresh(self, name: str, owner: str, ttl: float) -> bool:
+        with self._cond:
+            now = time.monotonic()
+            entry = self._permits(name, now)
+            if entry is None or owner not in entry[1]:
+                return False
+            token, _, who = entry[1][owner]
+            entry[1][owner] = (token, now + ttl, who)
+            return True
+
+    def sem_release(self, name: str, owner: str) -> bool:
+        with self._cond:
+            entry = self._permits(name, time.monotonic())
+            if entry is None or entry[1].pop(owner, None) is None:
+                return False
+            if not entry[1]:
+                del self._sems[name]
+            self._cond.notify_all()
+            return True
+
+    def sem_holders(self, name: str) -> list[LockHolder]:
+        with self._cond:
+            now = time.monotonic()
+            entry = self._permits(name, now)
+            permits = sorted(entry[1].values(), key=lambda p: p[1]) if entry is not None else []
+            return [LockHolder(who, token, _ms_left(expiry, now)) for token, expiry, who in permits]
 
     def wait_for_release(self, timeout: float) -> None:
         """Sleep up to ``timeout`` seconds, waking early when any lease is released."""
@@ -110,3 +188,108 @@ class MemoryStore:
 def _ms_left(expiry: float, now: float) -> int:
     """Whole milliseconds left until ``expiry`` (at least 1: the lease is live)."""
     return max(1, int((expiry - now) * 1000))
+
+
+class MemoryLocker(Locker):
+    """Locks for the threads of one process, with the same semantics as ``RedisLocker``.
+
+    TTL expiry (on the monotonic clock), ownership tokens, one fencing
+    counter for every name, waiting, auto-renewal, the holder labels
+    (``holder=``, ``holder(name)``, ``held()``) and semaphores all behave as
+    they do on Redis, so code moves between the two unchanged. It guards
+    nothing across processes: use it for development, tests and
+    single-process deployments. Thread-safe.
+    """
+
+    def __init__(self, *, holder: str | None = None) -> None:
+        self._label = check_label(holder)
+        self._store = MemoryStore()
+        # One thread renews every auto-renewed lock of this locker, in memory.
+        self._renewer = Renewer()
+        weakref.finalize(self, self._renewer.stop, 1.0)
+
+    @property
+    def engine(self) -> str:
+        """Always ``"memory"``."""
+        return "memory"
+
+    def semaphore(self, name: str, permits: int) -> Semaphore:
+        """At most ``permits`` holders of ``name`` at once (see ``RedisLocker.semaphore``)."""
+        permits = check_permits(permits)
+        store = _MemoryPermits(self, permits)
+        return Semaphore(
+            store, check_name(name), permits, functools.partial(self._store.sem_holders, name)
+        )
+
+    def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
+        token, remaining = self._store.acquire(name, owner, ttl_ms / 1000, label(self._label))
+        return (token, 0.0) if token > 0 else (0, remaining)
+
+    def _holder(self, name: str) -> LockHolder | None:
+        return self._store.holder(name)
+
+    def _held(self) -> list[tuple[str, LockHolder]]:
+        return self._store.held()
+
+    def _refresh(self, name: str, owner: str, ttl_ms: int) -> bool:
+        return self._store.refresh(name, owner, ttl_ms / 1000)
+
+    def _release(self, name: str, owner: str) -> bool:
+        return self._store.release(name, owner)
+
+    def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> Keeper:
+        store = self._store
+        return self._lease(lambda: store.refresh(name, owner, ttl_ms / 1000), ttl_ms, interval)
+
+    def _lease(self, renew: Callable[[], bool], ttl_ms: int, interval: float) -> Keeper:
+        # The same lease and renewer as the Python engine's, renewing in memory.
+        ttl = ttl_ms / 1000
+        return Lease(self._renewer, lambda _timeout: int(renew()), interval=interval, ttl=ttl)
+
+    def _pause(self, seconds: float) -> None:
+        # Wake as soon as any lock is released instead of sleeping the interval out.
+        self._store.wait_for_release(seconds)
+
+    def __repr__(self) -> str:
+        return "<redlease.MemoryLocker>"
+
+
+class _MemoryPermits(Locker):
+    """The permits of one ``MemoryLocker`` semaphore count: the store a ``Semaphore`` wraps."""
+
+    def __init__(self, locker: MemoryLocker, permits: int) -> None:
+        self._locker = locker
+        self._store = locker._store
+        self._permits = permits
+
+    @property
+    def engine(self) -> str:
+        return "memory"
+
+    def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
+        who = label(self._locker._label)
+        token, remaining = self._store.sem_acquire(name, owner, ttl_ms / 1000, self._permits, who)
+        return (token, 0.0) if token > 0 else (0, remaining)
+
+    def _refresh(self, name: str, owner: str, ttl_ms: int) -> bool:
+        return self._store.sem_refresh(name, owner, ttl_ms / 1000)
+
+    def _release(self, name: str, owner: str) -> bool:
+        return self._store.sem_release(name, owner)
+
+    def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> Keeper:
+        return self._locker._lease(
+            lambda: self._store.sem_refresh(name, owner, ttl_ms / 1000), ttl_ms, interval
+        )
+
+    def _pause(self, seconds: float) -> None:
+        self._store.wait_for_release(seconds)
+
+    def _taken(self, name: str) -> str:
+        return f"all {self._permits} permits of semaphore {name!r} are taken"
+
+    def _holder(self, name: str) -> LockHolder | None:
+        raise NotImplementedError  # a semaphore has holders(), not one holder
+
+    def _held(self) -> list[tuple[str, LockHolder]]:
+        raise NotImplementedError

@@ -44,6 +44,8 @@ _REPLIES = {
     "lock_acquire": "lock_acquire",
     "leader": "leader",
     "lock_holder": "lock_holder",
+    "sem_acquire": "sem_acquire",
+    "sem_holders": "sem_holders",
 }
 
 

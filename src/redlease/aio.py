@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from ._aiolock import Lock, MemoryLocker, RedisLocker, off_loop, with_lock
+from ._aiolock import Lock, MemoryLocker, RedisLocker, Semaphore, off_loop, with_lock
 from ._config import Config, Duration
 from ._election import Election, Run, check_leader_fn
 from ._engine import EncodableT
@@ -41,6 +41,7 @@ __all__ = [
     "MemoryLocker",
     "Observer",
     "RedisLocker",
+    "Semaphore",
     "Term",
     "with_lock",
 ]

@@ -27,7 +27,6 @@ import contextlib
 import functools
 import math
 import warnings
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -45,7 +44,6 @@ from ._engine import (
     sharded_notices,
 )
 from ._engine.family import threaded
-from ._engine.renewer import Lease, Renewer
 from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
 from ._holders import SCAN_COUNT, LockHolder, check_label, from_reply, label, lease_keys
 from ._keys import LockKeys, has_hash_tag
@@ -56,10 +54,12 @@ from ._lock import (
     Lock,
     Locker,
     LockerCore,
+    check_name,
 )
 from ._log import Events
-from ._memlock import MemoryStore
-from ._scripts import load
+from ._memlock import MemoryLocker
+from ._scripts import Script, load
+from ._semaphore import Semaphore, check_permits, mismatch
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -74,6 +74,7 @@ __all__ = [
     "NotAcquired",
     "NotHeld",
     "RedisLocker",
+    "Semaphore",
     "default_locker",
     "with_lock",
 ]
@@ -153,6 +154,9 @@ class RedisLocker(Locker):
         self._refresh_script = load("lock_refresh")
         self._release_script = load("lock_release")
         self._holder_script = load("lock_holder")
+        self._sem_scripts = tuple(
+            load(n) for n in ("sem_acquire", "sem_refresh", "sem_release", "sem_holders")
+        )
         self._engine: Engine = make_engine(client, engine)
         self._client = client
         # Releases announce in the lock's slot on a cluster (SPUBLISH).
@@ -203,21 +207,30 @@ class RedisLocker(Locker):
 
     def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
         keys = (self.key(name), self._keys.fencing)
-        guard = self._guard
         args = (owner, ttl_ms, label(self._label))
-        reply, acked = self._call((self._acquire_script, keys, args), guard.wait)
-        token, pttl = reply[0], reply[1]
+        request = (self._acquire_script, keys, args)
+        token, pttl = self._granted(request, f"lock {name!r}", lambda: self._give_back(name, owner))
+        return (token, 0.0) if token > 0 else (0, max(pttl, 0) / 1000)
+
+    def _granted(
+        self, request: ScriptRequest, what: str, give_back: Callable[[], None]
+    ) -> tuple[int, int]:
+        """An acquire script's ``(token, number)``; a token > 0 confirmed as the guard asks.
+
+        Unconfirmed (fewer replicas than ``min_replicas``, or the server is
+        no longer the master), the grant is given back and this raises.
+        """
+        guard = self._guard
+        reply, acked = self._call(request, guard.wait)
+        token, number = int(reply[0]), int(reply[1])
         if token > 0:
             if guard.enabled:
                 guard.require(
-                    acked,
-                    f"lock {name!r} was acquired on the master but",
-                    "released again",
-                    give_back=lambda: self._give_back(name, owner),
+                    acked, f"{what} was acquired on the master but", "released again", give_back
                 )
             with self._family.errors():
-                self._engine.confirm_master(self._timeout, lambda: self._give_back(name, owner))
-        return (token, 0.0) if token > 0 else (0, max(pttl, 0) / 1000)
+                self._engine.confirm_master(self._timeout, give_back)
+        return token, number
 
     def _give_back(self, name: str, owner: str) -> None:
         # An unconfirmed acquisition is not returned, so nobody would release
@@ -236,40 +249,68 @@ class RedisLocker(Locker):
         )
         return bool(reply == 1)
 
+    def semaphore(self, name: str, permits: int) -> Semaphore:
+        """At most ``permits`` holders of ``name`` at once, each holding a fenced permit.
+
+        See ``Semaphore``: its permits are ``Lock`` objects with their own
+        leases and fencing tokens (from this locker's counter), kept under
+        ``<prefix>sem:<name>`` and counted at Redis in one script.
+        """
+        permits = check_permits(permits)
+        store = _RedisPermits(self, permits)
+        return Semaphore(store, check_name(name), permits, functools.partial(store.holders, name))
+
     def _holder(self, name: str) -> LockHolder | None:
         reply, _ = self._call((self._holder_script, (self.key(name),), ()))
         return from_reply(reply)
 
     def _held(self) -> list[tuple[str, LockHolder]]:
-        start = len(self._keys.lock(""))
-        found: dict[str, LockHolder] = {}
+        locks = self._read_all("key", self._holder_script, lambda key: (key,))
+        sem_holders = self._sem_scripts[3]
+        permits = self._read_all("sem", sem_holders, lambda key: (key, key + ":info"))
+        found = [(name, who) for name, reply in locks if (who := from_reply(reply)) is not None]
+        found += [
+            (name, who)
+            for name, reply in permits
+            for each in reply
+            if (who := from_reply(each)) is not None
+        ]
+        return found
+
+    def _read_all(
+        self, kind: str, script: Script, keys_of: Callable[[str], tuple[str, ...]]
+    ) -> list[tuple[str, Any]]:
+        """``script`` on every ``<prefix><kind>:<name>`` key: ``(name, reply)``, by SCAN."""
+        start = len(f"{self._prefix}{kind}:")
+        cluster = is_cluster(self._client)
+        read: list[tuple[str, Any]] = []
         with self._family.errors():
-            scanned = lease_keys(self._client, self._prefix, is_cluster(self._client))
-            keys = list(dict.fromkeys(key.decode("utf-8", "replace") for key in scanned))
+            keys = list(dict.fromkeys(lease_keys(self._client, self._prefix, cluster, kind)))
             for first in range(0, len(keys), SCAN_COUNT):
                 chunk = keys[first : first + SCAN_COUNT]
-                batch = [(self._holder_script, (key,), ()) for key in chunk]
+                batch = [(script, keys_of(key), ()) for key in chunk]
                 replies, _ = self._engine.run(batch, timeout=self._timeout)
                 for key, reply in zip(chunk, replies, strict=True):
                     if isinstance(reply, AskError):
                         # Mid-migration, this key has moved: a read, so asked
                         # again on its own, which follows the redirection.
-                        reply = self._call((self._holder_script, (key,), ()))[0]
+                        reply = self._call((script, keys_of(key), ()))[0]
                     if isinstance(reply, Exception):
                         raise reply
-                    who = from_reply(reply)
-                    if who is not None:  # released or expired since the SCAN saw it
-                        found[key[start:]] = who
-        return list(found.items())
+                    read.append((key[start:], reply))
+        return read
+
+    def _waiting(self, name: str) -> contextlib.AbstractContextManager[Callable[[float], None]]:
+        return self._listening(self.key(name))
 
     @contextlib.contextmanager
-    def _waiting(self, name: str) -> Iterator[Callable[[float], None]]:
-        # A waiting acquire listens for the lock's release notice: the pause
-        # between attempts ends the moment the holder releases, and polling
-        # at retry_interval stays the fallback for a lost notice.
-        # On the native engine the pause sleeps with the GIL released and a
-        # native thread wakes it.
-        notices = self._engine.notices(self._client).listen(self.key(name), lambda _by: None)
+    def _listening(self, key: str) -> Iterator[Callable[[float], None]]:
+        # A waiting acquire listens for the release notice of ``key`` (a
+        # lock's, or a semaphore's permits): the pause between attempts ends
+        # the moment a holder releases, and polling at retry_interval stays
+        # the fallback for a lost notice. On the native engine the pause
+        # sleeps with the GIL released and a native thread wakes it.
+        notices = self._engine.notices(self._client).listen(key, lambda _by: None)
 
         def pause(seconds: float) -> None:
             notices.wait(seconds)
@@ -292,60 +333,82 @@ class RedisLocker(Locker):
         return f"<redlease.RedisLocker prefix={self._prefix!r} engine={self.engine!r}>"
 
 
-class MemoryLocker(Locker):
-    """Locks for the threads of one process, with the same semantics as ``RedisLocker``.
+class _RedisPermits(Locker):
+    """The permits of one ``RedisLocker`` semaphore count: the store a ``Semaphore`` wraps.
 
-    TTL expiry (on the monotonic clock), ownership tokens, one fencing
-    counter for every name, waiting, auto-renewal and the holder labels
-    (``holder=``, ``holder(name)``, ``held()``) all behave as they do on
-    Redis, so code moves between the two unchanged. It guards nothing
-    across processes: use it for development, tests and single-process
-    deployments. Thread-safe.
+    The lock's four operations, on ``<prefix>sem:<name>`` (the live permits,
+    a sorted set of owner -> expiry by the server's clock) and
+    ``<prefix>sem:<name>:info`` (their tokens and holders).
     """
 
-    def __init__(self, *, holder: str | None = None) -> None:
-        self._label = check_label(holder)
-        self._store = MemoryStore()
-        # One thread renews every auto-renewed lock of this locker, in memory.
-        self._renewer = Renewer()
-        weakref.finalize(self, self._renewer.stop, 1.0)
+    def __init__(self, locker: RedisLocker, permits: int) -> None:
+        self._locker = locker
+        self._permits = permits
+        self._acquire_script, self._refresh_script, self._release_script, self._holders_script = (
+            locker._sem_scripts
+        )
 
     @property
     def engine(self) -> str:
-        """Always ``"memory"``."""
-        return "memory"
+        return self._locker.engine
+
+    @property
+    def _core(self) -> LockerCore:
+        return self._locker._core
+
+    def _keys_of(self, name: str) -> tuple[str, str]:
+        keys = self._locker._keys
+        return keys.permits(name), keys.permit_info(name)
 
     def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
-        token, remaining = self._store.acquire(name, owner, ttl_ms / 1000, label(self._label))
-        return (token, 0.0) if token > 0 else (0, remaining)
+        locker = self._locker
+        keys = (*self._keys_of(name), locker._keys.fencing)
+        args = (owner, ttl_ms, self._permits, label(locker._label))
+        token, number = locker._granted(
+            (self._acquire_script, keys, args),
+            f"a permit of semaphore {name!r}",
+            lambda: self._give_back(name, owner),
+        )
+        if token < 0:
+            raise mismatch(name, self._permits, number)
+        return (token, 0.0) if token > 0 else (0, max(number, 0) / 1000)
 
-    def _holder(self, name: str) -> LockHolder | None:
-        return self._store.holder(name)
-
-    def _held(self) -> list[tuple[str, LockHolder]]:
-        return self._store.held()
+    def _give_back(self, name: str, owner: str) -> None:
+        with contextlib.suppress(Exception):
+            self._release(name, owner)
 
     def _refresh(self, name: str, owner: str, ttl_ms: int) -> bool:
-        return self._store.refresh(name, owner, ttl_ms / 1000)
+        reply, _ = self._locker._call((self._refresh_script, self._keys_of(name), (owner, ttl_ms)))
+        return bool(reply == 1)
 
     def _release(self, name: str, owner: str) -> bool:
-        return self._store.release(name, owner)
+        locker = self._locker
+        keys = (*self._keys_of(name), locker._keys.ack(owner))
+        args = (owner, locker._ack_ttl_ms, locker._sharded_notice)
+        reply, _ = locker._call((self._release_script, keys, args))
+        return bool(reply == 1)
 
     def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> Keeper:
-        store, ttl = self._store, ttl_ms / 1000
+        return self._locker._engine.keeper(
+            self._refresh_script, self._keys_of(name), (owner, ttl_ms), interval=interval,
+            ttl=ttl_ms / 1000,
+        )
 
-        def renew(_timeout: float) -> int:
-            return 1 if store.refresh(name, owner, ttl) else 0
+    def _waiting(self, name: str) -> contextlib.AbstractContextManager[Callable[[float], None]]:
+        return self._locker._listening(self._keys_of(name)[0])
 
-        # The same lease and renewer as the Python engine's, renewing in memory.
-        return Lease(self._renewer, renew, interval=interval, ttl=ttl)
+    def _taken(self, name: str) -> str:
+        return f"all {self._permits} permits of semaphore {name!r} are taken"
 
-    def _pause(self, seconds: float) -> None:
-        # Wake as soon as any lock is released instead of sleeping the interval out.
-        self._store.wait_for_release(seconds)
+    def holders(self, name: str) -> list[LockHolder]:
+        reply, _ = self._locker._call((self._holders_script, self._keys_of(name), ()))
+        return [who for who in map(from_reply, reply) if who is not None]
 
-    def __repr__(self) -> str:
-        return "<redlease.MemoryLocker>"
+    def _holder(self, name: str) -> LockHolder | None:
+        raise NotImplementedError  # a semaphore has holders(), not one holder
+
+    def _held(self) -> list[tuple[str, LockHolder]]:
+        raise NotImplementedError
 
 
 def default_locker(

@@ -24,7 +24,7 @@ def test_locks_lists_each_held_lock_with_holder_token_and_ttl(redis_server: Redi
     assert lines[0].split() == ["LOCK", "HOLDER", "TOKEN", "TTL"]
     assert lines[1].split()[:3] == ["nightly", "nightly@box-7", str(nightly.fencing_token)]
     assert lines[2].split()[:3] == ["reindex:users", "nightly@box-7", str(reindex.fencing_token)]
-    assert "2 locks held under 'redlease:lock:'" in lines[3]
+    assert "2 locks and permits held under 'redlease:lock:'" in lines[3]
     assert as_json.returncode == 0, as_json.stderr
     rows = json.loads(as_json.stdout)
     assert [set(r) for r in rows] == [{"name", "holder", "fencing_token", "ttl_ms"}] * 2
@@ -75,3 +75,16 @@ def test_locks_with_an_unreachable_server_is_one_line(closed_port: ClosedPort) -
     assert result.returncode == 1
     assert result.stderr.startswith("redlease: cannot reach Redis at")
     assert result.stderr.count("\n") == 1
+
+
+def test_locks_lists_each_live_semaphore_permit_under_its_name(redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    with redlease.RedisLocker(client, holder="pool-user") as locker:
+        sem = locker.semaphore("db-pool", 3)
+        permits = [sem.try_acquire(ttl=30.0) for _ in range(2)]
+        result = redlease_cli("locks", "--redis", redis_server.url, "--json")
+        for permit in permits:
+            permit.release()
+    assert [(r["name"], r["holder"], r["fencing_token"]) for r in json.loads(result.stdout)] == [
+        ("db-pool", "pool-user", p.fencing_token) for p in permits
+    ]

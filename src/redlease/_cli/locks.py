@@ -1,4 +1,5 @@
-"""``redlease locks``: every lock held under a prefix, who holds it, its token and TTL."""
+"""``redlease locks``: every lock and semaphore permit held under a prefix, who holds it,
+its token and TTL."""
 
 from __future__ import annotations
 
@@ -66,5 +67,6 @@ def render(rows: list[dict[str, Any]], prefix: str, where: str) -> str:
         for row in table
     ]
     count = len(rows)
-    lines.append(f"{count} lock{'s' if count != 1 else ''} held under {prefix!r} at {where}")
+    leases = f"{count} lock{'s' if count != 1 else ''} and permit{'s' if count != 1 else ''}"
+    lines.append(f"{leases} held under {prefix!r} at {where}")
     return "\n".join(lines)

@@ -215,6 +215,21 @@ def _lock_holder(reply: object) -> bool:
     )
 
 
+def _sem_acquire(reply: object) -> bool:
+    # {fencing token, ttl}, {0, ms until a permit frees} or {-1, the permits the name has}
+    return (
+        type(reply) is list
+        and len(reply) == 2
+        and _is_int(reply[0], -1, MAX_TOKEN)
+        and type(reply[1]) is int
+    )
+
+
+def _sem_holders(reply: object) -> bool:
+    # an array of {holder label, fencing token, pttl}
+    return type(reply) is list and all(_lock_holder(each) and each is not None for each in reply)
+
+
 _SHAPES = {
     "flag": (_flag, "0 or 1"),
     "acquire": (_acquire, "an array of a token below 2**53, a PTTL and a holder"),
@@ -224,6 +239,8 @@ _SHAPES = {
         _lock_holder,
         "nil or an array of a holder, a fencing token below 2**53 and a PTTL",
     ),
+    "sem_acquire": (_sem_acquire, "an array of a fencing token (or 0 or -1) and a number"),
+    "sem_holders": (_sem_holders, "an array of [holder, fencing token, PTTL] arrays"),
     "any": (lambda _reply: True, "anything"),
 }
 

@@ -1,0 +1,28 @@
+-- semaphore release: give one permit back only while it is still live and ours, leave an
+-- acknowledgement, and tell the waiting acquirers at once.
+-- KEYS[1] the permits (<prefix>sem:<name>), KEYS[2] their details (<prefix>sem:<name>:info),
+-- KEYS[3] the acknowledgement (<prefix>ack:<owner>)
+-- ARGV[1] ownership token, ARGV[2] acknowledgement TTL in milliseconds,
+-- ARGV[3] "1" to send the notice in the key's slot (SPUBLISH, Redis Cluster 7+)
+-- Returns 1 when given back, or when this owner's release already did (a replay); 0 when the
+-- permit expired or was never ours.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expiry = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+if expiry and expiry > now then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], 'f:' .. ARGV[1], 'h:' .. ARGV[1])
+  if redis.call('ZCARD', KEYS[1]) == 0 then
+    redis.call('DEL', KEYS[2])
+  end
+  redis.call('SET', KEYS[3], '1', 'PX', ARGV[2])
+  local channel = KEYS[1] .. ':released'
+  if ARGV[3] ~= '1' or not pcall(redis.call, 'SPUBLISH', channel, '1') then
+    redis.call('PUBLISH', channel, '1')
+  end
+  return 1
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return 1
+end
+return 0
