@@ -1,7 +1,7 @@
 -- semaphore acquire: take one of N permits of a name, each a lease of its own with its own
 -- fencing token.
 -- KEYS[1] the permits (<prefix>sem:<name>, a sorted set: owner -> expiry in server ms),
--- KEYS[2] their details (<prefix>sem:<name>:info, a hash: 'permits', 'f:<owner>' the
+-- KEYS[2] their details (<prefix>sem-info:<name>, a hash: 'permits', 'f:<owner>' the
 -- fencing token, 'h:<owner>' the holder's label), KEYS[3] the fencing counter (<prefix>fencing)
 -- ARGV[1] ownership token (random, one per acquisition), ARGV[2] lease TTL in milliseconds,
 -- ARGV[3] permits (N >= 1), ARGV[4] the holder's label

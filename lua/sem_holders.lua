@@ -1,5 +1,5 @@
 -- semaphore holders: every live permit of a name, read atomically.
--- KEYS[1] the permits (<prefix>sem:<name>), KEYS[2] their details (<prefix>sem:<name>:info)
+-- KEYS[1] the permits (<prefix>sem:<name>), KEYS[2] their details (<prefix>sem-info:<name>)
 -- Returns an array of {holder label, fencing token, pttl in ms}, one per live permit,
 -- soonest to expire first (empty when none is live).
 local t = redis.call('TIME')

@@ -1,5 +1,5 @@
 -- semaphore refresh: extend one permit's lease only while it is still live and ours.
--- KEYS[1] the permits (<prefix>sem:<name>), KEYS[2] their details (<prefix>sem:<name>:info)
+-- KEYS[1] the permits (<prefix>sem:<name>), KEYS[2] their details (<prefix>sem-info:<name>)
 -- ARGV[1] ownership token, ARGV[2] lease TTL in milliseconds
 -- Returns 1 when extended, 0 when the permit expired or was never ours.
 local t = redis.call('TIME')

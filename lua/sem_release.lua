@@ -1,6 +1,6 @@
 -- semaphore release: give one permit back only while it is still live and ours, leave an
 -- acknowledgement, and tell the waiting acquirers at once.
--- KEYS[1] the permits (<prefix>sem:<name>), KEYS[2] their details (<prefix>sem:<name>:info),
+-- KEYS[1] the permits (<prefix>sem:<name>), KEYS[2] their details (<prefix>sem-info:<name>),
 -- KEYS[3] the acknowledgement (<prefix>ack:<owner>)
 -- ARGV[1] ownership token, ARGV[2] acknowledgement TTL in milliseconds,
 -- ARGV[3] "1" to send the notice in the key's slot (SPUBLISH, Redis Cluster 7+)

@@ -292,7 +292,7 @@ def test_a_lost_release_notice_still_admits_the_waiter_by_polling(
 def test_a_replayed_acquire_returns_the_same_permit(redis_server: RedisServer) -> None:
     client = redis_server.client()
     script = load("sem_acquire")
-    keys = ("p:sem:r", "p:sem:r:info", "p:fencing")
+    keys = ("p:sem:r", "p:sem-info:r", "p:fencing")
     first = client.eval(script.source, 3, *keys, "owner-1", 5000, 1, "h")
     again = client.eval(script.source, 3, *keys, "owner-1", 5000, 1, "h")
     other = client.eval(script.source, 3, *keys, "owner-2", 5000, 1, "h")
@@ -371,3 +371,13 @@ def test_semaphores_on_a_cluster(cluster_set: ClusterSet, engine: str) -> None:
             assert got and got[0] - released < 1.0, "the release was not pushed on the cluster"
             assert b.fencing_token > a.fencing_token
     client.close()
+
+
+def test_a_semaphore_named_like_another_ones_details_is_its_own(locker: Locker) -> None:
+    # Names are free text: none collides with the keys of another semaphore.
+    first = semaphore(locker, "x", 1).try_acquire(ttl=5.0)
+    second = semaphore(locker, "x:info", 1).try_acquire(ttl=5.0)
+    third = semaphore(locker, "sem-info:x", 1).try_acquire(ttl=5.0)
+    assert [name for name, _ in locker.held()] == ["sem-info:x", "x", "x:info"]
+    for permit in (first, second, third):
+        permit.release()

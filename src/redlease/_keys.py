@@ -63,7 +63,7 @@ class LockKeys:
 
     def permit_info(self, name: str) -> str:
         """The expiring hash of those permits' fencing tokens and holders."""
-        return f"{self.prefix}sem:{name}:info"
+        return f"{self.prefix}sem-info:{name}"
 
 
 def has_hash_tag(text: str) -> bool:

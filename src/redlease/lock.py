@@ -267,7 +267,10 @@ class RedisLocker(Locker):
     def _held(self) -> list[tuple[str, LockHolder]]:
         locks = self._read_all("key", self._holder_script, lambda key: (key,))
         sem_holders = self._sem_scripts[3]
-        permits = self._read_all("sem", sem_holders, lambda key: (key, key + ":info"))
+        start = len(self._keys.permits(""))
+        permits = self._read_all(
+            "sem", sem_holders, lambda key: (key, self._keys.permit_info(key[start:]))
+        )
         found = [(name, who) for name, reply in locks if (who := from_reply(reply)) is not None]
         found += [
             (name, who)
@@ -338,7 +341,7 @@ class _RedisPermits(Locker):
 
     The lock's four operations, on ``<prefix>sem:<name>`` (the live permits,
     a sorted set of owner -> expiry by the server's clock) and
-    ``<prefix>sem:<name>:info`` (their tokens and holders).
+    ``<prefix>sem-info:<name>`` (their tokens and holders).
     """
 
     def __init__(self, locker: RedisLocker, permits: int) -> None:
