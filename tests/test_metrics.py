@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -264,3 +265,41 @@ def test_asyncio_locker_is_instrumented_through_its_locks(
     assert sample(registry, "redlease_stepdowns_total", name="am:", reason="released") == 1
     assert sample(registry, "redlease_leader", name="am:") == 0
     del locker
+
+
+@pytest.mark.parametrize("kind", ["redis", "memory"])
+def test_locker_metrics_count_each_names_waits_and_contention(
+    client: redis.Redis, engine: str, kind: str
+) -> None:
+    registry = new_registry()
+    locker = (
+        redlease.RedisLocker(client, prefix="w:", engine=engine)
+        if kind == "redis"
+        else redlease.MemoryLocker()
+    )
+    name = "w:" if kind == "redis" else "MemoryLocker"
+    redlease.metrics.instrument(locker, registry)
+    first = locker.acquire("busy", ttl=5.0)  # no wait, no contention
+    threading.Timer(0.3, first.release).start()
+    second = locker.acquire("busy", ttl=5.0, wait=5.0, retry_interval=0.05)  # waited ~0.3 s
+    with pytest.raises(redlease.NotAcquired):
+        locker.try_acquire("busy")  # contended, not granted
+    second.release()
+    sem = locker.semaphore("pool", 1)  # type: ignore[attr-defined]
+    permit = sem.try_acquire(ttl=5.0)
+    with pytest.raises(redlease.NotAcquired):
+        sem.try_acquire()
+    permit.release()
+    locker.close()
+
+    def of(metric: str, lock: str) -> float | None:
+        return sample(registry, metric, name=name, lock=lock)
+
+    assert of("redlease_lock_wait_seconds_count", "busy") == 2
+    waited = of("redlease_lock_wait_seconds_sum", "busy")
+    assert waited is not None and 0.2 < waited < 3.0
+    fast = sample(registry, "redlease_lock_wait_seconds_bucket", name=name, lock="busy", le="0.1")
+    assert fast == 1  # the first, which did not wait
+    assert of("redlease_lock_contended_total", "busy") == 2
+    assert of("redlease_lock_wait_seconds_count", "pool") == 1
+    assert of("redlease_lock_contended_total", "pool") == 1

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import random
 import secrets
@@ -21,15 +20,16 @@ import time
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ._config import Duration, to_seconds, whole_ms
+from ._config import Duration, to_seconds
 from ._driver import driver
 from ._engine import Keeper
-from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
+from ._errors import NotAcquired, NotHeld
 from ._holders import LockHolder
+from ._lockargs import check_name, check_ttl, check_wait
+from ._lockstats import WaitStats
 from ._log import Events
 from ._watchdog import Watchdog, stop_renewing
 
@@ -42,58 +42,8 @@ DEFAULT_TTL = 30.0
 DEFAULT_RETRY_INTERVAL = 0.1
 """Default polling cadence of a waiting ``acquire``, in seconds."""
 
-MIN_AUTO_RENEW_TTL = 0.03
-"""The shortest TTL (seconds) auto-renewal accepts: the watchdog refreshes at TTL/3."""
-
 # Waiting acquirers poll a little early, at random, so they do not move in step.
 _RETRY_JITTER = 0.1
-
-
-# -- validation ----------------------------------------------------------------
-
-
-def check_name(name: object) -> str:
-    if not isinstance(name, str):
-        raise ConfigError(f"lock name must be a str, got {type(name).__name__} {name!r}")
-    if not name:
-        raise ConfigError("lock name must not be empty")
-    return name
-
-
-def _ttl_ms(ttl: object, auto_renew: object) -> int:
-    if not isinstance(auto_renew, bool):
-        raise ConfigError(
-            f"auto_renew must be a bool, got {type(auto_renew).__name__} {auto_renew!r}"
-        )
-    seconds = to_seconds(ttl, "ttl")
-    ttl_ms = whole_ms(seconds)
-    if ttl_ms < 1:
-        raise ConfigError(
-            f"ttl must be at least 1 ms (Redis expires keys in whole milliseconds), got {ttl!r} s"
-        )
-    if auto_renew and ttl_ms < round(MIN_AUTO_RENEW_TTL * 1000):
-        raise AutoRenewTTLTooShort(
-            f"auto_renew needs a ttl of at least MIN_AUTO_RENEW_TTL ({MIN_AUTO_RENEW_TTL} s) "
-            f"so that a refresh every ttl/3 can land in time, got {ttl!r} s"
-        )
-    return ttl_ms
-
-
-def _wait_seconds(wait: object) -> float:
-    """A wait window: zero (one attempt), positive, or ``math.inf`` (wait until acquired)."""
-    if wait is None:
-        return 0.0
-    if isinstance(wait, bool) or not isinstance(wait, (int, float, timedelta)):
-        raise ConfigError(
-            f"wait must be a duration in seconds (int or float) or a timedelta, "
-            f"got {type(wait).__name__} {wait!r}"
-        )
-    seconds = wait.total_seconds() if isinstance(wait, timedelta) else float(wait)
-    if math.isnan(seconds):
-        raise ConfigError("wait must be a number of seconds, got NaN")
-    if seconds < 0:
-        raise ConfigError(f"wait must not be negative (0 means a single attempt), got {wait!r}")
-    return seconds
 
 
 def _add_note(exc: BaseException, note: str) -> None:
@@ -274,10 +224,11 @@ class LockerCore:
     (an ``Election`` for electors, this for lockers).
     """
 
-    __slots__ = ("events",)
+    __slots__ = ("events", "waits")
 
     def __init__(self, events: Events) -> None:
         self.events = events
+        self.waits = WaitStats()  # how long its acquisitions waited, per name
 
 
 class Locker(ABC):
@@ -327,8 +278,8 @@ class Locker(ABC):
         settings raise ``ConfigError`` naming the rule.
         """
         name = check_name(name)
-        ttl_ms = _ttl_ms(ttl, auto_renew)
-        window = _wait_seconds(wait)
+        ttl_ms = check_ttl(ttl, auto_renew)
+        window = check_wait(wait)
         interval = to_seconds(retry_interval, "retry_interval")
         return self._acquire(name, ttl_ms, window, interval, auto_renew)
 
@@ -345,7 +296,7 @@ class Locker(ABC):
         outcome (a cron tick). Otherwise as ``acquire`` with no wait.
         """
         name = check_name(name)
-        ttl_ms = _ttl_ms(ttl, auto_renew)
+        ttl_ms = check_ttl(ttl, auto_renew)
         return self._acquire(name, ttl_ms, 0.0, DEFAULT_RETRY_INTERVAL, auto_renew)
 
     @contextlib.contextmanager
@@ -408,16 +359,21 @@ class Locker(ABC):
         self, name: str, ttl_ms: int, window: float, interval: float, auto_renew: bool
     ) -> Lock:
         owner = secrets.token_hex(16)
-        deadline = time.monotonic() + window
+        began = time.monotonic()
+        deadline = began + window
+        waits, taken = self._core.waits, False
         waiting = self._waiting(name) if window > 0 else contextlib.nullcontext(self._pause)
         with waiting as pause:
             while True:
                 sent = time.monotonic()
                 token, remaining = self._attempt(name, owner, ttl_ms)
                 if token > 0:
+                    waits.record(name, sent - began, True, taken)
                     return self._grant(name, owner, token, ttl_ms, sent, auto_renew)
+                taken = True
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    waits.record(name, time.monotonic() - began, False, True)
                     waited = f" after waiting {window} s" if window > 0 else ""
                     raise NotAcquired(self._taken(name) + waited)
                 delay = interval * (1.0 - _RETRY_JITTER * random.random())

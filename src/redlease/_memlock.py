@@ -19,7 +19,8 @@ from collections.abc import Callable
 from ._engine import Keeper
 from ._engine.renewer import Lease, Renewer
 from ._holders import LockHolder, check_label, label
-from ._lock import Locker, check_name
+from ._lock import Locker, LockerCore
+from ._lockargs import check_name
 from ._semaphore import Semaphore, check_permits, mismatch
 
 Permit = tuple[int, float, str]
@@ -265,6 +266,10 @@ class _MemoryPermits(Locker):
     @property
     def engine(self) -> str:
         return "memory"
+
+    @property
+    def _core(self) -> LockerCore:
+        return self._locker._core
 
     def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
         who = label(self._locker._label)

@@ -47,15 +47,8 @@ from ._engine.family import threaded
 from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
 from ._holders import SCAN_COUNT, LockHolder, check_label, from_reply, label, lease_keys
 from ._keys import LockKeys, has_hash_tag
-from ._lock import (
-    DEFAULT_RETRY_INTERVAL,
-    DEFAULT_TTL,
-    MIN_AUTO_RENEW_TTL,
-    Lock,
-    Locker,
-    LockerCore,
-    check_name,
-)
+from ._lock import DEFAULT_RETRY_INTERVAL, DEFAULT_TTL, Lock, Locker, LockerCore
+from ._lockargs import MIN_AUTO_RENEW_TTL, check_name
 from ._log import Events
 from ._memlock import MemoryLocker
 from ._scripts import Script, load

@@ -27,6 +27,12 @@ elector's name, or the locker's key prefix):
   ``rejected``): fenced writes Redis answered (an elector only).
 - ``redlease_renew_lateness_seconds`` (histogram): how late each renewal was
   sent after its scheduled moment, as the keeper itself measured it.
+- ``redlease_lock_wait_seconds`` (histogram, label ``lock``: the lock's or
+  semaphore's name; a locker only): how long each granted ``acquire`` waited,
+  from its call to the attempt that won.
+- ``redlease_lock_contended_total`` (counter, label ``lock``; a locker only):
+  acquires that found the lock (or every permit) taken at least once, granted
+  in the end or not.
 
 Cost: until ``instrument`` is called the hooks have no listener, and an
 event costs a loop over an empty list. Once instrumented, the events above
@@ -61,6 +67,7 @@ from ._election import Election
 from ._engine import LATENESS_BUCKETS
 from ._forksafe import ForkSafeLock
 from ._lock import LockerCore
+from ._lockstats import WAIT_BUCKETS, WaitStats
 from ._log import Events
 
 __all__ = ["instrument"]
@@ -81,8 +88,10 @@ class _Target:
         leader: Callable[[], int] | None,
         token: Callable[[], int] | None,
         fenced: bool,
+        waits: WaitStats | None = None,
     ) -> None:
         self.name = name
+        self._waits = waits
         self._leader = leader
         self._token = token
         self._has_fence = fenced
@@ -226,7 +235,32 @@ class _Target:
         )
         h.add_metric(name, buckets, sum_value=total)
         out[h.name] = h
+        if self._waits is not None:
+            out.update(self._wait_families())
         return out
+
+    def _wait_families(self) -> dict[str, Metric]:
+        """The locker's own counts of its acquisitions, per lock name."""
+        assert self._waits is not None
+        h = HistogramMetricFamily(
+            "redlease_lock_wait_seconds",
+            "How long each granted acquire waited, from the call to the attempt that won",
+            labels=["name", "lock"],
+        )
+        c = CounterMetricFamily(
+            "redlease_lock_contended",
+            "Acquires that found the lock (or every permit) taken at least once",
+            labels=["name", "lock"],
+        )
+        for lock, stats in sorted(self._waits.snapshot().items()):
+            running, buckets = 0, []
+            for bound, n in zip(WAIT_BUCKETS, stats.buckets, strict=False):
+                running += n
+                buckets.append((repr(float(bound)), running))
+            buckets.append(("+Inf", stats.acquired))
+            h.add_metric([self.name, lock], buckets, sum_value=stats.waited)
+            c.add_metric([self.name, lock], stats.contended)
+        return {h.name: h, c.name: c}
 
 
 class _Collector:
@@ -311,13 +345,13 @@ def instrument(target: T, registry: CollectorRegistry | None = None) -> T:
         instruments = _Target(election.config.name, _ELECTOR_REASONS, leader, token, True)
         events = election.events
     else:
-        if core is None:
+        if not isinstance(core, LockerCore):
             raise TypeError(
                 "instrument() takes a redlease Elector or RedisLocker (threaded or asyncio), "
                 f"got {type(target).__name__}"
             )
         events = core.events
-        instruments = _Target(events.name, _LOCK_REASONS, None, None, False)
+        instruments = _Target(events.name, _LOCK_REASONS, None, None, False, core.waits)
     added = _collector(registry).add(target, instruments)
     if added is instruments:
         events.sinks.append(instruments)
