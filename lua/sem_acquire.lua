@@ -5,6 +5,9 @@
 -- fencing token, 'h:<owner>' the holder's label), KEYS[3] the fencing counter (<prefix>fencing)
 -- ARGV[1] ownership token (random, one per acquisition), ARGV[2] lease TTL in milliseconds,
 -- ARGV[3] permits (N >= 1), ARGV[4] the holder's label
+-- Fair waiting (see queue.lua, its prelude): KEYS[4] the queue, KEYS[5] its leases,
+-- ARGV[5] how long the waiter's place lives without an attempt, in ms: free permits go to
+-- the queue's first waiters only.
 -- Returns {fencing token, ttl} when a permit is ours; {0, ms until the first permit expires}
 -- when all N are taken; {-1, N'} when the live permits were taken with another N'.
 local t = redis.call('TIME')
@@ -23,9 +26,18 @@ if live > 0 and stored and stored ~= permits then
 end
 local token = tonumber(redis.call('HGET', KEYS[2], 'f:' .. ARGV[1]))
 if not (token and redis.call('ZSCORE', KEYS[1], ARGV[1])) then
-  if live >= permits then
+  local fair = KEYS[5] ~= nil
+  local free = permits - live
+  local turn = not fair or queue_turn(KEYS[4], KEYS[5], ARGV[1], tonumber(ARGV[5]), free)
+  if free <= 0 then
     local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
     return {0, tonumber(first[2]) - now}
+  end
+  if not turn then
+    return {0, 0}
+  end
+  if fair then
+    queue_leave(KEYS[4], KEYS[5], ARGV[1])
   end
   -- A new permit (else a replay of one granted already: the same token).
   token = redis.call('INCR', KEYS[3])

@@ -102,6 +102,7 @@ class _AsyncLocker:
         wait: Duration = 0.0,
         retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
         auto_renew: bool = False,
+        fair: bool = False,
     ) -> Lock:
         """Take the lock ``name``, retrying for up to ``wait``; see ``redlease.Locker.acquire``.
 
@@ -117,6 +118,7 @@ class _AsyncLocker:
                 wait=wait,
                 retry_interval=retry_interval,
                 auto_renew=auto_renew,
+                fair=fair,
             ),
         )
         try:
@@ -200,10 +202,16 @@ class Semaphore:
         wait: Duration = 0.0,
         retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
         auto_renew: bool = False,
+        fair: bool = False,
     ) -> Lock:
         """Take a permit, waiting up to ``wait``; cancelling the wait leaks no permit."""
         return await self._permits.acquire(
-            self.name, ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew
+            self.name,
+            ttl=ttl,
+            wait=wait,
+            retry_interval=retry_interval,
+            auto_renew=auto_renew,
+            fair=fair,
         )
 
     async def try_acquire(

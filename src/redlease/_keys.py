@@ -61,6 +61,10 @@ class LockKeys:
         """The expiring sorted set of the semaphore ``name``'s live permits (owner -> expiry)."""
         return f"{self.prefix}sem:{name}"
 
+    def queue(self, kind: str, name: str) -> tuple[str, str]:
+        """Fair waiting's queue of a lock (``kind`` "key") or semaphore ("sem"), and its leases."""
+        return f"{self.prefix}queue:{kind}:{name}", f"{self.prefix}queue-alive:{kind}:{name}"
+
     def permit_info(self, name: str) -> str:
         """The expiring hash of those permits' fencing tokens and holders."""
         return f"{self.prefix}sem-info:{name}"

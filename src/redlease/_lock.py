@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import random
 import secrets
@@ -28,7 +29,7 @@ from ._driver import driver
 from ._engine import Keeper
 from ._errors import NotAcquired, NotHeld
 from ._holders import LockHolder
-from ._lockargs import check_name, check_ttl, check_wait
+from ._lockargs import check_flag, check_name, check_ttl, check_wait
 from ._lockstats import WaitStats
 from ._log import Events
 from ._watchdog import Watchdog, stop_renewing
@@ -260,6 +261,7 @@ class Locker(ABC):
         wait: Duration = 0.0,
         retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
         auto_renew: bool = False,
+        fair: bool = False,
     ) -> Lock:
         """Take the lock ``name``, retrying for up to ``wait`` seconds.
 
@@ -276,12 +278,19 @@ class Locker(ABC):
         needs ``ttl >= MIN_AUTO_RENEW_TTL`` (else ``AutoRenewTTLTooShort``).
         The lease is counted from just before the request was sent. Invalid
         settings raise ``ConfigError`` naming the rule.
+
+        ``fair=True`` serves the fair waiters of one name in the order they
+        began waiting: each holds a place in a queue at the store, a short
+        lease of its own that its attempts renew (it tries every 2/3 of
+        ``retry_interval``), so a waiter that gives up leaves at once and one
+        that dies leaves within its ``retry_interval``. Acquirers without
+        ``fair`` do not queue.
         """
         name = check_name(name)
         ttl_ms = check_ttl(ttl, auto_renew)
         window = check_wait(wait)
         interval = to_seconds(retry_interval, "retry_interval")
-        return self._acquire(name, ttl_ms, window, interval, auto_renew)
+        return self._acquire(name, ttl_ms, window, interval, auto_renew, check_flag(fair, "fair"))
 
     def try_acquire(
         self,
@@ -356,30 +365,46 @@ class Locker(ABC):
         self.close()
 
     def _acquire(
-        self, name: str, ttl_ms: int, window: float, interval: float, auto_renew: bool
+        self,
+        name: str,
+        ttl_ms: int,
+        window: float,
+        interval: float,
+        auto_renew: bool,
+        fair: bool = False,
     ) -> Lock:
         owner = secrets.token_hex(16)
         began = time.monotonic()
         deadline = began + window
         waits, taken = self._core.waits, False
+        # A fair waiter's place lives one retry interval; its attempts renew it in time.
+        queue_ms = max(1, math.ceil(interval * 1000)) if fair else 0
+        every = interval * 2 / 3 if fair else interval
         waiting = self._waiting(name) if window > 0 else contextlib.nullcontext(self._pause)
-        with waiting as pause:
-            while True:
-                sent = time.monotonic()
-                token, remaining = self._attempt(name, owner, ttl_ms)
-                if token > 0:
-                    waits.record(name, sent - began, True, taken)
-                    return self._grant(name, owner, token, ttl_ms, sent, auto_renew)
-                taken = True
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    waits.record(name, time.monotonic() - began, False, True)
-                    waited = f" after waiting {window} s" if window > 0 else ""
-                    raise NotAcquired(self._taken(name) + waited)
-                delay = interval * (1.0 - _RETRY_JITTER * random.random())
-                if 0 < remaining < delay:
-                    delay = remaining
-                pause(min(delay, left))
+        granted = False
+        try:
+            with waiting as pause:
+                while True:
+                    sent = time.monotonic()
+                    token, remaining = self._attempt(name, owner, ttl_ms, queue_ms)
+                    if token > 0:
+                        granted = True
+                        waits.record(name, sent - began, True, taken)
+                        return self._grant(name, owner, token, ttl_ms, sent, auto_renew)
+                    taken = True
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        waits.record(name, time.monotonic() - began, False, True)
+                        waited = f" after waiting {window} s" if window > 0 else ""
+                        raise NotAcquired(self._taken(name) + waited)
+                    delay = every * (1.0 - _RETRY_JITTER * random.random())
+                    if 0 < remaining < delay:
+                        delay = remaining
+                    pause(min(delay, left))
+        finally:
+            if fair and not granted:
+                with contextlib.suppress(Exception):
+                    self._leave(name, owner)  # else its place ends within one interval
 
     def _grant(
         self, name: str, owner: str, token: int, ttl_ms: int, sent: float, auto_renew: bool
@@ -398,8 +423,18 @@ class Locker(ABC):
     # The store's four operations, each one atomic.
 
     @abstractmethod
-    def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
-        """``(token, 0)`` when acquired, else ``(0, seconds left on the holder's lease)``."""
+    def _attempt(
+        self, name: str, owner: str, ttl_ms: int, queue_ms: int = 0
+    ) -> tuple[int, float]:
+        """``(token, 0)`` when acquired, else ``(0, seconds left on the holder's lease)``.
+
+        ``queue_ms`` > 0: a fair attempt, which holds ``owner``'s place in the
+        name's queue for that long and is granted only in its turn.
+        """
+
+    @abstractmethod
+    def _leave(self, name: str, owner: str) -> None:
+        """A fair waiter ``owner`` gave up: its place in ``name``'s queue goes at once."""
 
     @abstractmethod
     def _refresh(self, name: str, owner: str, ttl_ms: int) -> bool:

@@ -58,3 +58,9 @@ def check_wait(wait: object) -> float:
     if seconds < 0:
         raise ConfigError(f"wait must not be negative (0 means a single attempt), got {wait!r}")
     return seconds
+
+
+def check_flag(value: object, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{what} must be a bool, got {type(value).__name__} {value!r}")
+    return value

@@ -35,6 +35,8 @@ class MemoryStore:
         # name -> (owner, fencing token, expiry on the monotonic clock)
         self._leases: dict[str, tuple[str, int, float]] = {}
         self._labels: dict[str, str] = {}  # name -> the holder's label, for people
+        # fair waiting: (kind, name) -> waiter -> (arrival, place lives until), in arrival order
+        self._queues: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
         # semaphore name -> (its permits, owner -> Permit)
         self._sems: dict[str, tuple[int, dict[str, Permit]]] = {}
         self._fencing = 0
@@ -48,24 +50,53 @@ class MemoryStore:
             return None
         return lease
 
-    def acquire(self, name: str, owner: str, ttl: float, label: str = "") -> tuple[int, float]:
+    def acquire(
+        self, name: str, owner: str, ttl: float, label: str = "", queue: float = 0.0
+    ) -> tuple[int, float]:
         """``(fencing token, ttl)`` when granted, ``(0, remaining lease)`` when held by another.
 
-        ``label`` says who holds it, for people (``holder``); ownership is ``owner``.
+        ``label`` says who holds it, for people (``holder``); ownership is
+        ``owner``. ``queue`` > 0: a fair attempt (see ``turn``), whose place
+        lives that many seconds.
         """
         with self._cond:
             now = time.monotonic()
             lease = self._live(name, now)
-            if lease is None:
-                self._fencing += 1
-                self._leases[name] = (owner, self._fencing, now + ttl)
-                self._labels[name] = label
-                return self._fencing, ttl
-            if lease[0] == owner:
+            if lease is not None and lease[0] == owner:
                 # A repeated request from the same acquisition: same token, fresh TTL.
                 self._leases[name] = (owner, lease[1], now + ttl)
                 return lease[1], ttl
-            return 0, lease[2] - now
+            turn = not queue or self.turn(("key", name), owner, queue, 1, now)
+            if lease is not None:
+                return 0, lease[2] - now
+            if not turn:
+                return 0, 0.0
+            self.leave(("key", name), owner)
+            self._fencing += 1
+            self._leases[name] = (owner, self._fencing, now + ttl)
+            self._labels[name] = label
+            return self._fencing, ttl
+
+    def turn(
+        self, queue: tuple[str, str], waiter: str, alive: float, slots: int, now: float
+    ) -> bool:
+        """Under the mutex: hold ``waiter``'s place in ``queue`` for ``alive`` seconds more;
+        whether it is among the first ``slots`` (arrival order, dead places dropped)."""
+        places = self._queues.setdefault(queue, {})
+        for gone in [w for w, (_, until) in places.items() if until <= now]:
+            del places[gone]
+        arrived = places[waiter][0] if waiter in places else now
+        places[waiter] = (arrived, now + alive)  # a dict keeps its arrival order
+        return list(places).index(waiter) < slots
+
+    def leave(self, queue: tuple[str, str], waiter: str) -> None:
+        """``waiter``'s place in ``queue`` goes (it was served, or it gave up)."""
+        with self._cond:
+            places = self._queues.get(queue)
+            if places is not None and places.pop(waiter, None) is not None:
+                if not places:
+                    del self._queues[queue]
+                self._cond.notify_all()
 
     def refresh(self, name: str, owner: str, ttl: float) -> bool:
         """Extend the lease by ``ttl`` from now; False when it is not ``owner``'s any more."""
@@ -126,7 +157,7 @@ class MemoryStore:
         return entry
 
     def sem_acquire(
-        self, name: str, owner: str, ttl: float, permits: int, label: str
+        self, name: str, owner: str, ttl: float, permits: int, label: str, queue: float = 0.0
     ) -> tuple[int, float]:
         """A permit of ``name``: ``(token, ttl)``, or ``(0, time until one frees)``."""
         with self._cond:
@@ -137,9 +168,14 @@ class MemoryStore:
             held = entry[1] if entry is not None else {}
             if owner in held:  # a repeated request of the same acquisition
                 token = held[owner][0]
-            elif len(held) >= permits:
-                return 0, min(permit[1] for permit in held.values()) - now
             else:
+                free = permits - len(held)
+                turn = not queue or self.turn(("sem", name), owner, queue, free, now)
+                if free <= 0:
+                    return 0, min(permit[1] for permit in held.values()) - now
+                if not turn:
+                    return 0, 0.0
+                self.leave(("sem", name), owner)
                 self._fencing += 1
                 token = self._fencing
             held[owner] = (token, now + ttl, label)
@@ -222,9 +258,15 @@ class MemoryLocker(Locker):
             store, check_name(name), permits, functools.partial(self._store.sem_holders, name)
         )
 
-    def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
-        token, remaining = self._store.acquire(name, owner, ttl_ms / 1000, label(self._label))
+    def _attempt(
+        self, name: str, owner: str, ttl_ms: int, queue_ms: int = 0
+    ) -> tuple[int, float]:
+        who, queue = label(self._label), queue_ms / 1000
+        token, remaining = self._store.acquire(name, owner, ttl_ms / 1000, who, queue)
         return (token, 0.0) if token > 0 else (0, remaining)
+
+    def _leave(self, name: str, owner: str) -> None:
+        self._store.leave(("key", name), owner)
 
     def _holder(self, name: str) -> LockHolder | None:
         return self._store.holder(name)
@@ -271,10 +313,17 @@ class _MemoryPermits(Locker):
     def _core(self) -> LockerCore:
         return self._locker._core
 
-    def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
-        who = label(self._locker._label)
-        token, remaining = self._store.sem_acquire(name, owner, ttl_ms / 1000, self._permits, who)
+    def _attempt(
+        self, name: str, owner: str, ttl_ms: int, queue_ms: int = 0
+    ) -> tuple[int, float]:
+        who, queue = label(self._locker._label), queue_ms / 1000
+        token, remaining = self._store.sem_acquire(
+            name, owner, ttl_ms / 1000, self._permits, who, queue
+        )
         return (token, 0.0) if token > 0 else (0, remaining)
+
+    def _leave(self, name: str, owner: str) -> None:
+        self._store.leave(("sem", name), owner)
 
     def _refresh(self, name: str, owner: str, ttl_ms: int) -> bool:
         return self._store.sem_refresh(name, owner, ttl_ms / 1000)

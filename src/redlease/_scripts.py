@@ -67,10 +67,18 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode("utf-8")).hexdigest())
 
 
+# Scripts that begin with another file's functions (fair waiting's queue).
+_PRELUDES = {"lock_acquire": "queue", "sem_acquire": "queue"}
+
+
 @cache
 def load(name: str) -> Script:
-    """The script in ``lua/<name>.lua``, loaded and hashed once."""
-    return Script(name, source(name), _REPLIES.get(name, "flag"))
+    """The script in ``lua/<name>.lua`` (after its prelude, if any), loaded and hashed once."""
+    text = source(name)
+    prelude = _PRELUDES.get(name)
+    if prelude is not None:
+        text = source(prelude) + "\n" + text
+    return Script(name, text, _REPLIES.get(name, "flag"))
 
 
 def fenced(name: str, body: str) -> Script:

@@ -89,13 +89,20 @@ class Semaphore:
         wait: Duration = 0.0,
         retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
         auto_renew: bool = False,
+        fair: bool = False,
     ) -> Lock:
         """Take a permit, waiting up to ``wait`` for one to free; see ``Locker.acquire``.
 
         ``NotAcquired`` when all ``permits`` are still taken at the end.
+        ``fair=True``: freed permits go to the fair waiters in arrival order.
         """
         return self._store.acquire(
-            self._name, ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew
+            self._name,
+            ttl=ttl,
+            wait=wait,
+            retry_interval=retry_interval,
+            auto_renew=auto_renew,
+            fair=fair,
         )
 
     def try_acquire(self, *, ttl: Duration = DEFAULT_TTL, auto_renew: bool = False) -> Lock:

@@ -147,6 +147,7 @@ class RedisLocker(Locker):
         self._refresh_script = load("lock_refresh")
         self._release_script = load("lock_release")
         self._holder_script = load("lock_holder")
+        self._leave_script = load("queue_leave")
         self._sem_scripts = tuple(
             load(n) for n in ("sem_acquire", "sem_refresh", "sem_release", "sem_holders")
         )
@@ -198,9 +199,13 @@ class RedisLocker(Locker):
         with self._family.errors():
             return run_one(self._engine, request, timeout=self._timeout, wait=wait)
 
-    def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
-        keys = (self.key(name), self._keys.fencing)
-        args = (owner, ttl_ms, label(self._label))
+    def _attempt(
+        self, name: str, owner: str, ttl_ms: int, queue_ms: int = 0
+    ) -> tuple[int, float]:
+        keys: tuple[str, ...] = (self.key(name), self._keys.fencing)
+        args: tuple[Any, ...] = (owner, ttl_ms, label(self._label))
+        if queue_ms:
+            keys, args = (*keys, *self._keys.queue("key", name)), (*args, queue_ms)
         request = (self._acquire_script, keys, args)
         token, pttl = self._granted(request, f"lock {name!r}", lambda: self._give_back(name, owner))
         return (token, 0.0) if token > 0 else (0, max(pttl, 0) / 1000)
@@ -224,6 +229,12 @@ class RedisLocker(Locker):
             with self._family.errors():
                 self._engine.confirm_master(self._timeout, give_back)
         return token, number
+
+    def _leave(self, name: str, owner: str) -> None:
+        self._leave_queue("key", name, owner)
+
+    def _leave_queue(self, kind: str, name: str, owner: str) -> None:
+        self._call((self._leave_script, self._keys.queue(kind, name), (owner,)))
 
     def _give_back(self, name: str, owner: str) -> None:
         # An unconfirmed acquisition is not returned, so nobody would release
@@ -356,10 +367,14 @@ class _RedisPermits(Locker):
         keys = self._locker._keys
         return keys.permits(name), keys.permit_info(name)
 
-    def _attempt(self, name: str, owner: str, ttl_ms: int) -> tuple[int, float]:
+    def _attempt(
+        self, name: str, owner: str, ttl_ms: int, queue_ms: int = 0
+    ) -> tuple[int, float]:
         locker = self._locker
-        keys = (*self._keys_of(name), locker._keys.fencing)
-        args = (owner, ttl_ms, self._permits, label(locker._label))
+        keys: tuple[str, ...] = (*self._keys_of(name), locker._keys.fencing)
+        args: tuple[Any, ...] = (owner, ttl_ms, self._permits, label(locker._label))
+        if queue_ms:
+            keys, args = (*keys, *locker._keys.queue("sem", name)), (*args, queue_ms)
         token, number = locker._granted(
             (self._acquire_script, keys, args),
             f"a permit of semaphore {name!r}",
@@ -372,6 +387,9 @@ class _RedisPermits(Locker):
     def _give_back(self, name: str, owner: str) -> None:
         with contextlib.suppress(Exception):
             self._release(name, owner)
+
+    def _leave(self, name: str, owner: str) -> None:
+        self._locker._leave_queue("sem", name, owner)
 
     def _refresh(self, name: str, owner: str, ttl_ms: int) -> bool:
         reply, _ = self._locker._call((self._refresh_script, self._keys_of(name), (owner, ttl_ms)))

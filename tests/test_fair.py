@@ -1,0 +1,204 @@
+"""Fair waiting: ``acquire(..., fair=True)`` serves one name's waiters in arrival order.
+
+Locks and semaphores, on ``MemoryLocker`` and on ``RedisLocker`` with both
+engines; a waiter that gives up leaves the queue at once, one that dies
+within its retry interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import redlease
+from redlease._testing import RedisServer
+from redlease.lock import Lock, Locker, MemoryLocker, RedisLocker
+
+KINDS = ("memory", "native", "python")
+
+
+@pytest.fixture(params=KINDS, ids=KINDS)
+def locker(request: pytest.FixtureRequest) -> Iterator[Locker]:
+    if request.param == "memory":
+        yield MemoryLocker()
+        return
+    server: RedisServer = request.getfixturevalue("redis_server")
+    client = server.client()
+    made = RedisLocker(client, prefix="fair:", engine=request.param)
+    try:
+        yield made
+    finally:
+        made.close()
+        client.close()
+
+
+def acquirer(locker: Locker, kind: str) -> Callable[..., Lock]:
+    """``acquire`` of the lock "job", or of a permit of the 1-permit semaphore "job"."""
+    if kind == "lock":
+        return lambda **options: locker.acquire("job", **options)
+    sem = locker.semaphore("job", 1)  # type: ignore[attr-defined]
+    return lambda **options: sem.acquire(**options)
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+def test_fair_waiters_are_served_in_the_order_they_came(locker: Locker, kind: str) -> None:
+    acquire = acquirer(locker, kind)
+    holder = acquire(ttl=30.0)
+    served: list[int] = []
+
+    def waiter(i: int) -> None:
+        held = acquire(ttl=30.0, wait=30.0, retry_interval=0.2, fair=True)
+        served.append(i)
+        time.sleep(0.02)
+        held.release()
+
+    threads = []
+    for i in range(6):
+        thread = threading.Thread(target=waiter, args=(i,))
+        thread.start()
+        threads.append(thread)
+        time.sleep(0.15)  # each has made its first attempt, and queued, before the next
+    holder.release()
+    for thread in threads:
+        thread.join(30)
+    assert served == list(range(6))
+
+
+def test_a_waiter_that_gives_up_leaves_the_queue_at_once(locker: Locker) -> None:
+    holder = locker.acquire("job", ttl=30.0)
+    gave_up: list[BaseException] = []
+    got: list[float] = []
+
+    def impatient() -> None:
+        # First in the queue; its place would live 10 s, but it leaves when it gives up.
+        try:
+            locker.acquire("job", ttl=30.0, wait=0.5, retry_interval=10.0, fair=True)
+        except redlease.NotAcquired as exc:
+            gave_up.append(exc)
+
+    def patient() -> None:
+        held = locker.acquire("job", ttl=30.0, wait=30.0, retry_interval=10.0, fair=True)
+        got.append(time.monotonic())
+        held.release()
+
+    first = threading.Thread(target=impatient)
+    first.start()
+    time.sleep(0.2)
+    second = threading.Thread(target=patient)
+    second.start()
+    first.join(10)
+    assert gave_up, "the impatient waiter did not give up"
+    released = time.monotonic()
+    holder.release()
+    second.join(15)
+    assert got, "the second waiter was not served"
+    assert got[0] - released < 1.0, f"served {got[0] - released:.2f} s after the release"
+
+
+def test_a_fair_single_attempt_does_not_jump_the_queue(locker: Locker) -> None:
+    holder = locker.acquire("job", ttl=30.0)
+    queued: list[Lock] = []
+    waiter = threading.Thread(
+        target=lambda: queued.append(
+            locker.acquire("job", ttl=30.0, wait=30.0, retry_interval=5.0, fair=True)
+        )
+    )
+    waiter.start()
+    time.sleep(0.3)
+    holder.release()
+    waiter.join(10)
+    assert queued
+    with pytest.raises(redlease.NotAcquired):
+        locker.try_acquire("job")
+    queued[0].release()
+
+
+def test_fair_must_be_a_bool(locker: Locker) -> None:
+    with pytest.raises(redlease.ConfigError, match="fair must be a bool"):
+        locker.acquire("job", fair=1)  # type: ignore[arg-type]
+
+
+_WAITER = textwrap.dedent(
+    """
+    import sys, redis, redlease
+    locker = redlease.RedisLocker(redis.Redis(port=int(sys.argv[1])), prefix="fair:")
+    print("waiting", flush=True)
+    locker.acquire("job", ttl=30, wait=60, retry_interval=float(sys.argv[2]), fair=True)
+    print("acquired", flush=True)
+    """
+)
+
+
+def test_a_waiter_that_dies_leaves_the_queue_within_its_retry_interval(
+    redis_server: RedisServer, engine: str
+) -> None:
+    client = redis_server.client()
+    with RedisLocker(client, prefix="fair:", engine=engine) as locker:
+        holder = locker.acquire("job", ttl=30.0)
+        doomed = subprocess.Popen(
+            [sys.executable, "-c", _WAITER, str(redis_server.port), "0.5"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert doomed.stdout is not None and doomed.stdout.readline().strip() == "waiting"
+            time.sleep(0.5)  # queued first
+            got: list[float] = []
+
+            def second() -> None:
+                held = locker.acquire("job", ttl=30.0, wait=30.0, retry_interval=0.1, fair=True)
+                got.append(time.monotonic())
+                held.release()
+
+            waiter = threading.Thread(target=second)
+            waiter.start()
+            time.sleep(0.3)
+            os.kill(doomed.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            holder.release()
+            waiter.join(15)
+            assert got, "the queue did not move on past the dead waiter"
+            assert got[0] - killed < 0.5 + 1.0, f"held up {got[0] - killed:.2f} s"
+        finally:
+            doomed.kill()
+            doomed.wait()
+        # Nothing of the queue is left behind.
+        assert client.keys("fair:queue*") == []
+
+
+def test_asyncio_fair_waiters_in_order(redis_server: RedisServer) -> None:
+    async def main() -> None:
+        client = redis_server.client(asyncio=True)
+        locker = redlease.aio.RedisLocker(client, prefix="fair-aio:")
+        served: list[int] = []
+        try:
+            holder = await locker.acquire("job", ttl=30.0)
+
+            async def waiter(i: int) -> None:
+                held = await locker.acquire(
+                    "job", ttl=30.0, wait=30.0, retry_interval=0.2, fair=True
+                )
+                served.append(i)
+                await held.release()
+
+            tasks = []
+            for i in range(4):
+                tasks.append(asyncio.ensure_future(waiter(i)))
+                await asyncio.sleep(0.15)
+            await holder.release()
+            await asyncio.wait_for(asyncio.gather(*tasks), 30)
+            assert served == list(range(4))
+        finally:
+            await locker.close()
+            await client.aclose()
+
+    asyncio.run(main())
