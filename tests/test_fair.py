@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import redlease
-from redlease._testing import RedisServer
+from redlease._testing import ClusterSet, RedisServer
 from redlease.lock import Lock, Locker, MemoryLocker, RedisLocker
 
 KINDS = ("memory", "native", "python")
@@ -202,3 +202,30 @@ def test_asyncio_fair_waiters_in_order(redis_server: RedisServer) -> None:
             await client.aclose()
 
     asyncio.run(main())
+
+
+def test_fair_waiting_on_a_cluster(cluster_set: ClusterSet, engine: str) -> None:
+    client = cluster_set.client(socket_timeout=2)
+    with RedisLocker(client, prefix="{fair-cluster}:", engine=engine) as locker:
+        for acquire in (acquirer(locker, "lock"), acquirer(locker, "semaphore")):
+            holder = acquire(ttl=30.0)
+            served: list[int] = []
+
+            def waiter(
+                i: int, acquire: Callable[..., Lock] = acquire, served: list[int] = served
+            ) -> None:
+                held = acquire(ttl=30.0, wait=30.0, retry_interval=0.3, fair=True)
+                served.append(i)
+                held.release()
+
+            threads = []
+            for i in range(4):
+                thread = threading.Thread(target=waiter, args=(i,))
+                thread.start()
+                threads.append(thread)
+                time.sleep(0.2)
+            holder.release()
+            for thread in threads:
+                thread.join(30)
+            assert served == list(range(4))
+    client.close()
