@@ -4,6 +4,8 @@
 -- KEYS[3] the acknowledgement (<prefix>ack:<owner>)
 -- ARGV[1] ownership token, ARGV[2] acknowledgement TTL in milliseconds,
 -- ARGV[3] "1" to send the notice in the key's slot (SPUBLISH, Redis Cluster 7+)
+-- KEYS[4] (optional) the semaphore's fair-waiting queue (see queue.lua): its first
+-- waiters, as many as permits are free, are told too, on <queue>:<waiter>:released
 -- Returns 1 when given back, or when this owner's release already did (a replay); 0 when the
 -- permit expired or was never ours.
 local t = redis.call('TIME')
@@ -12,13 +14,22 @@ local expiry = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
 if expiry and expiry > now then
   redis.call('ZREM', KEYS[1], ARGV[1])
   redis.call('HDEL', KEYS[2], 'f:' .. ARGV[1], 'h:' .. ARGV[1])
+  local live = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+  local free = (tonumber(redis.call('HGET', KEYS[2], 'permits')) or 1) - live
   if redis.call('ZCARD', KEYS[1]) == 0 then
     redis.call('DEL', KEYS[2])
   end
   redis.call('SET', KEYS[3], '1', 'PX', ARGV[2])
-  local channel = KEYS[1] .. ':released'
-  if ARGV[3] ~= '1' or not pcall(redis.call, 'SPUBLISH', channel, '1') then
-    redis.call('PUBLISH', channel, '1')
+  local channels = {KEYS[1] .. ':released'}
+  if KEYS[4] and free > 0 then
+    for _, waiter in ipairs(redis.call('ZRANGE', KEYS[4], 0, free - 1)) do
+      channels[#channels + 1] = KEYS[4] .. ':' .. waiter .. ':released'
+    end
+  end
+  for _, channel in ipairs(channels) do
+    if ARGV[3] ~= '1' or not pcall(redis.call, 'SPUBLISH', channel, '1') then
+      redis.call('PUBLISH', channel, '1')
+    end
   end
   return 1
 end

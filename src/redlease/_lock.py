@@ -380,7 +380,10 @@ class Locker(ABC):
         # A fair waiter's place lives one retry interval; its attempts renew it in time.
         queue_ms = max(1, math.ceil(interval * 1000)) if fair else 0
         every = interval * 2 / 3 if fair else interval
-        waiting = self._waiting(name) if window > 0 else contextlib.nullcontext(self._pause)
+        waiting: contextlib.AbstractContextManager[Callable[[float], None]]
+        waiting = contextlib.nullcontext(self._pause)
+        if window > 0:
+            waiting = self._waiting(name, owner if fair else None)
         granted = False
         try:
             with waiting as pause:
@@ -463,8 +466,13 @@ class Locker(ABC):
         """What ``NotAcquired`` says when ``name`` could not be had."""
         return f"lock {name!r} is held by another owner"
 
-    def _waiting(self, name: str) -> contextlib.AbstractContextManager[Callable[[float], None]]:
+    def _waiting(
+        self, name: str, waiter: str | None = None
+    ) -> contextlib.AbstractContextManager[Callable[[float], None]]:
         """For one waiting ``acquire`` of ``name``: the pause between its attempts.
+
+        ``waiter``: a fair waiter's id, whose pause may end on its turn rather
+        than on every release.
 
         A locker whose store announces releases returns a pause that ends
         early on the announcement; the default just sleeps (``_pause``).

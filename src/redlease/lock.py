@@ -247,7 +247,7 @@ class RedisLocker(Locker):
         return bool(reply == 1)
 
     def _release(self, name: str, owner: str) -> bool:
-        keys = (self.key(name), self._keys.ack(owner))
+        keys = (self.key(name), self._keys.ack(owner), self._keys.queue("key", name)[0])
         reply, _ = self._call(
             (self._release_script, keys, (owner, self._ack_ttl_ms, self._sharded_notice))
         )
@@ -307,7 +307,12 @@ class RedisLocker(Locker):
                     read.append((key[start:], reply))
         return read
 
-    def _waiting(self, name: str) -> contextlib.AbstractContextManager[Callable[[float], None]]:
+    def _waiting(
+        self, name: str, waiter: str | None = None
+    ) -> contextlib.AbstractContextManager[Callable[[float], None]]:
+        if waiter is not None:
+            # A fair waiter is told when it is first in the queue, not at every release.
+            return self._listening(f"{self._keys.queue('key', name)[0]}:{waiter}")
         return self._listening(self.key(name))
 
     @contextlib.contextmanager
@@ -397,7 +402,7 @@ class _RedisPermits(Locker):
 
     def _release(self, name: str, owner: str) -> bool:
         locker = self._locker
-        keys = (*self._keys_of(name), locker._keys.ack(owner))
+        keys = (*self._keys_of(name), locker._keys.ack(owner), locker._keys.queue("sem", name)[0])
         args = (owner, locker._ack_ttl_ms, locker._sharded_notice)
         reply, _ = locker._call((self._release_script, keys, args))
         return bool(reply == 1)
@@ -408,7 +413,12 @@ class _RedisPermits(Locker):
             ttl=ttl_ms / 1000,
         )
 
-    def _waiting(self, name: str) -> contextlib.AbstractContextManager[Callable[[float], None]]:
+    def _waiting(
+        self, name: str, waiter: str | None = None
+    ) -> contextlib.AbstractContextManager[Callable[[float], None]]:
+        if waiter is not None:
+            queue = self._locker._keys.queue("sem", name)[0]
+            return self._locker._listening(f"{queue}:{waiter}")
         return self._locker._listening(self._keys_of(name)[0])
 
     def _taken(self, name: str) -> str:
