@@ -1,7 +1,8 @@
 """Chaos soak: contenders doing fenced work while faults are injected, then an invariant check.
 
     python benchmarks/chaos.py [--duration 60] [--seed 1] [--contenders 4] [--ttl 1.0]
-                               [--engine both|native|python] [--mode elector|lock]
+                               [--engine both|native|python] [--mode elector|lock|semaphore]
+                               [--permits N]
                                [--topology plain|sentinel] [--weights kind=w,...]
                                [--min-replicas N]
     python benchmarks/chaos.py --self-test
@@ -50,6 +51,13 @@ the tokens, the faults before it). Every process the script starts is killed
 by pid at the end, also on Ctrl-C or an error. The same ``--seed`` gives the
 same fault schedule (kinds, targets, durations, gaps); timings still vary.
 
+``--mode semaphore``: the contenders take permits of one ``RedisLocker``
+semaphore of ``--permits`` N (default 2) and append ``token:pid:seq`` while
+they hold one (N holders write at once, so the list's order is not a
+rule there). Checked besides: never more than N live permits at the
+server (sampled by its clock every 50 ms), and permit tokens never given
+twice and only growing for each contender.
+
 ``--inject-stale-write`` pushes one entry with token 1 straight into the
 list half way through the run, bypassing the fence: the checker must catch it
 (exit 1). ``--self-test`` runs the checker on crafted evidence with one
@@ -96,6 +104,16 @@ LOCK_PREFIX = "chaos:lock:"
 LOCK_NAME = "res"
 LOCK_FENCE_KEY = f"{LOCK_PREFIX}fencing"
 LOCK_MARK_KEY = "chaos:lock:mark"
+# Semaphore mode: the permits' sorted set (owner -> expiry, server ms).
+SEM_NAME = "pool"
+SEM_KEY = f"{LOCK_PREFIX}sem:{SEM_NAME}"
+APPEND_SCRIPT = "redis.call('RPUSH', KEYS[1], ARGV[1]) return 1"
+# Live permits now, by the server's clock.
+LIVE_PERMITS_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+"""
 
 APPEND_BODY = "redis.call('RPUSH', KEYS[2], ARGV[2])"
 # The README's "anywhere else" recipe, for a lock's token: compare with the
@@ -158,6 +176,8 @@ INVARIANTS = {
     "once": "no write landed twice",
     "acknowledged": "writes reported applied are in the list, rejected ones are not",
     "own-token": "every write carries a token its writer was elected with",
+    "permits": "never more than N live permits at the server (sampled)",
+    "permit-tokens": "permit tokens never given twice, only growing per contender",
     "exit": "every contender exits (status 0) within 10 s of SIGTERM",
     "no-crash": "no contender crashed",
 }
@@ -305,6 +325,57 @@ def contender_lock(args: argparse.Namespace, log: EventLog, stop: threading.Even
     locker.close()
 
 
+def contender_semaphore(args: argparse.Namespace, log: EventLog, stop: threading.Event) -> None:
+    import redlease
+
+    pid = os.getpid()
+    seq = itertools.count(1)
+    rng = random.Random(args.seed)
+    client = _contender_client(args)
+    # Written at most once, like the lock mode's: a client that never retries.
+    writer = _contender_client(args, retry=Retry(NoBackoff(), 0))
+    append = writer.register_script(APPEND_SCRIPT)
+    locker = redlease.RedisLocker(
+        client, prefix=LOCK_PREFIX, engine=args.engine, min_replicas=args.min_replicas
+    )
+    sem = locker.semaphore(SEM_NAME, args.permits)
+    while not stop.is_set():
+        try:
+            held = sem.acquire(
+                ttl=args.ttl, wait=args.ttl, retry_interval=args.ttl / 10, auto_renew=True
+            )
+        except redlease.NotAcquired:
+            continue
+        except (redis.RedisError, redlease.NotReplicated) as exc:
+            log.event("error", **_write_error(exc))
+            stop.wait(args.ttl / 4)
+            continue
+        token = held.fencing_token
+        log.event("elected", token=token)
+        until = time.monotonic() + rng.uniform(1.0, 4.0) * args.ttl
+        reason = "released"
+        while time.monotonic() < until and not stop.is_set():
+            if held.done.is_set():
+                reason = "lost"
+                break
+            n = next(seq)
+            try:
+                append(keys=[LIST_KEY], args=[f"{token}:{pid}:{n}"])
+            except redis.RedisError as exc:
+                log.event("write", token=token, seq=n, r="e", **_write_error(exc))
+            else:
+                log.event("write", token=token, seq=n, r="a")
+            stop.wait(args.write_interval)
+        try:
+            held.release()
+        except redlease.NotHeld:
+            reason += ", release: not held"
+        except redis.RedisError as exc:
+            reason += f", release: {type(exc).__name__}"
+        log.event("stepped_down", token=token, reason=reason)
+    locker.close()
+
+
 def contender_main(args: argparse.Namespace) -> int:
     log = EventLog(args.log, args.slot)
     stop = threading.Event()
@@ -318,6 +389,8 @@ def contender_main(args: argparse.Namespace) -> int:
     try:
         if args.mode == "elector":
             contender_elector(args, log, stop)
+        elif args.mode == "semaphore":
+            contender_semaphore(args, log, stop)
         else:
             contender_lock(args, log, stop)
     except BaseException as exc:
@@ -473,7 +546,10 @@ def parse_entry(entry: str) -> tuple[int, int, int]:
 def check(ev: Evidence) -> list[Violation]:
     """Judge a run: every violation of the invariants, with its evidence."""
     found = list(ev.live)
-    found += _check_order(ev.entries)
+    if ev.mode == "semaphore":
+        found += _check_permit_tokens(ev.events)
+    else:
+        found += _check_order(ev.entries)
     claims: dict[int, set[int]] = defaultdict(set)
     elected: dict[int, set[int]] = defaultdict(set)
     for e in ev.events:
@@ -527,6 +603,24 @@ def check(ev: Evidence) -> list[Violation]:
             )
         elif rc != 0:
             found.append(Violation("no-crash", f"contender {pid} exited with status {rc}"))
+    return found
+
+
+def _check_permit_tokens(events: list[dict[str, Any]]) -> list[Violation]:
+    """Semaphore mode: each contender's permit tokens only grow (uniqueness is unique-claim)."""
+    found = []
+    last: dict[int, int] = {}
+    for e in sorted((e for e in events if e["ev"] == "elected"), key=lambda e: e["t"]):
+        before = last.get(e["pid"])
+        if before is not None and e["token"] <= before:
+            found.append(
+                Violation(
+                    "permit-tokens",
+                    f"contender {e['pid']} got permit token {e['token']} after {before}",
+                    e["t"],
+                )
+            )
+        last[e["pid"]] = e["token"]
     return found
 
 
@@ -698,6 +792,8 @@ class Soak:
             engine,
             "--mode",
             self.args.mode,
+            "--permits",
+            str(self.args.permits),
             "--ttl",
             repr(self.ttl),
             "--write-interval",
@@ -827,6 +923,16 @@ class Soak:
                     .execute()
                 )
                 new = client.lrange(LIST_KEY, seen, -1) if length > seen else []
+                if self.args.mode == "semaphore":
+                    live = int(client.eval(LIVE_PERMITS_SCRIPT, 1, SEM_KEY))
+                    if live > self.args.permits:
+                        self.live.append(
+                            Violation(
+                                "permits",
+                                f"{live} live permits at the server, of {self.args.permits}",
+                                time.time(),
+                            )
+                        )
             except redis.RedisError:
                 continue
             now = time.time()
@@ -867,7 +973,12 @@ class Soak:
             last_fence, last_applied = max(last_fence, fence_n), max(last_applied, applied_n)
             for raw in new:
                 entry = raw.decode()
-                if last_entry is not None and parse_entry(entry)[0] < parse_entry(last_entry)[0]:
+                ordered = self.args.mode != "semaphore"  # N holders append at once
+                if (
+                    ordered
+                    and last_entry is not None
+                    and parse_entry(entry)[0] < parse_entry(last_entry)[0]
+                ):
                     self.live.append(
                         Violation(
                             "order",
@@ -1117,12 +1228,17 @@ class Soak:
             ):
                 injected_stale = True
                 client = self.direct()
-                client.rpush(LIST_KEY, "1:0:0")
+                if args.mode == "semaphore":
+                    # Permits past N, live for a while: the sampler must see them.
+                    far = int(client.time()[0] + 30) * 1000
+                    extra = {f"intruder-{i}": far for i in range(args.permits + 1)}
+                    client.zadd(SEM_KEY, extra)  # type: ignore[arg-type]
+                    what = f"{args.permits + 1} permits past the semaphore"
+                else:
+                    client.rpush(LIST_KEY, "1:0:0")
+                    what = "a stale entry 1:0:0"
                 client.close()
-                print(
-                    f"{_clock(time.time())} injected a stale entry 1:0:0 "
-                    "(the checker must catch it)"
-                )
+                print(f"{_clock(time.time())} injected {what} (the checker must catch it)")
             if time.time() >= deadline:
                 break
             fault = self.inject(kind)
@@ -1269,9 +1385,14 @@ class Soak:
         broken = Counter(v.rule for v in violations)
         print(f"| {'invariant':<62} | {'result':<12} |")
         print(f"| {'-' * 62} | {'-' * 12} |")
+        semaphore_rules = ("permits", "permit-tokens")
         for rule, text in INVARIANTS.items():
             if rule == "applied-mark" and ev.final_applied is None:
                 result = "n/a (locks)"
+            elif rule == "order" and ev.mode == "semaphore":
+                result = "n/a (sem)"
+            elif rule in semaphore_rules and ev.mode != "semaphore":
+                result = "n/a"
             elif rule == "acknowledged" and ev.replicated and not broken[rule]:
                 result = "held (*)"
             else:
@@ -1409,6 +1530,17 @@ def self_test() -> int:
     def _(ev: Evidence) -> None:
         ev.events.append({"t": 1007.0, "ev": "crash", "pid": 22, "slot": 1, "error": "boom"})
 
+    @plant("permit-tokens")
+    def _(ev: Evidence) -> None:
+        ev.mode = "semaphore"  # two permit holders at once; then one goes back in tokens
+        ev.events.append({"t": 1008.0, "ev": "elected", "pid": 22, "slot": 1, "token": 1})
+
+    @plant("permits")
+    def _(ev: Evidence) -> None:
+        # What the sampler reports when the server holds more live permits than N.
+        ev.mode = "semaphore"
+        ev.live.append(Violation("permits", "3 live permits at the server, of 2", 1009.0))
+
     ok = True
     baseline = check(clean())
     if baseline:
@@ -1489,9 +1621,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--mode",
-        choices=("elector", "lock"),
+        choices=("elector", "lock", "semaphore"),
         default="elector",
-        help="contend with Elector (default) or take RedisLocker locks",
+        help="contend with Elector (default), take RedisLocker locks, or semaphore permits",
+    )
+    p.add_argument(
+        "--permits",
+        type=int,
+        default=2,
+        help="the semaphore's permits, in semaphore mode (default 2)",
     )
     p.add_argument(
         "--topology",

@@ -119,3 +119,31 @@ def test_bad_weights_are_refused_with_the_rule() -> None:
     assert result.returncode == 2
     assert "KIND=NUMBER with KIND one of" in result.stderr
     assert "'earthquake=3'" in result.stderr
+
+
+@pytest.mark.slow
+def test_short_semaphore_soak_holds_every_invariant(engine: str, tmp_path: Path) -> None:
+    result = run_soak(
+        *SHORT,
+        "--seed", "11",
+        "--engine", engine,
+        "--mode", "semaphore",
+        "--permits", "2",
+        "--workdir", str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all invariants held" in result.stdout
+    assert "never more than N live permits at the server (sampled)" in result.stdout
+
+
+@pytest.mark.slow
+def test_semaphore_soak_fails_when_permits_past_n_are_live(tmp_path: Path) -> None:
+    result = run_soak(
+        *SHORT,
+        "--seed", "12",
+        "--mode", "semaphore",
+        "--inject-stale-write",
+        "--workdir", str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "[permits]" in result.stdout and "live permits at the server, of 2" in result.stdout
