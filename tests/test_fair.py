@@ -177,10 +177,10 @@ def test_a_waiter_that_dies_leaves_the_queue_within_its_retry_interval(
         assert client.keys("fair:queue*") == []
 
 
-def test_asyncio_fair_waiters_in_order(redis_server: RedisServer) -> None:
+def test_asyncio_fair_waiters_in_order(redis_server: RedisServer, engine: str) -> None:
     async def main() -> None:
         client = redis_server.client(asyncio=True)
-        locker = redlease.aio.RedisLocker(client, prefix="fair-aio:")
+        locker = redlease.aio.RedisLocker(client, prefix="fair-aio:", engine=engine)
         served: list[int] = []
         try:
             holder = await locker.acquire("job", ttl=30.0)
