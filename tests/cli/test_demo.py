@@ -60,6 +60,13 @@ def test_demo_against_a_given_server_cleans_up_its_keys(redis_server: RedisServe
     assert client.keys("redlease-demo-*") == []
 
 
+def _as_at_a_terminal() -> None:
+    # A suite started as a background job (``cmd &`` in a script) has SIGINT
+    # ignored, and an ignored signal stays ignored across exec: the demo
+    # would never see the Ctrl-C. Give it the disposition a terminal gives.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(
     ("sig", "code", "message"),
     [(signal.SIGINT, 130, "redlease: interrupted"), (signal.SIGTERM, 143, "redlease: terminated")],
@@ -72,6 +79,7 @@ def test_an_interrupted_demo_stops_everything(sig: int, code: int, message: str)
         stderr=subprocess.PIPE,
         text=True,
         env=cli_env(),
+        preexec_fn=_as_at_a_terminal,
     )
     assert proc.stdout is not None
     header = ""
