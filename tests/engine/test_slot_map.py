@@ -301,3 +301,20 @@ def test_after_a_failover_a_refresh_gives_the_same_nodes_their_new_roles(
         assert client.get_default_node().server_type == PRIMARY
     finally:
         client.close()
+
+
+@pytest.mark.topology
+def test_a_cluster_clients_socket_timeout_is_its_call_and_write_bound(
+    cluster_set: ClusterSet,
+) -> None:
+    from redlease._engine.client import call_timeout, write_timeout
+
+    timed = cluster_set.client(socket_timeout=1.5)
+    untimed = cluster_set.client(socket_timeout=None)
+    try:
+        assert (call_timeout(timed), write_timeout(timed)) == (1.5, 1.5)
+        # Without one: the defaults, 5 s for a control call and 30 s for a write.
+        assert (call_timeout(untimed), write_timeout(untimed)) == (5.0, 30.0)
+    finally:
+        timed.close()
+        untimed.close()

@@ -327,8 +327,8 @@ def refresh_slot_map(client: Any, asked: float | None = None) -> None:
     dropped connection, or a notice channel that left its node): many
     callers that saw the same move cause one refresh. ``asked`` is when the
     caller saw the need (default: now). The map is read and checked by
-    ``slotmap``, each node within the client's call bound and all within
-    twice it. Callers wait only for a refresh of the same client: one
+    ``slotmap``, each node within the client's call bound (``call_timeout``)
+    and all within twice it. Callers wait only for a refresh of the same client: one
     cluster that answers slowly or badly holds no other client's. Never
     raises: a cluster that does not answer, or answers with something that
     is not a map, leaves the old map, and the caller tries again later.
@@ -344,22 +344,9 @@ def refresh_slot_map(client: Any, asked: float | None = None) -> None:
             return
         state.began = time.monotonic()
         try:
-            refresh(client, slot_map_timeout(client))
+            refresh(client, call_timeout(client))
         except Exception as exc:
             logging.getLogger("redlease").debug("the slot map could not be refreshed: %r", exc)
-
-
-def slot_map_timeout(client: Any) -> float:
-    """The bound on asking one node of a cluster client for its slot map.
-
-    The client's call bound: the ``socket_timeout`` of its nodes'
-    connections (a ``RedisCluster`` keeps it in its nodes manager, not in
-    a pool of its own), else 5 s.
-    """
-    manager = getattr(client, "nodes_manager", None)
-    kwargs = getattr(manager, "connection_kwargs", None)
-    value = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
-    return _seconds(value) or DEFAULT_CALL_TIMEOUT
 
 
 def _seconds(value: object) -> float | None:
@@ -369,9 +356,13 @@ def _seconds(value: object) -> float | None:
 
 
 def socket_timeout(client: object) -> float | None:
-    """The client's ``socket_timeout`` in seconds, or None when it has none."""
-    pool = getattr(client, "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", None)
+    """The client's ``socket_timeout`` in seconds, or None when it has none.
+
+    A ``RedisCluster`` keeps it in its nodes manager (every node's
+    connections get it), not in a pool of its own.
+    """
+    holder = getattr(client, "nodes_manager", None) or getattr(client, "connection_pool", None)
+    kwargs = getattr(holder, "connection_kwargs", None)
     value = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
     return _seconds(value)
 
