@@ -251,19 +251,17 @@ class RedisServer:
     def kill(self) -> None:
         """Crash the process (SIGKILL) and reap it; the directory is kept for ``restart()``."""
         with self._lock:
-            proc = self._proc
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            self._paused = False
+            self._terminate(graceful=False)
 
     def stop(self) -> None:
-        """Terminate the process (resuming it first if paused) and remove its directory.
+        """End the process (SIGKILL, which a paused one obeys too) and remove its directory.
 
         Idempotent; afterwards nothing of this server is left running or on disk.
+        Nothing is kept, so nothing waits for a graceful shutdown (redis-server
+        acts on SIGTERM only at its next cron tick, up to 100 ms later).
         """
         with self._lock:
-            self._terminate()
+            self._terminate(graceful=False)
             if self._dir is not None:
                 shutil.rmtree(self._dir, ignore_errors=True)
                 self._dir = None
@@ -383,9 +381,14 @@ class RedisServer:
         assert self._proc is not None
         self._proc.send_signal(sig)
 
-    def _terminate(self) -> None:
+    def _terminate(self, *, graceful: bool = True) -> None:
         proc = self._proc
         if proc is None or proc.poll() is not None:
+            self._paused = False
+            return
+        if not graceful:
+            proc.kill()
+            proc.wait()
             self._paused = False
             return
         if self._paused:
