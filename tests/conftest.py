@@ -33,6 +33,48 @@ from redlease._testing.fake import FakeRedis
 
 ENGINES = ("python", "native")
 
+# -- running in parallel ------------------------------------------------------------
+#
+# The suite runs on pytest-xdist workers (``-n auto`` in pyproject.toml; ``-n 0``
+# runs it in one process). Every worker starts servers of its own on ports the
+# kernel picks, so workers never share one.
+
+WORKERS_PER_CPU = 2
+"""Most tests spend their time waiting on real clocks (leases, retry intervals,
+the servers' failovers), not computing: a 2-core machine is about 40% busy with
+four workers. Twice the usable CPUs keeps it busy without starving the tests
+that time renewals (their bounds are generous)."""
+
+SHARED_TOPOLOGIES = frozenset(
+    {"sentinel_set", "cluster_set", "tls_sentinel_set", "tls_cluster_set"}
+)
+"""The module-scoped sets that take seconds to build: a module using one runs on one worker."""
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: ``WORKERS_PER_CPU`` per usable CPU, or ``$PYTEST_XDIST_AUTO_NUM_WORKERS``."""
+    chosen = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    if chosen:
+        return int(chosen)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return WORKERS_PER_CPU * max(cpus, 1)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep each module that shares a Sentinel or Cluster set on one worker (``--dist loadgroup``).
+
+    Spread over the workers, such a module would build its set once per
+    worker; grouped, it builds it once, while every other test goes to
+    whichever worker is free.
+    """
+    for item in items:
+        if SHARED_TOPOLOGIES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
 
 def pytest_report_header() -> list[str]:
     """Which server binary the tests run (the newest found, or $REDLEASE_REDIS_SERVER)."""
