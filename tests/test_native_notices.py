@@ -155,13 +155,15 @@ def test_the_native_notice_wait_returns_while_another_thread_holds_the_gil(
     publisher = redis.Redis(port=redis_server.port)
     n = gil_call_size(1.0)
     publisher.publish("waiting:released", b"x")
-    hog_started = time.monotonic()
     hold_gil(n)
+    hog_ended = time.monotonic()
     waiter.join(10)
     publisher.close()
     sub.cancel()
-    # The wait returned as soon as the GIL came free, not a poll interval later.
-    assert returned and returned[0] - hog_started < 1.0 + 0.5
+    # The wait returned as soon as the GIL came free, not a poll interval
+    # later: measured from the hog's end, since on a loaded machine the call
+    # lasts longer than it was sized for.
+    assert returned and returned[0] - hog_ended < 0.5
 
 
 def test_the_native_listener_is_a_native_thread_not_a_python_one(
