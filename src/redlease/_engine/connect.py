@@ -10,6 +10,8 @@ where they go, so it is answered here.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -67,3 +69,25 @@ def connection_factory(
         return cls(**kwargs)
 
     return make
+
+
+def pooled_connection(pool: Any) -> Any:
+    """A connection from redis-py ``pool``, asked for as that version wants.
+
+    redis-py before 5.3 requires a command name (which it ignores); 5.3 and
+    later deprecate passing one.
+    """
+    pool_cls: Any = type(pool)
+    if _wants_command_name(pool_cls):
+        return pool.get_connection("_")
+    return pool.get_connection()
+
+
+@functools.cache
+def _wants_command_name(pool_cls: Any) -> bool:
+    try:
+        params = inspect.signature(pool_cls.get_connection).parameters
+    except (TypeError, ValueError):
+        return False
+    name = params.get("command_name")
+    return name is not None and name.default is inspect.Parameter.empty

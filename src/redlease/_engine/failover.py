@@ -30,6 +30,7 @@ from redis.connection import Connection, SSLConnection
 from redis.retry import Retry
 
 from .client import TLS, Sentinels
+from .connect import pooled_connection
 from .pysock import begin_round_trip, bounded_class
 
 SWITCH_CHANNEL = "+switch-master"
@@ -273,7 +274,7 @@ class SentinelProbes:
             if client is None:
                 client = self._clients[sentinel] = sentinel_client(sentinels, sentinel, timeout)
         pool = client.connection_pool
-        conn = pool.get_connection()
+        conn = pooled_connection(pool)
         try:
             # The whole answer by ``timeout``: a trickle cannot renew the wait.
             begin_round_trip(conn, time.monotonic() + timeout)

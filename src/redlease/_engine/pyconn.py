@@ -69,9 +69,12 @@ class BoundedConnection:
     def execute(self, args: Sequence[Any], timeout: float) -> Any:
         deadline = time.monotonic() + timeout
 
+        # Every read ends by the deadline: the BoundedSocket under the
+        # connection enforces it (read_response has no per-call timeout
+        # before redis-py 8.0, and needs none here).
         def one(conn: Any) -> Any:
             conn.send_command(*args)
-            return conn.read_response(timeout=remaining(deadline))
+            return conn.read_response()
 
         return self._round_trip(one, deadline)
 
@@ -91,7 +94,7 @@ class BoundedConnection:
             try:
                 for _ in commands:
                     try:
-                        replies.append(conn.read_response(timeout=remaining(deadline)))
+                        replies.append(conn.read_response())
                     except ResponseError as exc:
                         replies.append(exc)
             except BaseException:
