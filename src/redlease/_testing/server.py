@@ -32,6 +32,7 @@ from ._common import (
     LOOPBACK,
     RedisServerError,
     client_module,
+    client_settings,
     find_redis_server,
     free_port,
     register,
@@ -183,7 +184,7 @@ class RedisServer:
                 raise RedisServerError("the server has not been started")
             kwargs.setdefault("host", LOOPBACK)
             kwargs.setdefault("port", self._port)
-        return client_module(family, asyncio=asyncio).Redis(**kwargs)
+        return client_module(family, asyncio=asyncio).Redis(**client_settings(kwargs))
 
     # -- lifecycle -----------------------------------------------------------
 
