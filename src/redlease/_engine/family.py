@@ -284,7 +284,7 @@ def _sentinel_master(pool: Any, module: ModuleType) -> redis.Redis:
         sentinels.append((kw.get("host", "localhost"), kw.get("port", 26379)))
     # redis-py leaves Sentinel and ClusterNode untyped.
     sentinel_cls: Any = redis.sentinel.Sentinel
-    twin = sentinel_cls(sentinels, sentinel_kwargs=dict(manager.sentinel_kwargs or {}))
+    twin = sentinel_cls(sentinels, sentinel_kwargs=_plain(manager.sentinel_kwargs or {}))
     # The master's TLS settings ride on the pool's class, not on an ``ssl`` flag.
     master: redis.Redis = twin.master_for(
         pool.service_name,
@@ -292,6 +292,17 @@ def _sentinel_master(pool: Any, module: ModuleType) -> redis.Redis:
         **_ssl(pool.connection_kwargs, pool.connection_class, module),
     )
     return master
+
+
+def _plain(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The settings of ``kwargs`` a threaded redis-py client can take: no objects of the
+    user's client library (an asyncio ``Retry``, say, which redis-py 8.2 puts into an
+    asyncio Sentinel's defaults: a threaded connection would call it and never await it)."""
+    return {
+        key: value
+        for key, value in kwargs.items()
+        if key != "retry" and not type(value).__module__.startswith(("redis.", "valkey."))
+    }
 
 
 def _cluster(client: Any, module: ModuleType, kind: str) -> Any:
