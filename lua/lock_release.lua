@@ -6,23 +6,14 @@
 -- KEYS[3] (optional) the lock's fair-waiting queue (see queue.lua): its first waiter is
 -- told too, on <queue>:<waiter>:released (the others wait for their turn, not a wake-up)
 -- Returns 1 when deleted, or when this owner's release already deleted it (a replay);
--- 0 when the lock expired or belongs to another owner, whose lock is left untouched.
--- The notice goes to <lock>:released (only on the delete itself, never on a replay).
+-- 2 when deleted but the server refused a notice (the user may not publish to the
+-- channel); 0 when the lock expired or belongs to another owner, whose lock is left
+-- untouched. The notice goes to <lock>:released (only on the delete itself, never on a
+-- replay), sent by notify.lua, its prelude.
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
-  local channels = {KEYS[1] .. ':released'}
-  if KEYS[3] then
-    for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, 0)) do
-      channels[#channels + 1] = KEYS[3] .. ':' .. waiter .. ':released'
-    end
-  end
-  for _, channel in ipairs(channels) do
-    if ARGV[3] ~= '1' or not pcall(redis.call, 'SPUBLISH', channel, '1') then
-      redis.call('PUBLISH', channel, '1')
-    end
-  end
-  return 1
+  return notify_released(KEYS[1], KEYS[3], 1, '1', ARGV[3] == '1')
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return 1

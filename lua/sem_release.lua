@@ -6,8 +6,9 @@
 -- ARGV[3] "1" to send the notice in the key's slot (SPUBLISH, Redis Cluster 7+)
 -- KEYS[4] (optional) the semaphore's fair-waiting queue (see queue.lua): its first
 -- waiters, as many as permits are free, are told too, on <queue>:<waiter>:released
--- Returns 1 when given back, or when this owner's release already did (a replay); 0 when the
--- permit expired or was never ours.
+-- Returns 1 when given back, or when this owner's release already did (a replay); 2 when
+-- given back but the server refused a notice (the user may not publish to the channel);
+-- 0 when the permit expired or was never ours.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local expiry = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
@@ -20,18 +21,7 @@ if expiry and expiry > now then
     redis.call('DEL', KEYS[2])
   end
   redis.call('SET', KEYS[3], '1', 'PX', ARGV[2])
-  local channels = {KEYS[1] .. ':released'}
-  if KEYS[4] and free > 0 then
-    for _, waiter in ipairs(redis.call('ZRANGE', KEYS[4], 0, free - 1)) do
-      channels[#channels + 1] = KEYS[4] .. ':' .. waiter .. ':released'
-    end
-  end
-  for _, channel in ipairs(channels) do
-    if ARGV[3] ~= '1' or not pcall(redis.call, 'SPUBLISH', channel, '1') then
-      redis.call('PUBLISH', channel, '1')
-    end
-  end
-  return 1
+  return notify_released(KEYS[1], KEYS[4], math.max(free, 0), '1', ARGV[3] == '1')
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   return 1

@@ -95,6 +95,26 @@ def test_a_follower_takes_over_at_once_when_the_leader_stops(
     assert took < PUSHED, f"handover took {took:.3f} s; polling alone waits up to 2.5 s"
 
 
+def test_a_follower_whose_notice_connection_was_quiet_for_long_still_takes_over_at_once(
+    client: redis.Redis, engine: str
+) -> None:
+    # A listener bounds the reading of each message it gets; the quiet wait
+    # for the next one must not inherit that bound (past it, the connection
+    # would hear nothing until it is found silent and reconnected).
+    leader = redlease.Elector(client, "quiet", ttl=30, engine=engine)
+    events = Events()
+    follower = redlease.Elector(
+        client, "quiet", ttl=30, acquire_interval=15, engine=engine, observer=events.observer()
+    )
+    with leader:
+        elected_token(leader)
+        with follower:
+            follower_ready(follower, events, client)
+            time.sleep(6.5)  # past the 5 s bound of the last message read (the subscribe)
+            took = timed_handover(leader.resign, follower)
+    assert took < PUSHED, f"handover took {took:.3f} s; the follower's next poll was 8 s away"
+
+
 def test_a_successor_that_resigns_at_once_hands_back_at_once(
     client: redis.Redis, engine: str
 ) -> None:

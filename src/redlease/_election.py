@@ -19,7 +19,6 @@ import os
 import random
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from types import TracebackType
@@ -30,6 +29,8 @@ from ._config import Config, Duration
 from ._engine import Engine, Keeper, is_cluster, run_one, sharded_notices, shared_engine
 from ._engine.base import NoticeSubscription
 from ._engine.family import threaded
+from ._engine.notices import NO_NOTICES, ChannelRefusals
+from ._engine.replies import released
 from ._errors import ConfigError
 from ._fence import Fence
 from ._keys import ElectionKeys, has_hash_tag
@@ -96,23 +97,6 @@ class _Threads:
 _NO_OBSERVER = Observer()
 
 
-class _NoNotices:
-    """No subscription (yet): nothing is ever delivered."""
-
-    def wait(self, timeout: float) -> bool:
-        time.sleep(timeout)
-        return False
-
-    def deliver(self) -> None:
-        pass
-
-    def cancel(self) -> None:
-        pass
-
-
-_NO_NOTICES = _NoNotices()
-
-
 class Driven(Protocol):
     """A run's loop as the process's driver steps it (``_runloop.RunLoop``)."""
 
@@ -174,7 +158,7 @@ class Run:
         # Set when the process's driver runs this run instead of a thread.
         self.driven: Driven | None = None
         # The run's release notices (set as the run starts; see _runloop.run_here).
-        self.notices: NoticeSubscription = _NO_NOTICES
+        self.notices: NoticeSubscription = NO_NOTICES
 
     def should_stop(self) -> bool:
         return self.stopping.is_set() or self.user_stop.is_set()
@@ -222,6 +206,7 @@ class Election:
         "make_fencer",
         "mutex",
         "observer",
+        "refusals",
         "run",
         "sharded_notice",
         "started",
@@ -274,6 +259,11 @@ class Election:
         self.client = client
         # Releases announce in the name's slot on a cluster (SPUBLISH).
         self.sharded_notice = "1" if sharded_notices(client) else "0"
+        # An ACL user without the name's notice channels is told once, not per release.
+        self.refusals = ChannelRefusals(
+            f"Elector {self.config.name!r} instance {self.config.instance_id!r}",
+            f"&{self.config.name}*",
+        )
         self.observer = observer or _NO_OBSERVER
         self.keys = ElectionKeys(self.config.name)
         # Acquires of many started runs on this engine may share a round trip:
@@ -432,13 +422,16 @@ class Election:
 
     def release(self) -> None:
         try:
-            run_one(
+            reply, _ = run_one(
                 self.engine,
                 (_RELEASE, (self.keys.leader,), (self.instance_id, self.sharded_notice)),
                 timeout=self.config.renew_interval,
             )
         except Exception as exc:  # as an acquire's: reported, never fatal
             self.report(exc)
+            return
+        if released(reply)[1]:
+            self.refusals.publish_refused(self.keys.leader)
 
     # -- observer plumbing --------------------------------------------------------------
 

@@ -238,6 +238,9 @@ class RunLoop:
             if not self.follower:
                 self.follower = True
                 election.emit(election.observer.on_follower)
+            if self.notices is not None and self.notices.refused:
+                # An ACL user without the channel: this follower polls.
+                election.refusals.subscribe_refused(election.keys.leader)
             self.not_before = time.monotonic() + election.poll_delay(pttl_ms)
             return self.not_before
         self.follower = False

@@ -36,11 +36,14 @@ def source(name: str) -> str:
     return (_lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
 
 
-# What each script answers, where it is not 0 or 1 (every fenced write, renew,
-# release and the lock's refresh and release answer 0 or 1). The shapes
-# themselves are checked in ``_engine.replies``.
+# What each script answers, where it is not 0 or 1 (every fenced write, renew
+# and refresh answers 0 or 1; a release 0, 1 or 2, ``_engine.replies.released``).
+# The shapes themselves are checked in ``_engine.replies``.
 _REPLIES = {
     "acquire": "acquire",
+    "release": "release",
+    "lock_release": "release",
+    "sem_release": "release",
     "lock_acquire": "lock_acquire",
     "leader": "leader",
     "lock_holder": "lock_holder",
@@ -67,17 +70,20 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode("utf-8")).hexdigest())
 
 
-# Scripts that begin with another file's functions (fair waiting's queue).
-_PRELUDES = {"lock_acquire": "queue", "sem_acquire": "queue"}
+# Scripts that begin with other files' functions (fair waiting's queue, release notices).
+_PRELUDES: dict[str, tuple[str, ...]] = {
+    "lock_acquire": ("queue",),
+    "sem_acquire": ("queue",),
+    "release": ("notify",),
+    "lock_release": ("notify",),
+    "sem_release": ("notify",),
+}
 
 
 @cache
 def load(name: str) -> Script:
     """The script in ``lua/<name>.lua`` (after its prelude, if any), loaded and hashed once."""
-    text = source(name)
-    prelude = _PRELUDES.get(name)
-    if prelude is not None:
-        text = source(prelude) + "\n" + text
+    text = "\n".join([*map(source, _PRELUDES.get(name, ())), source(name)])
     return Script(name, text, _REPLIES.get(name, "flag"))
 
 

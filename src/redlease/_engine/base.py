@@ -214,6 +214,15 @@ class NoticeSubscription(Protocol):
         """Stop listening; idempotent. Afterwards nothing is woken or signalled any more."""
         ...
 
+    @property
+    def refused(self) -> bool:
+        """True once the server refused the subscription (an ACL user without the channel).
+
+        Nothing is ever delivered then: the waiter polls. The owner says so
+        once (``notices.ChannelRefusals``).
+        """
+        ...
+
 
 class Notices(Protocol):
     """An engine's release-notice listener: one subscription connection per server per process."""

@@ -87,6 +87,11 @@ class NativeSubscription:
         return float(self._sub.last_notice)
 
     @property
+    def refused(self) -> bool:
+        """True once the server refused its channel (an ACL user without it): it only polls."""
+        return bool(self._sub.refused)
+
+    @property
     def hub(self) -> Any:
         """The ``NoticeHub`` it listens on now."""
         return self._sub.hub
@@ -363,6 +368,7 @@ class _Unheard:
     """A native subscription that could not be made: every wait runs to its timeout."""
 
     notices = 0
+    refused = False
 
     def wait(self, timeout: float) -> bool:
         time.sleep(max(timeout, 0.0))

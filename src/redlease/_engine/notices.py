@@ -36,14 +36,24 @@ Either way every waiter of a process shares the one connection per server,
 and sees the same subscription interface (``base.NoticeSubscription``):
 ``wait`` for a notice, ``deliver`` queued ones to its wake-up on its own
 thread, ``cancel``. This module holds what both listeners and the releasing
-side agree on: the channel's name and whether it is sharded.
+side agree on: the channel's name and whether it is sharded, and what an
+ACL user without the channel gets (``ChannelRefusals``).
+
+Least privilege: an ACL user needs the channels under its keys' prefix
+(``&<prefix>*``, next to ``~<prefix>*``) for notices. Without them (Redis 7's
+default for a new user) the server refuses both sides: a release still
+releases (its script skips the notice and says so), a waiter's subscription
+is refused and it polls; the owner logs one WARNING naming the channel.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+from .._log import logger
 from .client import is_cluster
 
 RELEASED_SUFFIX = ":released"
@@ -63,3 +73,73 @@ def channel_of(lease_key: str) -> str:
 def sharded_notices(client: Any) -> bool:
     """Whether releases through ``client`` announce in the key's slot (a cluster)."""
     return is_cluster(client)
+
+
+class _NoNotices:
+    """No subscription (yet): nothing is ever delivered."""
+
+    refused = False
+
+    def wait(self, timeout: float) -> bool:
+        time.sleep(timeout)
+        return False
+
+    def deliver(self) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
+
+
+NO_NOTICES = _NoNotices()
+"""A run's notices before it listens: every wait runs to its timeout."""
+
+
+class ChannelRefusals:
+    """One WARNING per owner (a locker, an elector) whose notice channel the server refused.
+
+    ``grant`` is the ACL rule that would allow them (``&<prefix>*``). A
+    refused notice costs waiters up to one poll interval, never a result:
+    it is said once, as a state, never once per release or per wait.
+    """
+
+    __slots__ = ("_lock", "_said", "grant", "owner")
+
+    def __init__(self, owner: str, grant: str) -> None:
+        self.owner = owner
+        self.grant = grant
+        self._lock = threading.Lock()
+        self._said = False
+
+    @property
+    def said(self) -> bool:
+        """True once the WARNING was logged."""
+        return self._said
+
+    def publish_refused(self, lease_key: str) -> None:
+        """A release of ``lease_key`` went through, but the server refused its notice."""
+        self._say(
+            "may not publish to channel %r: releases are not announced, waiters poll",
+            channel_of(lease_key),
+        )
+
+    def subscribe_refused(self, lease_key: str) -> None:
+        """A waiter's subscription to ``lease_key``'s notices was refused: it polls."""
+        self._say(
+            "may not subscribe to channel %r: waiters poll instead of being woken by releases",
+            channel_of(lease_key),
+        )
+
+    def _say(self, what: str, channel: str) -> None:
+        if self._said:
+            return
+        with self._lock:
+            if self._said:
+                return
+            self._said = True
+        logger.warning(
+            "%s: the Redis ACL user " + what + "; grant the user %s for release notices",
+            self.owner,
+            channel,
+            self.grant,
+        )

@@ -6,8 +6,10 @@ its thread reads the notices and runs each waiter's wake-up as they arrive.
 A connection that drops is reconnected with backoff, and every waiter is
 woken once when it comes back (its notices may have been lost). On a
 cluster each channel is heard on the node that owns its slot, and moves
-with it after a failover or a migration. See ``notices`` for what a notice
-means, and does not.
+with it after a failover or a migration. A channel the server refuses (an
+ACL user without it) marks its waiters ``refused``: they poll, the
+connection and the other channels carry on. See ``notices`` for what a
+notice means, and does not.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import contextlib
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from .._forksafe import ForkSafeLock
 from .._log import logger
@@ -45,15 +48,17 @@ class Subscription:
 
     The wake-up runs on the listener thread as each notice arrives;
     ``wait()`` lets a waiter sleep until one does. ``cancel()`` ends it
-    (idempotent).
+    (idempotent). ``refused`` turns True when the server refuses the
+    channel (an ACL user without it): nothing arrives then.
     """
 
-    __slots__ = ("_fired", "_hub", "_pending", "_wake", "channel")
+    __slots__ = ("_fired", "_hub", "_pending", "_wake", "channel", "refused")
 
     def __init__(self, hub: _Hub | None, channel: str, wake: Wake) -> None:
         self._hub = hub
         self.channel = channel
         self._wake = wake
+        self.refused = False
         # Made by the first wait(): a subscription whose wake-up does all the
         # work (thousands of driver-run electors) never pays for an Event.
         self._fired: threading.Event | None = None
@@ -147,6 +152,11 @@ class _Hub:
         self._unsubscribe = "SUNSUBSCRIBE" if sharded_notices(client) else "UNSUBSCRIBE"
         self._lock = threading.Lock()  # channels, the connection, and every send on it
         self._channels: dict[str, list[Subscription]] = {}
+        # The (S)SUBSCRIBE commands sent on this session and not answered yet,
+        # oldest first: an error reply is the answer to the first of them.
+        self._inflight: deque[tuple[str, str]] = deque()
+        # The channels this session's server refused (the user may not use them).
+        self._refused: set[str] = set()
         self._conn: Any = None
         self._broken = False
         self._closing = False
@@ -164,8 +174,10 @@ class _Hub:
         with self._lock:
             subs = self._channels.setdefault(sub.channel, [])
             subs.append(sub)
+            if sub.channel in self._refused:
+                sub.refused = True
             if len(subs) == 1:
-                self._send(self._subscribe, sub.channel)
+                self._send_subscribe(sub.channel)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._main, name="redlease-notices", daemon=True
@@ -180,24 +192,33 @@ class _Hub:
             subs.remove(sub)
             if not subs:
                 del self._channels[sub.channel]
+                # A later waiter asks again (the user may have been granted it).
+                self._refused.discard(sub.channel)
                 self._send(self._unsubscribe, sub.channel)
 
-    def _send(self, *args: str) -> None:
+    def _send(self, *args: str) -> bool:
         # Under self._lock. Sends race the listener's reads on purpose: a
         # socket carries a send and a receive at once, and only the listener
         # ever reads or closes. A failed send marks the connection broken.
         conn = self._conn
         if conn is None or self._broken:
-            return
+            return False
         if getattr(conn, "_sock", None) is None:
             # A failed read already closed it: sending would silently open a
             # fresh connection with no subscriptions. Let the listener redo it.
             self._broken = True
-            return
+            return False
         try:
             conn.send_command(*args)
         except (RedisError, OSError):
             self._broken = True
+            return False
+        return True
+
+    def _send_subscribe(self, channel: str) -> None:
+        # Under self._lock: one channel a command, so that a refusal names it.
+        if self._send(self._subscribe, channel):
+            self._inflight.append((self._subscribe, channel))
 
     # -- the listener thread ---------------------------------------------------------
 
@@ -241,14 +262,16 @@ class _Hub:
         conn.connect()
         with self._lock:
             self._conn, self._broken = conn, False
+            self._inflight.clear()
+            self._refused.clear()
             channels = list(self._channels)
-            if channels and self._subscribe == "SSUBSCRIBE":
-                # One SSUBSCRIBE per channel: a node's channels may be in
-                # different slots, and one command may only name one slot.
+            if channels:
+                # One command per channel: the server may refuse one channel
+                # (an ACL user without it) and not the others, and one
+                # SSUBSCRIBE may only name one slot.
                 commands = [(self._subscribe, channel) for channel in channels]
                 conn.send_packed_command(conn.pack_commands(commands))
-            elif channels:
-                conn.send_command(self._subscribe, *channels)
+                self._inflight.extend(commands)
             reconnect = self.connects > 0
             self.connects += 1
         if self._failing:
@@ -263,6 +286,12 @@ class _Hub:
         while True:
             if self._broken:
                 raise ConnectionError("sending on the notice connection failed")
+            # The wait for the next message is a round trip of its own, one
+            # slice long: before 8.0, redis-py's parsers look for data by
+            # reading from the socket, and under the bound of the last
+            # message read, long passed on a quiet channel, they would read
+            # nothing at all until the connection is found silent.
+            begin_round_trip(conn, time.monotonic() + _READ_SLICE)
             if conn.can_read(timeout=_READ_SLICE):
                 reply = self._read(conn)
                 heard = time.monotonic()
@@ -314,16 +343,31 @@ class _Hub:
         try:
             return conn.read_response()
         except ResponseError as exc:
-            if self._subscribe != "SSUBSCRIBE" or "unknown command" not in str(exc).lower():
-                raise
-            # A server without sharded pub/sub (before 7.0): its releases
-            # fall back to PUBLISH, so listen with SUBSCRIBE instead.
-            with self._lock:
-                self._subscribe, self._unsubscribe = "SUBSCRIBE", "UNSUBSCRIBE"
-                channels = list(self._channels)
-                if channels:
-                    self._send("SUBSCRIBE", *channels)
+            self._refused_by(exc)
             return None
+
+    def _refused_by(self, exc: ResponseError) -> None:
+        """An error reply: the answer to the oldest subscribe in flight (else it raises)."""
+        with self._lock:
+            command, channel = self._inflight.popleft() if self._inflight else ("", "")
+            if command == "SSUBSCRIBE" and "unknown command" in str(exc).lower():
+                if self._subscribe == "SSUBSCRIBE":
+                    # A server without sharded pub/sub (before 7.0): its releases
+                    # fall back to PUBLISH, so listen with SUBSCRIBE instead.
+                    self._subscribe, self._unsubscribe = "SUBSCRIBE", "UNSUBSCRIBE"
+                    for wanted in list(self._channels):
+                        self._send_subscribe(wanted)
+                return
+            if not command or not isinstance(exc, NoPermissionError):
+                raise exc
+            # The user may not use this channel (ACL): its waiters poll.
+            subs = self._channels.get(channel)
+            if subs is None:
+                return  # nobody waits there any more
+            self._refused.add(channel)
+            for sub in subs:
+                sub.refused = True
+        logger.debug("release notices on %s refused by %s: %s", channel, self._key, exc)
 
     def _dispatch(self, reply: Any) -> None:
         if not isinstance(reply, list) or len(reply) < 2:
@@ -331,6 +375,10 @@ class _Hub:
         kind = reply[0]
         if kind in (b"message", b"smessage") and len(reply) >= 3:
             self._wake(_text(reply[1]), reply[2])
+        elif kind in (b"subscribe", b"ssubscribe"):
+            with self._lock:
+                if self._inflight:
+                    self._inflight.popleft()
         elif kind == b"sunsubscribe":
             # Unasked for, this means the slot moved to another node: the
             # channel must be listened to there. Reconnect (and re-resolve).

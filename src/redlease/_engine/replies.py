@@ -14,8 +14,8 @@ Two questions, each answered here and nowhere else:
   ("Error running script ...: -READONLY ..."), Redis 7 passes the code on:
   every form lands in the same kind.
 * ``check(script, reply)``: whether ``reply`` is one ``script`` can give.
-  Every script of ours has a known reply shape (0 or 1; a token array; a
-  holder or nil). Anything else — an array where an integer belongs, a bulk
+  Every script of ours has a known reply shape (0 or 1; a release's 0, 1
+  or 2; a token array; a holder or nil). Anything else — an array where an integer belongs, a bulk
   string, an integer out of range — is not a result but a broken or foreign
   server: it comes back as an ``UnexpectedReply`` (a ``ResponseError``) in
   the reply's place, so the caller raises it instead of reading "rejected",
@@ -173,6 +173,28 @@ def _flag(reply: object) -> bool:
     return type(reply) is int and (reply == 0 or reply == 1)
 
 
+RELEASED_UNANNOUNCED = 2
+"""A release script's reply: released, but the server refused a release notice.
+
+An ACL user without the notice channel (``&<prefix>*``): the lease is gone
+at Redis all the same, and waiters find out by polling.
+"""
+
+
+def _release(reply: object) -> bool:
+    return type(reply) is int and 0 <= reply <= RELEASED_UNANNOUNCED
+
+
+def released(reply: int) -> tuple[bool, bool]:
+    """What a release script's checked reply says: ``(released, notice_refused)``.
+
+    1: released (or an acknowledged replay); 2: released, but the server
+    refused a notice (the user may not publish to the channel); 0: not ours
+    to release (expired, or another owner's).
+    """
+    return reply != 0, reply == RELEASED_UNANNOUNCED
+
+
 def _acquire(reply: object) -> bool:
     # {token, pttl, holder}
     return (
@@ -232,6 +254,7 @@ def _sem_holders(reply: object) -> bool:
 
 _SHAPES = {
     "flag": (_flag, "0 or 1"),
+    "release": (_release, "0, 1 or 2"),
     "acquire": (_acquire, "an array of a token below 2**53, a PTTL and a holder"),
     "lock_acquire": (_lock_acquire, "an array of a fencing token below 2**53 and a PTTL"),
     "leader": (_leader, "nil or an array of a holder and a PTTL"),

@@ -208,6 +208,17 @@ cdef class NoticeHub(ProcessBound):
         return on
 
     @property
+    def refusals(self):
+        """How many subscriptions the server refused (NOPERM: an ACL user without the channel)."""
+        cdef int64_t n
+        if self.h == NULL or self.inherited():
+            return 0
+        pthread_mutex_lock(&self.h.mu)
+        n = self.h.refusals
+        pthread_mutex_unlock(&self.h.mu)
+        return n
+
+    @property
     def connects(self):
         """How many times a subscription connection was established."""
         cdef int64_t n
@@ -249,6 +260,7 @@ cdef class NoticeHub(ProcessBound):
         cdef rl_hub* h = self.h
         cdef rl_nsub** grown
         cdef int rc = 0
+        cdef int i
         cdef bytes channel
         cdef Py_ssize_t wanted
         if h == NULL or self._closed or self.inherited():
@@ -271,6 +283,13 @@ cdef class NoticeHub(ProcessBound):
         if h.subscribed_at != 0 and wanted == 0:
             # Else subscribed already (or by the session's SUBSCRIBE to come).
             rc = hub_queue(h, False, s.channel, s.channel_len)
+        elif wanted:
+            # Subscribed already: refused as the others are, if they are.
+            for i in range(h.nsubs - 1):
+                if (h.subs[i].channel_len == s.channel_len
+                        and memcmp(h.subs[i].channel, s.channel, s.channel_len) == 0):
+                    s.refused = h.subs[i].refused
+                    break
         self._counts[channel] = wanted + 1
         pthread_mutex_unlock(&h.mu)
         if wanted == 0:

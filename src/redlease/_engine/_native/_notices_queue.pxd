@@ -15,6 +15,7 @@ cdef struct rl_nsub:
     int npending
     bint unkept              # a notice came that could not be kept (no memory): "look again"
     bint moved               # a cluster node stopped serving its channel: re-home it (take_moved)
+    bint refused             # the server refused its channel (an ACL user without it): it polls
     int64_t notices          # how many notices reached it (a test hook)
     int64_t last_ns          # when the latest one did (rl_now_ns; a test hook)
     # NOTICE_PENDING slots, allocated by the first notice and freed by take():
@@ -49,6 +50,13 @@ cdef struct rl_hub:
     int64_t connects         # sessions established so far
     int64_t subscribed_at    # when the current session sent its SUBSCRIBE (0: none)
     rl_buf out               # SUBSCRIBE / UNSUBSCRIBE queued by Python for the reader
+    # The channels of the (S)SUBSCRIBE commands in ``out``, then of those sent
+    # and not answered yet (oldest from inflight_head): each entry a size_t
+    # length and the channel's bytes. An error reply answers the oldest one.
+    rl_buf out_subs
+    rl_buf inflight
+    size_t inflight_head
+    int64_t refusals         # subscriptions the server refused so far (a test hook)
     rl_nsub** subs
     int nsubs
     int cap

@@ -60,6 +60,8 @@ cdef void bell_unlink(rl_bell* b, rl_nsub* s) noexcept nogil:
 cdef void hub_free(rl_hub* h) noexcept nogil:
     conn_free(&h.conn)
     buf_free(&h.out)
+    buf_free(&h.out_subs)
+    buf_free(&h.inflight)
     if h.cmd_fd >= 0:
         close(h.cmd_fd)
     if h.stop_fd >= 0:

@@ -5,7 +5,10 @@
 # their eventfds (and, for an elector, its keeper's eventfd, which its
 # follower sleeps on), so a waiter is woken while another thread holds the
 # GIL. On a cluster node a channel the node no longer carries marks its
-# waiters moved (``hub_moved``), so that Python re-homes them.
+# waiters moved (``hub_moved``), so that Python re-homes them. Each channel
+# is subscribed by a command of its own, and the hub remembers which are in
+# flight: a channel the server refuses (NOPERM, an ACL user without it) marks
+# its waiters refused, and they poll while the other channels carry on.
 #
 # Here: what one session does, in two parts: ``hub_open`` (connect and
 # subscribe: blocking, under NOTICE_CONNECT_NS, done by the connector
@@ -87,6 +90,43 @@ cdef enum:
     HUB_RESUBSCRIBE = 1      # hub_dispatch: subscribe every channel again, with SUBSCRIBE
 
 
+cdef int subs_put(rl_buf* b, const char* channel, size_t n) noexcept nogil:
+    """Append ``channel`` to a list of subscribed channels (``out_subs``, ``inflight``)."""
+    cdef size_t before = b.len
+    if buf_put(b, <const char*>&n, sizeof(size_t)) < 0 or buf_put(b, channel, n) < 0:
+        b.len = before
+        return -1
+    return 0
+
+
+cdef void hub_answered(rl_hub* h, bint refused) noexcept nogil:
+    """Under mu: the oldest (S)SUBSCRIBE in flight got its answer.
+
+    ``refused``: the server refused its channel (NOPERM: the user may not
+    use it): the channel's waiters are marked refused; they poll.
+    """
+    cdef size_t n
+    cdef const char* channel
+    cdef rl_nsub* s
+    cdef int i
+    cdef bint found = False
+    if h.inflight_head + sizeof(size_t) <= h.inflight.len:
+        memcpy(&n, h.inflight.data + h.inflight_head, sizeof(size_t))
+        channel = h.inflight.data + h.inflight_head + sizeof(size_t)
+        h.inflight_head += sizeof(size_t) + n
+        if refused:
+            for i in range(h.nsubs):
+                s = h.subs[i]
+                if s.channel_len == n and memcmp(s.channel, channel, n) == 0:
+                    s.refused = True
+                    found = True
+            if found:
+                h.refusals += 1
+    if h.inflight_head >= h.inflight.len:
+        h.inflight.len = 0
+        h.inflight_head = 0
+
+
 cdef int hub_dispatch(rl_hub* h) noexcept nogil:
     """One buffered reply: a message wakes its channel's waiters.
 
@@ -94,9 +134,10 @@ cdef int hub_dispatch(rl_hub* h) noexcept nogil:
     moved away) or a MOVED error (its owner changed before the subscription
     came) re-homes the channel's waiters (``hub_moved``); "unknown command"
     (a server without sharded pub/sub, whose releases PUBLISH) turns the hub
-    to SUBSCRIBE: the answer is HUB_RESUBSCRIBE, else 0. Subscribe
-    confirmations, PONGs and other error replies (a user not allowed to
-    subscribe) change nothing: the waiters poll as the fallback.
+    to SUBSCRIBE: the answer is HUB_RESUBSCRIBE, else 0. A subscribe
+    confirmation or an error reply answers the oldest subscribe in flight;
+    NOPERM (a user not allowed the channel) marks its waiters refused, and
+    they poll as the fallback. PONGs and other error replies change nothing.
     """
     cdef rl_conn* c = &h.conn
     cdef rl_node* top = &c.nodes.items[0]
@@ -105,6 +146,9 @@ cdef int hub_dispatch(rl_hub* h) noexcept nogil:
     cdef rl_nsub* s
     cdef int i, rc
     if top.kind == c'-':
+        pthread_mutex_lock(&h.mu)
+        hub_answered(h, node_starts(c.r.data, top, b"NOPERM"))
+        pthread_mutex_unlock(&h.mu)
         if not h.cluster:
             return 0
         if error_has(c, top, b"unknown command"):
@@ -122,6 +166,11 @@ cdef int hub_dispatch(rl_hub* h) noexcept nogil:
     if top.kind != c'*' or top.ival != 3 or c.nodes.len < 4:
         return 0
     ch = &c.nodes.items[2]
+    if node_is(c, &c.nodes.items[1], b"subscribe") or node_is(c, &c.nodes.items[1], b"ssubscribe"):
+        pthread_mutex_lock(&h.mu)
+        hub_answered(h, False)
+        pthread_mutex_unlock(&h.mu)
+        return 0
     if h.cluster and ch.kind == c'$' and node_is(c, &c.nodes.items[1], b"sunsubscribe"):
         # Wanted still (else the hub asked for it): the node gave the slot up.
         hub_moved(h, c.r.data + ch.off, <size_t>ch.ival)
@@ -153,7 +202,8 @@ cdef int hub_queue(rl_hub* h, bint unsubscribe, const char* channel, size_t n) n
     else:
         name = b"SSUBSCRIBE" if h.sharded else b"SUBSCRIBE"
     if (buf_put_prefix(&h.out, c'*', 2) < 0 or buf_put_bulk(&h.out, name, strlen(name)) < 0
-            or buf_put_bulk(&h.out, channel, n) < 0):
+            or buf_put_bulk(&h.out, channel, n) < 0
+            or (not unsubscribe and subs_put(&h.out_subs, channel, n) < 0)):
         h.out.len = before
         return -1
     return 0
@@ -162,24 +212,19 @@ cdef int hub_queue(rl_hub* h, bint unsubscribe, const char* channel, size_t n) n
 cdef int hub_build_subscribe(rl_hub* h, rl_buf* w) noexcept nogil:
     """Under mu: subscribe every wanted channel, into ``w``; what ``out`` had is moot.
 
-    ``SUBSCRIBE`` takes them all at once; ``SSUBSCRIBE`` one at a time (its
-    channels must share a slot).
+    One command a channel (the server may refuse one and not the others;
+    an ``SSUBSCRIBE``'s channels must share a slot besides), each put in
+    flight as it will be sent.
     """
     cdef int i
+    cdef const char* name = b"SSUBSCRIBE" if h.sharded else b"SUBSCRIBE"
     w.len = 0
     h.out.len = 0
-    if h.nsubs == 0:
-        return 0
-    if h.sharded:
-        for i in range(h.nsubs):
-            if (buf_put_prefix(w, c'*', 2) < 0 or buf_put_bulk(w, b"SSUBSCRIBE", 10) < 0
-                    or buf_put_bulk(w, h.subs[i].channel, h.subs[i].channel_len) < 0):
-                return -1
-        return 0
-    if buf_put_prefix(w, c'*', h.nsubs + 1) < 0 or buf_put_bulk(w, b"SUBSCRIBE", 9) < 0:
-        return -1
+    h.out_subs.len = 0
     for i in range(h.nsubs):
-        if buf_put_bulk(w, h.subs[i].channel, h.subs[i].channel_len) < 0:
+        if (buf_put_prefix(w, c'*', 2) < 0 or buf_put_bulk(w, name, strlen(name)) < 0
+                or buf_put_bulk(w, h.subs[i].channel, h.subs[i].channel_len) < 0
+                or subs_put(&h.inflight, h.subs[i].channel, h.subs[i].channel_len) < 0):
             return -1
     return 0
 
@@ -208,6 +253,8 @@ cdef int hub_open(rl_hub* h, bint reconnect) noexcept nogil:
         return -1
     pthread_mutex_lock(&h.mu)
     drain_fd(h.cmd_fd)
+    h.inflight.len = 0       # a new connection: nothing of it is in flight yet
+    h.inflight_head = 0
     rc = hub_build_subscribe(h, &c.w)
     h.connects += 1
     h.subscribed_at = rl_now_ns()
@@ -229,7 +276,11 @@ cdef int hub_send_queued(rl_hub* h) noexcept nogil:
     drain_fd(h.cmd_fd)
     c.e.len = 0
     rc = buf_put(&c.e, h.out.data, h.out.len) if h.out.len else 0
+    if rc == 0 and h.out_subs.len:
+        # In flight from here: their answers come after those sent before.
+        rc = buf_put(&h.inflight, h.out_subs.data, h.out_subs.len)
     h.out.len = 0
+    h.out_subs.len = 0
     pthread_mutex_unlock(&h.mu)
     if rc < 0:
         return conn_fail(c, RL_ENOMEM, "out of memory queueing a subscription")

@@ -197,6 +197,18 @@ cdef class NoticeSub:
         return 0 if self.s == NULL else self.s.notices
 
     @property
+    def refused(self):
+        """True once the server refused its channel (an ACL user without it): it only polls."""
+        cdef bint refused
+        if self.s == NULL or not self._registered:
+            return False
+        self.hub.inherited()
+        pthread_mutex_lock(&self.hub.h.mu)
+        refused = self.s.refused
+        pthread_mutex_unlock(&self.hub.h.mu)
+        return refused
+
+    @property
     def last_notice(self):
         """When the latest notice reached it (``time.monotonic()`` seconds), 0.0 before any."""
         return 0.0 if self.s == NULL else self.s.last_ns / 1e9
