@@ -6,6 +6,12 @@ call on the default executor; ``Lock`` is one acquisition; ``hold`` and
 ``with_lock`` hold a lock for a block and cancel the block's task when the
 lease is lost. The renewals themselves run on the engine's keeper thread,
 never on the event loop.
+
+Every call that takes, keeps or gives back a lease goes through ``settled``:
+cancelling the coroutine never leaves a call half done. A call cancelled
+before its executor thread started it is never made; one already started
+is seen through (a waiting acquire stops at its next attempt), and what an
+acquire took is released, before the ``CancelledError`` propagates.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from . import lock
+from ._abandon import abandonable
 from ._config import Duration
 from ._engine.family import threaded
 from ._errors import NotHeld
@@ -31,6 +38,112 @@ T = TypeVar("T")
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:
     """Run a blocking call on the default executor, so the event loop never waits on it."""
     return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
+
+
+async def outlast(future: asyncio.Future[Any]) -> bool:
+    """Wait until ``future`` is done, whatever cancellations arrive meanwhile.
+
+    ``future`` itself is never cancelled. Returns True when this coroutine
+    was cancelled while waiting: the caller raises ``CancelledError`` then,
+    once its own cleanup is done, so the cancellation is never lost.
+    """
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.wait((future,))
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
+
+
+# A settled call's states: queued on the executor, running, done, never to run.
+_QUEUED, _RUNNING, _DONE, _SKIPPED = range(4)
+
+
+class _Call:
+    """One blocking locker call for a coroutine, on an executor thread, never left half done.
+
+    ``abandon()`` (the coroutine was cancelled) stops a call still queued
+    from ever running, unless it must run (a release); a running call goes
+    on to its end (a waiting acquire stops at its next attempt:
+    ``abandonable``) and its thread gives back
+    what it returned (``give_back``), so a lease taken for a caller that is
+    gone is released even if the event loop never runs again.
+    """
+
+    __slots__ = ("_abandoned", "_fn", "_give_back", "_mutex", "_state")
+
+    def __init__(self, fn: Callable[[], Any], give_back: Callable[[Any], None] | None) -> None:
+        self._fn = fn
+        self._give_back = give_back
+        self._mutex = threading.Lock()
+        self._state = _QUEUED
+        self._abandoned = threading.Event()
+
+    def run(self) -> Any:
+        with self._mutex:
+            if self._state == _SKIPPED:
+                return None
+            self._state = _RUNNING
+        try:
+            with abandonable(self._abandoned):
+                result = self._fn()
+        except BaseException:
+            with self._mutex:
+                self._state = _DONE
+            raise
+        with self._mutex:
+            self._state = _DONE
+            # Abandoned from now on, the coroutine gives back itself (it sees _DONE).
+            abandoned = self._abandoned.is_set()
+        if abandoned and self._give_back is not None:
+            self._give_back(result)
+        return result
+
+    def abandon(self, skip: bool) -> int:
+        """The caller is gone: the state the call was in (queued and ``skip``: it never runs)."""
+        with self._mutex:
+            state = self._state
+            if state == _QUEUED and skip:
+                self._state = _SKIPPED
+            else:
+                self._abandoned.set()
+            return state
+
+
+async def settled(
+    fn: Callable[..., T],
+    *args: Any,
+    give_back: Callable[[T], None] | None = None,
+    always: bool = False,
+) -> T:
+    """``await off_loop(fn, *args)`` for calls that change what is held: safe to cancel.
+
+    Cancelled before its executor thread started the call, the call is never
+    made (unless ``always``: a release is made all the same) and
+    ``CancelledError`` propagates at once. Cancelled later, the call is seen
+    through first (a release or refresh completes, within its round trip; a
+    waiting acquire stops at its next attempt), then ``give_back(result)``
+    undoes what it returned, and only then does ``CancelledError``
+    propagate, also when more cancellations arrive meanwhile. Nothing is
+    ever sent twice.
+    """
+    loop = asyncio.get_running_loop()
+    call = _Call(functools.partial(fn, *args), give_back)
+    future = loop.run_in_executor(None, call.run)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        state = call.abandon(skip=not always)
+        if state == _QUEUED and not always:
+            raise  # never sent
+        await outlast(future)
+        succeeded = not future.cancelled() and future.exception() is None
+        if succeeded and state == _DONE and give_back is not None:
+            # It ended before the cancellation reached this coroutine: its
+            # thread did not know the caller was gone, so give back here.
+            await outlast(loop.run_in_executor(None, give_back, future.result()))
+        raise
 
 
 class Lock:
@@ -67,12 +180,22 @@ class Lock:
         return self._inner.done
 
     async def refresh(self) -> None:
-        """Extend the lease to a full TTL; ``NotHeld`` once it is not ours."""
-        await off_loop(self._inner.refresh)
+        """Extend the lease to a full TTL; ``NotHeld`` once it is not ours.
+
+        Cancelled, it either never sent the refresh or lets it complete
+        (within its round trip) before ``CancelledError`` propagates; the
+        lock stays this acquisition's to release.
+        """
+        await settled(self._inner.refresh)
 
     async def release(self) -> None:
-        """Give the lock up; ``NotHeld`` when the lease was already lost."""
-        await off_loop(self._inner.release)
+        """Give the lock up; ``NotHeld`` when the lease was already lost.
+
+        Cancelled, the release is still made, and completed (within its
+        round trip) before ``CancelledError`` propagates: the lock is not
+        held afterwards.
+        """
+        await settled(self._inner.release, always=True)
 
     def __repr__(self) -> str:
         return f"<redlease.aio.Lock of {self._inner!r}>"
@@ -106,11 +229,13 @@ class _AsyncLocker:
     ) -> Lock:
         """Take the lock ``name``, retrying for up to ``wait``; see ``redlease.Locker.acquire``.
 
-        Cancelling the waiting coroutine never leaks a lock: an acquisition
-        that completes after the cancellation is released at once.
+        Cancelling it never leaks a lock, and ``CancelledError`` always
+        reaches the caller: an attempt already sent is let finish and what
+        it took is released before the error propagates; a waiting acquire
+        stops at its next attempt (within ``retry_interval``) and a fair one
+        leaves its queue. Once it has raised, nothing is held for it.
         """
-        attempt = asyncio.get_running_loop().run_in_executor(
-            None,
+        inner = await settled(
             functools.partial(
                 self._inner.acquire,
                 name,
@@ -120,17 +245,17 @@ class _AsyncLocker:
                 auto_renew=auto_renew,
                 fair=fair,
             ),
+            give_back=_give_back,
         )
-        try:
-            return Lock(await asyncio.shield(attempt))
-        except asyncio.CancelledError:
-            attempt.add_done_callback(_release_orphan)
-            raise
+        return Lock(inner)
 
     async def try_acquire(
         self, name: str, *, ttl: Duration = lock.DEFAULT_TTL, auto_renew: bool = False
     ) -> Lock:
-        """One attempt at the lock ``name``; ``NotAcquired`` when someone else holds it."""
+        """One attempt at the lock ``name``; ``NotAcquired`` when someone else holds it.
+
+        Cancelled, it leaks no lock (as ``acquire``).
+        """
         return await self.acquire(name, ttl=ttl, wait=0.0, auto_renew=auto_renew)
 
     def hold(
@@ -147,6 +272,10 @@ class _AsyncLocker:
         ``asyncio.timeout`` does) and the block ends with ``NotHeld``. A
         release that finds the lease lost raises ``NotHeld`` even when the
         block succeeded, chained with the block's exception when it raised.
+
+        Cancelled anywhere (while acquiring, in the block or while
+        releasing), the task gets its ``CancelledError`` and nothing is left
+        held: the release is completed before the error propagates.
         """
         return _Hold(
             self,
@@ -204,7 +333,7 @@ class Semaphore:
         auto_renew: bool = False,
         fair: bool = False,
     ) -> Lock:
-        """Take a permit, waiting up to ``wait``; cancelling the wait leaks no permit."""
+        """Take a permit, waiting up to ``wait``; cancelling it leaks no permit (as ``acquire``)."""
         return await self._permits.acquire(
             self.name,
             ttl=ttl,
@@ -217,7 +346,7 @@ class Semaphore:
     async def try_acquire(
         self, *, ttl: Duration = lock.DEFAULT_TTL, auto_renew: bool = False
     ) -> Lock:
-        """One attempt at a permit; ``NotAcquired`` when all are taken."""
+        """One attempt at a permit; ``NotAcquired`` when all are taken. Cancel-safe."""
         return await self._permits.try_acquire(self.name, ttl=ttl, auto_renew=auto_renew)
 
     def hold(
@@ -227,7 +356,10 @@ class Semaphore:
         retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
         auto_renew: bool = True,
     ) -> _Hold:
-        """``async with sem.hold() as permit:`` — auto-renewed, released on every path."""
+        """``async with sem.hold() as permit:`` — auto-renewed, released on every path.
+
+        Cancelled anywhere, it leaves no permit held (as ``RedisLocker.hold``).
+        """
         return self._permits.hold(
             self.name, ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew
         )
@@ -240,13 +372,9 @@ class Semaphore:
         return f"<redlease.aio.Semaphore {self.name!r} permits={self.permits}>"
 
 
-def _release_orphan(attempt: asyncio.Future[lock.Lock]) -> None:
-    if attempt.cancelled() or attempt.exception() is not None:
-        return
-    threading.Thread(target=_quiet_release, args=(attempt.result(),), daemon=True).start()
-
-
-def _quiet_release(held: lock.Lock) -> None:
+def _give_back(held: lock.Lock) -> None:
+    """Release a lock taken for a caller that was cancelled meanwhile."""
+    # Nobody is left to tell: a lease whose release fails ends with its TTL.
     with contextlib.suppress(Exception):
         held.release()
 
@@ -344,7 +472,7 @@ class _Hold:
                 f"lock {held.name!r} (fencing token {held.fencing_token}) was lost while held; "
                 "the block was cancelled"
             ) from exc
-        await off_loop(release_after_failure, held._inner, exc)
+        await settled(release_after_failure, held._inner, exc, always=True)
 
 
 async def with_lock(

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from ._aiolock import Lock, MemoryLocker, RedisLocker, Semaphore, off_loop, with_lock
+from ._aiolock import Lock, MemoryLocker, RedisLocker, Semaphore, off_loop, outlast, with_lock
 from ._config import Config, Duration
 from ._election import Election, Run, check_leader_fn
 from ._engine import EncodableT
@@ -55,6 +55,11 @@ class Fencer:
     Same guarantees as ``redlease.Fencer``: each write applies only when the
     token is at least the fence high-water mark, atomically, and returns
     ``applied``. Token 0 is inert: falsy, every write rejected.
+
+    A write (or pipeline) cancelled while in flight raises ``CancelledError``
+    and its outcome is unknown: it may have been applied, it is never sent
+    again, and the connection stays in step (every later write gets its own
+    reply).
     """
 
     __slots__ = ("_fence", "_name", "token")
@@ -197,6 +202,10 @@ class Elector:
         lost, ``resign()``, the run stopped). The run does not release or
         re-contend until the task has finished. An exception from fn ends the
         term gracefully and the run, and is re-raised here.
+
+        Cancelled (at any point, any number of times), the run ends as if
+        stopped: the leader task is cancelled and has finished, and the
+        lease is released, before ``CancelledError`` propagates.
         """
         check_leader_fn(fn)
         if stop is not None and stop.is_set():
@@ -232,11 +241,14 @@ class Elector:
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         finally:
             # Stopped, cancelled or finished: the run ends, the term steps down
-            # and the lock is released before this coroutine returns.
+            # and the lock is released before this coroutine returns, however
+            # many cancellations arrive meanwhile.
             run.request_stop()
             if stop_waiter is not None:
                 stop_waiter.cancel()
-            await asyncio.shield(finished)
+            cancelled = await outlast(finished)
+        if cancelled:
+            raise asyncio.CancelledError
         if run.error is not None:
             raise run.error
 
@@ -257,6 +269,8 @@ class Elector:
         """End the run started by ``start()``: the term ends, the lock is released.
 
         Re-raises the leader coroutine's exception when that ended the run.
+        Cancelled, it still waits for the run to end (the lease released)
+        before ``CancelledError`` propagates.
         """
         task = self._task
         if task is None:
@@ -268,9 +282,15 @@ class Elector:
             # awaiting the run here would await ourselves.
             return
         self._task = None
+        if await outlast(task):
+            if not task.cancelled():
+                task.exception()  # retrieved: the cancellation is what the caller gets
+            raise asyncio.CancelledError
         await task
 
     async def __aenter__(self) -> Elector:
+        """Start contending (``start()``); ``__aexit__`` stops, releasing the lease, even
+        when cancelled (see ``stop``)."""
         if self._task is None:
             self.start(None)
         return self
@@ -286,7 +306,11 @@ class Elector:
     # -- fenced writes ----------------------------------------------------------
 
     async def fence_set(self, token: int, key: str | bytes, value: EncodableT) -> bool:
-        """Fenced ``SET key value``: applied only when ``token`` is current (True)."""
+        """Fenced ``SET key value``: applied only when ``token`` is current (True).
+
+        Cancelled, its outcome is unknown (see ``Fencer``): never resent, and
+        the next write gets its own reply.
+        """
         return await self._fence.write_async(self._fence.set_request(token, key, value))
 
     async def fence_hset(
@@ -346,14 +370,20 @@ class _LeaderBridge:
                     outcome.append(exc)  # cancelled by someone else: not a term end
             except BaseException as exc:
                 outcome.append(exc)
-            finally:
-                finished.set()
+
+        def ended(task: asyncio.Task[None]) -> None:
+            # A task cancelled before its first step never runs drive(): the
+            # term is told here, on every way out, so it never waits forever.
+            if task.cancelled() and not outcome and not term.ended():
+                outcome.append(asyncio.CancelledError())
+            finished.set()
 
         def begin() -> None:
             task = self._loop.create_task(drive())
             tasks.append(task)
             self._elector._leader_tasks.add(task)
             task.add_done_callback(self._elector._leader_tasks.discard)
+            task.add_done_callback(ended)
 
         def cancel() -> None:
             for task in tasks:

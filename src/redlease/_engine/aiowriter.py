@@ -7,9 +7,11 @@ and many tasks' writes share one round trip. Replies come back in the order
 the calls were sent and are matched to the futures first in, first out.
 
 * A cancelled task's write may already be on the wire: its reply is still
-  read, and dropped, so every later reply still reaches its own future.
+  read, and dropped, so every later reply still reaches its own future. Its
+  outcome is unknown to the task, and it is never sent again.
 * NOSCRIPT (the server lost its scripts) means the call did not run: it is
-  sent again as EVAL, once, and its future waits for that reply.
+  sent again as EVAL, once, and its future waits for that reply (unless its
+  task was cancelled meanwhile: then it is dropped, not resent).
 * Every write has a deadline (the engine's write timeout, counted from the
   call). When the oldest call in flight passes it, every call in flight
   fails with ``TimeoutError`` and the connection is dropped: their outcome
@@ -267,6 +269,8 @@ class LoopWriter:
                 elif not fut.done():  # else the task was cancelled: the reply is dropped
                     fut.set_result(reply)
             elif kind == NOSCRIPT:
+                if fut.done():
+                    continue  # not run, and its task is gone: never sent again
                 # Not run: load the script with EVAL and wait for that reply instead.
                 self._put(script, keys, args, True)
                 pending.append((fut, script, keys, args, self._loop().time() + self._timeout))
