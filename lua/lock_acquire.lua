@@ -4,8 +4,9 @@
 -- ARGV[3] (optional) the holder's label, for people: stored as the hash's 'holder' field,
 -- never used for ownership
 -- Fair waiting (see queue.lua, its prelude): KEYS[3] the queue, KEYS[4] its leases,
--- ARGV[4] how long the waiter's place lives without an attempt, in ms: the lock goes to
--- the queue's first waiter only.
+-- ARGV[4] how long the waiter's place lives without an attempt, in ms, ARGV[5] (optional)
+-- how long it has been waiting, in microseconds (its arrival is back-dated by that): the
+-- lock goes to the queue's first waiter only.
 -- Returns {fencing token, pttl}: token >= 1 and pttl = the TTL when the lock is ours;
 -- token 0 and the holder's remaining PTTL when another owner holds it.
 local owner = redis.call('HGET', KEYS[1], 'owner')
@@ -16,7 +17,7 @@ if owner == ARGV[1] then
   return {tonumber(redis.call('HGET', KEYS[1], 'fencing')), tonumber(ARGV[2])}
 end
 local fair = KEYS[4] ~= nil
-local turn = not fair or queue_turn(KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[4]), 1)
+local turn = not fair or queue_turn(KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[4]), 1, ARGV[5])
 if owner then
   return {0, redis.call('PTTL', KEYS[1])}
 end

@@ -6,8 +6,9 @@
 -- ARGV[1] ownership token (random, one per acquisition), ARGV[2] lease TTL in milliseconds,
 -- ARGV[3] permits (N >= 1), ARGV[4] the holder's label
 -- Fair waiting (see queue.lua, its prelude): KEYS[4] the queue, KEYS[5] its leases,
--- ARGV[5] how long the waiter's place lives without an attempt, in ms: free permits go to
--- the queue's first waiters only.
+-- ARGV[5] how long the waiter's place lives without an attempt, in ms, ARGV[6] (optional)
+-- how long it has been waiting, in microseconds (its arrival is back-dated by that): free
+-- permits go to the queue's first waiters only.
 -- Returns {fencing token, ttl} when a permit is ours; {0, ms until the first permit expires}
 -- when all N are taken; {-1, N'} when the live permits were taken with another N'.
 local t = redis.call('TIME')
@@ -28,7 +29,7 @@ local token = tonumber(redis.call('HGET', KEYS[2], 'f:' .. ARGV[1]))
 if not (token and redis.call('ZSCORE', KEYS[1], ARGV[1])) then
   local fair = KEYS[5] ~= nil
   local free = permits - live
-  local turn = not fair or queue_turn(KEYS[4], KEYS[5], ARGV[1], tonumber(ARGV[5]), free)
+  local turn = not fair or queue_turn(KEYS[4], KEYS[5], ARGV[1], tonumber(ARGV[5]), free, ARGV[6])
   if free <= 0 then
     local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
     return {0, tonumber(first[2]) - now}

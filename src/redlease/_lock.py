@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import random
 import secrets
@@ -24,10 +23,12 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ._abandon import check_abandoned
 from ._config import Duration, to_seconds
 from ._driver import driver
 from ._engine import Keeper
 from ._errors import NotAcquired, NotHeld
+from ._fair import PlaceKeeping, place_ms
 from ._holders import LockHolder
 from ._lockargs import check_flag, check_name, check_ttl, check_wait
 from ._lockstats import WaitStats
@@ -279,12 +280,10 @@ class Locker(ABC):
         The lease is counted from just before the request was sent. Invalid
         settings raise ``ConfigError`` naming the rule.
 
-        ``fair=True`` serves the fair waiters of one name in the order they
-        began waiting: each holds a place in a queue at the store, a short
-        lease of its own that its attempts renew (it tries every 2/3 of
-        ``retry_interval``), so a waiter that gives up leaves at once and one
-        that dies leaves within its ``retry_interval``. Acquirers without
-        ``fair`` do not queue.
+        ``fair=True`` serves one name's fair waiters in the order they began
+        waiting (``_fair``): a waiter whose thread is late (GIL, CPU) keeps its
+        place, one that gives up leaves at once, one that dies within max(3 x
+        ``retry_interval``, 100 ms). Acquirers without ``fair`` do not queue.
         """
         name = check_name(name)
         ttl_ms = check_ttl(ttl, auto_renew)
@@ -377,19 +376,18 @@ class Locker(ABC):
         began = time.monotonic()
         deadline = began + window
         waits, taken = self._core.waits, False
-        # A fair waiter's place lives one retry interval; its attempts renew it in time.
-        queue_ms = max(1, math.ceil(interval * 1000)) if fair else 0
-        every = interval * 2 / 3 if fair else interval
+        queue_ms = place_ms(interval) if fair else 0  # the renewer keeps it too (_fair)
+        place = PlaceKeeping(functools.partial(self._place_keeper, name, owner, queue_ms))
         waiting: contextlib.AbstractContextManager[Callable[[float], None]]
         waiting = contextlib.nullcontext(self._pause)
         if window > 0:
             waiting = self._waiting(name, owner if fair else None)
         granted = False
         try:
-            with waiting as pause:
+            with waiting as pause, place:
                 while True:
                     sent = time.monotonic()
-                    token, remaining = self._attempt(name, owner, ttl_ms, queue_ms)
+                    token, remaining = self._attempt(name, owner, ttl_ms, queue_ms, began)
                     if token > 0:
                         granted = True
                         waits.record(name, sent - began, True, taken)
@@ -400,14 +398,17 @@ class Locker(ABC):
                         waits.record(name, time.monotonic() - began, False, True)
                         waited = f" after waiting {window} s" if window > 0 else ""
                         raise NotAcquired(self._taken(name) + waited)
-                    delay = every * (1.0 - _RETRY_JITTER * random.random())
+                    if fair:
+                        place.kept(sent)
+                    delay = interval * (1.0 - _RETRY_JITTER * random.random())
                     if 0 < remaining < delay:
                         delay = remaining
                     pause(min(delay, left))
+                    check_abandoned()  # an asyncio caller cancelled: stop waiting
         finally:
             if fair and not granted:
                 with contextlib.suppress(Exception):
-                    self._leave(name, owner)  # else its place ends within one interval
+                    self._leave(name, owner)  # else its place ends with its lease
 
     def _grant(
         self, name: str, owner: str, token: int, ttl_ms: int, sent: float, auto_renew: bool
@@ -427,17 +428,22 @@ class Locker(ABC):
 
     @abstractmethod
     def _attempt(
-        self, name: str, owner: str, ttl_ms: int, queue_ms: int = 0
+        self, name: str, owner: str, ttl_ms: int, queue_ms: int = 0, began: float | None = None
     ) -> tuple[int, float]:
         """``(token, 0)`` when acquired, else ``(0, seconds left on the holder's lease)``.
 
         ``queue_ms`` > 0: a fair attempt, which holds ``owner``'s place in the
-        name's queue for that long and is granted only in its turn.
+        name's queue for that long and is granted only in its turn, a new place dated
+        from ``began`` (when ``owner`` began waiting, ``time.monotonic()``; None: now).
         """
 
     @abstractmethod
     def _leave(self, name: str, owner: str) -> None:
         """A fair waiter ``owner`` gave up: its place in ``name``'s queue goes at once."""
+
+    def _place_keeper(self, name: str, owner: str, life_ms: int) -> Keeper | None:
+        """A keeper of fair waiter ``owner``'s place for ``life_ms`` (None: attempts only)."""
+        return None
 
     @abstractmethod
     def _refresh(self, name: str, owner: str, ttl_ms: int) -> bool:
@@ -490,3 +496,4 @@ def release_after_failure(held: Lock, body_exc: BaseException) -> None:
         _add_note(body_exc, f"redlease: {lost}")
     except Exception as err:
         _add_note(body_exc, f"redlease: releasing lock {held.name!r} failed: {err!r}")
+

@@ -35,7 +35,7 @@ class MemoryStore:
         # name -> (owner, fencing token, expiry on the monotonic clock)
         self._leases: dict[str, tuple[str, int, float]] = {}
         self._labels: dict[str, str] = {}  # name -> the holder's label, for people
-        # fair waiting: (kind, name) -> waiter -> (arrival, place lives until), in arrival order
+        # fair waiting: (kind, name) -> waiter -> (arrival, place lives until)
         self._queues: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
         # semaphore name -> (its permits, owner -> Permit)
         self._sems: dict[str, tuple[int, dict[str, Permit]]] = {}
@@ -51,13 +51,19 @@ class MemoryStore:
         return lease
 
     def acquire(
-        self, name: str, owner: str, ttl: float, label: str = "", queue: float = 0.0
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        label: str = "",
+        queue: float = 0.0,
+        began: float | None = None,
     ) -> tuple[int, float]:
         """``(fencing token, ttl)`` when granted, ``(0, remaining lease)`` when held by another.
 
         ``label`` says who holds it, for people (``holder``); ownership is
         ``owner``. ``queue`` > 0: a fair attempt (see ``turn``), whose place
-        lives that many seconds.
+        lives that many seconds; ``began``: when ``owner`` began waiting.
         """
         with self._cond:
             now = time.monotonic()
@@ -66,7 +72,7 @@ class MemoryStore:
                 # A repeated request from the same acquisition: same token, fresh TTL.
                 self._leases[name] = (owner, lease[1], now + ttl)
                 return lease[1], ttl
-            turn = not queue or self.turn(("key", name), owner, queue, 1, now)
+            turn = not queue or self.turn(("key", name), owner, queue, 1, now, began)
             if lease is not None:
                 return 0, lease[2] - now
             if not turn:
@@ -78,16 +84,41 @@ class MemoryStore:
             return self._fencing, ttl
 
     def turn(
-        self, queue: tuple[str, str], waiter: str, alive: float, slots: int, now: float
+        self,
+        queue: tuple[str, str],
+        waiter: str,
+        alive: float,
+        slots: int,
+        now: float,
+        began: float | None = None,
     ) -> bool:
         """Under the mutex: hold ``waiter``'s place in ``queue`` for ``alive`` seconds more;
-        whether it is among the first ``slots`` (arrival order, dead places dropped)."""
+        whether it is among the first ``slots`` (arrival order, dead places dropped).
+
+        A new place's arrival is ``began``, when the waiter began waiting (as
+        queue.lua dates places on Redis), or ``now``.
+        """
         places = self._queues.setdefault(queue, {})
         for gone in [w for w, (_, until) in places.items() if until <= now]:
             del places[gone]
-        arrived = places[waiter][0] if waiter in places else now
-        places[waiter] = (arrived, now + alive)  # a dict keeps its arrival order
-        return list(places).index(waiter) < slots
+        if waiter in places:
+            arrived = places[waiter][0]
+        else:
+            arrived = now if began is None else min(began, now)
+        places[waiter] = (arrived, now + alive)
+        ahead = sum(1 for w, (at, _) in places.items() if (at, w) < (arrived, waiter))
+        return ahead < slots
+
+    def keep(self, queue: tuple[str, str], waiter: str, alive: float) -> bool:
+        """``waiter``'s live place in ``queue`` held ``alive`` seconds more; False when
+        it is gone (served, left, or lapsed: only an attempt takes a place again)."""
+        with self._cond:
+            now = time.monotonic()
+            place = self._queues.get(queue, {}).get(waiter)
+            if place is None or place[1] <= now:
+                return False
+            self._queues[queue][waiter] = (place[0], now + alive)
+            return True
 
     def leave(self, queue: tuple[str, str], waiter: str) -> None:
         """``waiter``'s place in ``queue`` goes (it was served, or it gave up)."""
@@ -157,7 +188,14 @@ class MemoryStore:
         return entry
 
     def sem_acquire(
-        self, name: str, owner: str, ttl: float, permits: int, label: str, queue: float = 0.0
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        permits: int,
+        label: str,
+        queue: float = 0.0,
+        began: float | None = None,
     ) -> tuple[int, float]:
         """A permit of ``name``: ``(token, ttl)``, or ``(0, time until one frees)``."""
         with self._cond:
@@ -170,7 +208,7 @@ class MemoryStore:
                 token = held[owner][0]
             else:
                 free = permits - len(held)
-                turn = not queue or self.turn(("sem", name), owner, queue, free, now)
+                turn = not queue or self.turn(("sem", name), owner, queue, free, now, began)
                 if free <= 0:
                     return 0, min(permit[1] for permit in held.values()) - now
                 if not turn:
@@ -259,14 +297,24 @@ class MemoryLocker(Locker):
         )
 
     def _attempt(
-        self, name: str, owner: str, ttl_ms: int, queue_ms: int = 0
+        self, name: str, owner: str, ttl_ms: int, queue_ms: int = 0, began: float | None = None
     ) -> tuple[int, float]:
         who, queue = label(self._label), queue_ms / 1000
-        token, remaining = self._store.acquire(name, owner, ttl_ms / 1000, who, queue)
+        token, remaining = self._store.acquire(
+            name, owner, ttl_ms / 1000, who, queue, began
+        )
         return (token, 0.0) if token > 0 else (0, remaining)
 
     def _leave(self, name: str, owner: str) -> None:
         self._store.leave(("key", name), owner)
+
+    def _place_keeper(self, name: str, owner: str, life_ms: int) -> Keeper | None:
+        return self._queue_keeper(("key", name), owner, life_ms)
+
+    def _queue_keeper(self, queue: tuple[str, str], owner: str, life_ms: int) -> Keeper:
+        # The renewer's thread holds a fair waiter's place, as on Redis (_fair).
+        store, life = self._store, life_ms / 1000
+        return self._lease(lambda: store.keep(queue, owner, life), life_ms, life / 3)
 
     def _holder(self, name: str) -> LockHolder | None:
         return self._store.holder(name)
@@ -314,16 +362,19 @@ class _MemoryPermits(Locker):
         return self._locker._core
 
     def _attempt(
-        self, name: str, owner: str, ttl_ms: int, queue_ms: int = 0
+        self, name: str, owner: str, ttl_ms: int, queue_ms: int = 0, began: float | None = None
     ) -> tuple[int, float]:
         who, queue = label(self._locker._label), queue_ms / 1000
         token, remaining = self._store.sem_acquire(
-            name, owner, ttl_ms / 1000, self._permits, who, queue
+            name, owner, ttl_ms / 1000, self._permits, who, queue, began
         )
         return (token, 0.0) if token > 0 else (0, remaining)
 
     def _leave(self, name: str, owner: str) -> None:
         self._store.leave(("sem", name), owner)
+
+    def _place_keeper(self, name: str, owner: str, life_ms: int) -> Keeper | None:
+        return self._locker._queue_keeper(("sem", name), owner, life_ms)
 
     def _refresh(self, name: str, owner: str, ttl_ms: int) -> bool:
         return self._store.sem_refresh(name, owner, ttl_ms / 1000)

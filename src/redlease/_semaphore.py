@@ -94,7 +94,9 @@ class Semaphore:
         """Take a permit, waiting up to ``wait`` for one to free; see ``Locker.acquire``.
 
         ``NotAcquired`` when all ``permits`` are still taken at the end.
-        ``fair=True``: freed permits go to the fair waiters in arrival order.
+        ``fair=True``: freed permits go to the fair waiters in arrival order, with
+        the lock's rule (a place lives max(3 x ``retry_interval``, 100 ms), kept
+        by the renewer too; see ``Locker.acquire``).
         """
         return self._store.acquire(
             self._name,

@@ -44,7 +44,10 @@ from ._engine import (
     sharded_notices,
 )
 from ._engine.family import threaded
+from ._engine.notices import ChannelRefusals
+from ._engine.replies import released
 from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
+from ._fair import redis_place_keeper, since
 from ._holders import SCAN_COUNT, LockHolder, check_label, from_reply, label, lease_keys
 from ._keys import LockKeys, has_hash_tag
 from ._lock import DEFAULT_RETRY_INTERVAL, DEFAULT_TTL, Lock, Locker, LockerCore
@@ -155,6 +158,8 @@ class RedisLocker(Locker):
         self._client = client
         # Releases announce in the lock's slot on a cluster (SPUBLISH).
         self._sharded_notice = "1" if sharded_notices(client) else "0"
+        # An ACL user without the notice channels is told once, not at every release.
+        self._refusals = ChannelRefusals(f"RedisLocker prefix={prefix!r}", f"&{prefix}*")
 
     @property
     def engine(self) -> str:
@@ -200,12 +205,12 @@ class RedisLocker(Locker):
             return run_one(self._engine, request, timeout=self._timeout, wait=wait)
 
     def _attempt(
-        self, name: str, owner: str, ttl_ms: int, queue_ms: int = 0
+        self, name: str, owner: str, ttl_ms: int, queue_ms: int = 0, began: float | None = None
     ) -> tuple[int, float]:
         keys: tuple[str, ...] = (self.key(name), self._keys.fencing)
         args: tuple[Any, ...] = (owner, ttl_ms, label(self._label))
         if queue_ms:
-            keys, args = (*keys, *self._keys.queue("key", name)), (*args, queue_ms)
+            keys, args = (*keys, *self._keys.queue("key", name)), (*args, queue_ms, since(began))
         request = (self._acquire_script, keys, args)
         token, pttl = self._granted(request, f"lock {name!r}", lambda: self._give_back(name, owner))
         return (token, 0.0) if token > 0 else (0, max(pttl, 0) / 1000)
@@ -236,6 +241,9 @@ class RedisLocker(Locker):
     def _leave_queue(self, kind: str, name: str, owner: str) -> None:
         self._call((self._leave_script, self._keys.queue(kind, name), (owner,)))
 
+    def _place_keeper(self, name: str, owner: str, life_ms: int, kind: str = "key") -> Keeper:
+        return redis_place_keeper(self._engine, self._keys.queue(kind, name), owner, life_ms)
+
     def _give_back(self, name: str, owner: str) -> None:
         # An unconfirmed acquisition is not returned, so nobody would release
         # it: release it here. If that fails too, the lease expires in one TTL.
@@ -251,7 +259,14 @@ class RedisLocker(Locker):
         reply, _ = self._call(
             (self._release_script, keys, (owner, self._ack_ttl_ms, self._sharded_notice))
         )
-        return bool(reply == 1)
+        return self._released(reply, keys[0])
+
+    def _released(self, reply: int, key: str) -> bool:
+        """A release script's reply as ``_release`` reports it; a refused notice said once."""
+        done, refused = released(reply)
+        if refused:
+            self._refusals.publish_refused(key)
+        return done
 
     def semaphore(self, name: str, permits: int) -> Semaphore:
         """At most ``permits`` holders of ``name`` at once, each holding a fenced permit.
@@ -326,6 +341,8 @@ class RedisLocker(Locker):
 
         def pause(seconds: float) -> None:
             notices.wait(seconds)
+            if notices.refused:  # an ACL user without the channel: polling only
+                self._refusals.subscribe_refused(key)
 
         try:
             yield pause
@@ -373,13 +390,13 @@ class _RedisPermits(Locker):
         return keys.permits(name), keys.permit_info(name)
 
     def _attempt(
-        self, name: str, owner: str, ttl_ms: int, queue_ms: int = 0
+        self, name: str, owner: str, ttl_ms: int, queue_ms: int = 0, began: float | None = None
     ) -> tuple[int, float]:
         locker = self._locker
         keys: tuple[str, ...] = (*self._keys_of(name), locker._keys.fencing)
         args: tuple[Any, ...] = (owner, ttl_ms, self._permits, label(locker._label))
         if queue_ms:
-            keys, args = (*keys, *locker._keys.queue("sem", name)), (*args, queue_ms)
+            keys, args = (*keys, *locker._keys.queue("sem", name)), (*args, queue_ms, since(began))
         token, number = locker._granted(
             (self._acquire_script, keys, args),
             f"a permit of semaphore {name!r}",
@@ -396,6 +413,9 @@ class _RedisPermits(Locker):
     def _leave(self, name: str, owner: str) -> None:
         self._locker._leave_queue("sem", name, owner)
 
+    def _place_keeper(self, name: str, owner: str, life_ms: int) -> Keeper | None:
+        return self._locker._place_keeper(name, owner, life_ms, "sem")
+
     def _refresh(self, name: str, owner: str, ttl_ms: int) -> bool:
         reply, _ = self._locker._call((self._refresh_script, self._keys_of(name), (owner, ttl_ms)))
         return bool(reply == 1)
@@ -405,7 +425,7 @@ class _RedisPermits(Locker):
         keys = (*self._keys_of(name), locker._keys.ack(owner), locker._keys.queue("sem", name)[0])
         args = (owner, locker._ack_ttl_ms, locker._sharded_notice)
         reply, _ = locker._call((self._release_script, keys, args))
-        return bool(reply == 1)
+        return locker._released(reply, keys[0])
 
     def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> Keeper:
         return self._locker._engine.keeper(
