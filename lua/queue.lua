@@ -15,6 +15,14 @@ local function queue_now()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(t[2]) % 1000
 end
 
+-- ``waiter``'s place lives ``alive_ms`` from ``now``; both keys live as long as the last place.
+local function queue_alive(queue, alive, waiter, alive_ms, now)
+  redis.call('ZADD', alive, now + alive_ms, waiter)
+  local last = redis.call('ZRANGE', alive, -1, -1, 'WITHSCORES')
+  redis.call('PEXPIRE', queue, tonumber(last[2]) - now)
+  redis.call('PEXPIRE', alive, tonumber(last[2]) - now)
+end
+
 -- Joins (or renews) ``waiter`` in the queue; true when it is among the first ``slots``.
 -- ``waited_us``: how long it has been waiting, in microseconds (0 when not told).
 local function queue_turn(queue, alive, waiter, alive_ms, slots, waited_us)
@@ -27,10 +35,7 @@ local function queue_turn(queue, alive, waiter, alive_ms, slots, waited_us)
     local waited = math.max(0, math.floor(tonumber(waited_us) or 0))
     redis.call('ZADD', queue, now * 1000 + micros - waited, waiter)
   end
-  redis.call('ZADD', alive, now + alive_ms, waiter)
-  local last = redis.call('ZRANGE', alive, -1, -1, 'WITHSCORES')
-  redis.call('PEXPIRE', queue, tonumber(last[2]) - now)
-  redis.call('PEXPIRE', alive, tonumber(last[2]) - now)
+  queue_alive(queue, alive, waiter, alive_ms, now)
   return redis.call('ZRANK', queue, waiter) < slots
 end
 

@@ -3,17 +3,13 @@
 -- (it waits for the GIL or the CPU); when its process dies the renewals stop with it.
 -- KEYS[1] the queue (<prefix>queue:<kind>:<name>), KEYS[2] its leases
 -- (<prefix>queue-alive:<kind>:<name>); ARGV[1] the waiter, ARGV[2] how long its place lives
--- from now, in ms.
+-- from now, in ms. Its prelude is queue.lua.
 -- Returns 1 when the place was renewed; 0 when it is gone (served, left, or lapsed: a lapsed
 -- place is not brought back here; the waiter's next attempt takes it again).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = queue_now()
 local until_ms = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[1]))
 if not (until_ms and until_ms > now and redis.call('ZSCORE', KEYS[1], ARGV[1])) then
   return 0
 end
-redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
-local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-redis.call('PEXPIRE', KEYS[1], tonumber(last[2]) - now)
-redis.call('PEXPIRE', KEYS[2], tonumber(last[2]) - now)
+queue_alive(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), now)
 return 1

@@ -30,6 +30,7 @@ from redlease._testing._common import (
     server_version,
 )
 from redlease._testing.fake import FakeRedis
+from redlease.lock import Locker, MemoryLocker, RedisLocker
 
 ENGINES = ("python", "native")
 
@@ -329,3 +330,21 @@ def tls_cluster_set_fresh(tls_materials: TLSMaterials) -> Iterator[ClusterSet]:
     _require_tls()
     with ClusterSet(tls=tls_materials) as topology:
         yield topology
+
+
+@pytest.fixture(params=("memory", "native", "python"))
+def fair_locker(request: pytest.FixtureRequest) -> Iterator[Locker]:
+    """A ``MemoryLocker``, or a ``RedisLocker`` (prefix ``fair:``) on each engine."""
+    if request.param == "memory":
+        yield MemoryLocker()
+        return
+    if request.param == "native":
+        require_native()
+    server: RedisServer = request.getfixturevalue("redis_server")
+    client = server.client()
+    made = RedisLocker(client, prefix="fair:", engine=request.param)
+    try:
+        yield made
+    finally:
+        made.close()
+        client.close()

@@ -424,3 +424,11 @@ def lock_handover(locker: Any, name: str, waiting: Callable[[], Any]) -> float:
     thread.join(10)
     assert got, "the waiter never got the lock"
     return got[0] - released_at
+
+
+def fair_acquirer(locker: Any, kind: str) -> Callable[..., Any]:
+    """``acquire`` of the lock "job", or of a permit of the 1-permit semaphore "job"."""
+    if kind == "lock":
+        return lambda **options: locker.acquire("job", **options)
+    sem = locker.semaphore("job", 1)
+    return lambda **options: sem.acquire(**options)

@@ -15,41 +15,22 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import redis
 
 import redlease
+from helpers import fair_acquirer as acquirer
 from helpers import wait_until
 from redlease._fair import place_ms
 from redlease._testing import ClusterSet, RedisServer, SentinelSet
-from redlease.lock import Lock, Locker, MemoryLocker, RedisLocker
-
-KINDS = ("memory", "native", "python")
+from redlease.lock import Lock, Locker, RedisLocker
 
 
-@pytest.fixture(params=KINDS, ids=KINDS)
-def locker(request: pytest.FixtureRequest) -> Iterator[Locker]:
-    if request.param == "memory":
-        yield MemoryLocker()
-        return
-    server: RedisServer = request.getfixturevalue("redis_server")
-    client = server.client()
-    made = RedisLocker(client, prefix="fair:", engine=request.param)
-    try:
-        yield made
-    finally:
-        made.close()
-        client.close()
-
-
-def acquirer(locker: Locker, kind: str) -> Callable[..., Lock]:
-    """``acquire`` of the lock "job", or of a permit of the 1-permit semaphore "job"."""
-    if kind == "lock":
-        return lambda **options: locker.acquire("job", **options)
-    sem = locker.semaphore("job", 1)  # type: ignore[attr-defined]
-    return lambda **options: sem.acquire(**options)
+@pytest.fixture
+def locker(fair_locker: Locker) -> Locker:
+    return fair_locker
 
 
 @pytest.mark.parametrize("kind", ["lock", "semaphore"])

@@ -74,6 +74,8 @@ class Script:
 _PRELUDES: dict[str, tuple[str, ...]] = {
     "lock_acquire": ("queue",),
     "sem_acquire": ("queue",),
+    "queue_keep": ("queue",),
+    "queue_leave": ("queue",),
     "release": ("notify",),
     "lock_release": ("notify",),
     "sem_release": ("notify",),
