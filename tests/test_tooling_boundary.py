@@ -174,6 +174,7 @@ ENGINE_LEAVES: dict[str, str] = {
     "redlease._log": "the library's logger (the notice listeners' records)",
     "redlease._driver": "the driver's doorbell, rung by the native notice reader",
     "redlease._forksafe": "the lock of module-wide registries a forked child gets back unlocked",
+    "redlease._timing": "the timing constants both engines read (renewals, notices, WAIT)",
 }
 
 # Modules of the tooling: the command line and the test servers. The library

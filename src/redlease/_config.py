@@ -8,8 +8,11 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from ._errors import ConfigError, NotReplicated
+from ._timing import DEFAULT_REPLICA_TIMEOUT, wait_ms
+from ._timing import renew_interval as renew_interval_of
 
 Duration = int | float | timedelta
 
@@ -18,9 +21,6 @@ DEFAULT_TTL = 5.0
 
 MIN_TTL = 0.1
 MIN_INTERVAL = 0.001
-
-DEFAULT_REPLICA_TIMEOUT = 0.1
-"""How long ``WAIT`` waits for replicas to confirm, by default (seconds)."""
 
 
 def to_seconds(value: object, what: str) -> float:
@@ -104,6 +104,27 @@ class ReplicationGuard:
             replicas=acked,
         )
 
+    def confirm_won(
+        self,
+        engine: Any,
+        acked: int,
+        what: str,
+        then: str,
+        give_back: Callable[[], object],
+        within: float,
+    ) -> None:
+        """Confirm an acquire that won on the master (an elector's or a lock's, the one rule).
+
+        With the guard on, ``acked`` replicas must have confirmed it
+        (``require``); behind Sentinel, the sentinels must still name its
+        server the master, asked within ``within`` seconds
+        (``engine.confirm_master``). Unconfirmed, ``give_back`` runs (nobody
+        waits a TTL for the lease) and this raises.
+        """
+        if self.enabled:
+            self.require(acked, what, then, give_back)
+        engine.confirm_master(within, give_back)
+
     @property
     def timeout_ms(self) -> int:
         """``replica_timeout`` as the whole milliseconds ``WAIT`` takes, rounded up.
@@ -111,7 +132,7 @@ class ReplicationGuard:
         Never 0: ``WAIT n 0`` would block until the replicas answer, forever
         if they never do.
         """
-        return max(1, math.ceil(self.replica_timeout * 1000 - 1e-9))
+        return wait_ms(self.replica_timeout)
 
     @classmethod
     def resolve(cls, min_replicas: object = 0, replica_timeout: object = None) -> ReplicationGuard:
@@ -185,7 +206,9 @@ class Config:
             )
 
         renew = (
-            ttl_s / 3 if renew_interval is None else to_seconds(renew_interval, "renew_interval")
+            renew_interval_of(ttl_s)
+            if renew_interval is None
+            else to_seconds(renew_interval, "renew_interval")
         )
         if renew < MIN_INTERVAL:
             raise ConfigError(f"renew_interval must be at least 1 ms, got {renew!r} s")

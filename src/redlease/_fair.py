@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from ._engine import ACTIVE, Engine, Keeper
 from ._scripts import load
+from ._timing import renew_interval
 
 PLACE_INTERVALS = 3
 """A place lives this many of its waiter's retry intervals after each attempt or renewal."""
@@ -70,4 +71,4 @@ def redis_place_keeper(
     """The engine's renewer holding ``owner``'s place in ``queue`` (natively without the GIL)."""
     life = life_ms / 1000
     script = load("queue_keep")
-    return engine.keeper(script, queue, (owner, life_ms), interval=life / 3, ttl=life)
+    return engine.keeper(script, queue, (owner, life_ms), interval=renew_interval(life), ttl=life)

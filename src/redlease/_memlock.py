@@ -22,6 +22,7 @@ from ._holders import LockHolder, check_label, label
 from ._lock import Locker, LockerCore
 from ._lockargs import check_name
 from ._semaphore import Semaphore, check_permits, mismatch
+from ._timing import renew_interval
 
 Permit = tuple[int, float, str]
 """A live permit: its fencing token, its expiry (monotonic), its holder's label."""
@@ -314,7 +315,7 @@ class MemoryLocker(Locker):
     def _queue_keeper(self, queue: tuple[str, str], owner: str, life_ms: int) -> Keeper:
         # The renewer's thread holds a fair waiter's place, as on Redis (_fair).
         store, life = self._store, life_ms / 1000
-        return self._lease(lambda: store.keep(queue, owner, life), life_ms, life / 3)
+        return self._lease(lambda: store.keep(queue, owner, life), life_ms, renew_interval(life))
 
     def _holder(self, name: str) -> LockHolder | None:
         return self._store.holder(name)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._driver import driver
 from .._log import logger
+from .._timing import NOTICE_REHOME_EVERY, NOTICE_REHOME_TRIES
 from .client import refresh_slot_map
 from .notices import Wake, channel_of
 
@@ -243,10 +244,6 @@ class NativeNotices:
         return NativeSubscription(sub, channel, wake, home=home, fd=fd)
 
 
-_REHOME_TRIES = 12  # a slot map naming the old node still is asked again this often ...
-_REHOME_EVERY = 0.25  # ... this many seconds apart
-
-
 class _Rehomer:
     """The thread that re-homes cluster subscriptions (started on demand, ends when idle)."""
 
@@ -286,7 +283,7 @@ class _Rehomer:
 
     def _try(self, sub: NativeSubscription, asked: float, tries: int) -> None:
         try:
-            if sub.rehome(asked, last=tries + 1 >= _REHOME_TRIES):
+            if sub.rehome(asked, last=tries + 1 >= NOTICE_REHOME_TRIES):
                 return
         except Exception as exc:  # it stays where it was: it polls, and is told again
             logger.warning("release notices on %s could not move: %r", sub.channel, exc)
@@ -294,7 +291,7 @@ class _Rehomer:
         now = time.monotonic()
         with self._cond:
             # Unless seen moving again meanwhile (that entry starts over).
-            self._pending.setdefault(id(sub), (sub, now, tries + 1, now + _REHOME_EVERY))
+            self._pending.setdefault(id(sub), (sub, now, tries + 1, now + NOTICE_REHOME_EVERY))
 
     def after_fork(self) -> None:
         self._cond = threading.Condition(threading.Lock())

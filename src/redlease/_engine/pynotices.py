@@ -26,6 +26,15 @@ from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from .._forksafe import ForkSafeLock
 from .._log import logger
+from .._timing import (
+    NOTICE_BACKOFF_MIN,
+    NOTICE_CONNECT_TIMEOUT,
+    NOTICE_DEAD_AFTER,
+    NOTICE_IDLE_CLOSE,
+    NOTICE_PING_AFTER,
+    NOTICE_READ_SLICE,
+    notice_backoff,
+)
 from .client import is_cluster, refresh_slot_map
 from .connect import connection_factory
 from .notices import Wake, channel_of, sharded_notices
@@ -33,14 +42,6 @@ from .pysock import begin_round_trip, bounded_class
 
 if TYPE_CHECKING:
     from .base import Keeper
-
-_READ_SLICE = 0.25  # how long one read waits before the listener looks around
-_PING_AFTER = 5.0  # a silent connection is pinged after this long ...
-_DEAD_AFTER = 10.0  # ... and dropped when nothing at all arrived for this long
-_IDLE_CLOSE = 2.0  # a listener with no channels closes its connection after this long
-_BACKOFF_MIN = 0.05
-_BACKOFF_MAX = 1.0
-_CONNECT_TIMEOUT = 5.0
 
 
 class Subscription:
@@ -163,6 +164,7 @@ class _Hub:
         self._thread: threading.Thread | None = None
         self._failing = False
         self.connects = 0  # how many times a connection was (re)established
+        self._live_since: float | None = None  # when the current session went live
 
     # -- registration (any thread) ------------------------------------------------
 
@@ -223,13 +225,14 @@ class _Hub:
     # -- the listener thread ---------------------------------------------------------
 
     def _main(self) -> None:
-        backoff = _BACKOFF_MIN
+        backoff = NOTICE_BACKOFF_MIN
         while True:
             if self._idle_exit():
                 return
             try:
+                self._live_since = None
                 self._session()
-                backoff = _BACKOFF_MIN
+                backoff = NOTICE_BACKOFF_MIN
             except Exception as exc:
                 # Redis trouble above all, but whatever breaks a session ends
                 # in a reconnect with backoff, never in a dead thread; the
@@ -238,8 +241,10 @@ class _Hub:
                     self._failing = True
                     logger.debug("release notices from %s lost: %r; reconnecting", self._key, exc)
                 self._drop()
-                time.sleep(backoff)
-                backoff = min(backoff * 2, _BACKOFF_MAX)
+                live = self._live_since
+                lived = None if live is None else time.monotonic() - live
+                pause, backoff = notice_backoff(backoff, lived)
+                time.sleep(pause)
                 if self._cluster is not None:
                     self._rehome(self._cluster)
             finally:
@@ -257,8 +262,8 @@ class _Hub:
 
     def _session(self) -> None:
         conn = self._make()
-        conn.socket_connect_timeout = _CONNECT_TIMEOUT
-        conn.socket_timeout = _CONNECT_TIMEOUT
+        conn.socket_connect_timeout = NOTICE_CONNECT_TIMEOUT
+        conn.socket_timeout = NOTICE_CONNECT_TIMEOUT
         conn.connect()
         with self._lock:
             self._conn, self._broken = conn, False
@@ -281,7 +286,7 @@ class _Hub:
             # Notices sent while the connection was down are lost: let every
             # waiter try once now instead of at its next poll.
             self._wake(None, None)
-        heard = pinged = time.monotonic()
+        heard = pinged = self._live_since = time.monotonic()
         idle_since: float | None = None
         while True:
             if self._broken:
@@ -291,8 +296,8 @@ class _Hub:
             # reading from the socket, and under the bound of the last
             # message read, long passed on a quiet channel, they would read
             # nothing at all until the connection is found silent.
-            begin_round_trip(conn, time.monotonic() + _READ_SLICE)
-            if conn.can_read(timeout=_READ_SLICE):
+            begin_round_trip(conn, time.monotonic() + NOTICE_READ_SLICE)
+            if conn.can_read(timeout=NOTICE_READ_SLICE):
                 reply = self._read(conn)
                 heard = time.monotonic()
                 self._dispatch(reply)
@@ -302,13 +307,13 @@ class _Hub:
                 empty = not self._channels
             if empty:
                 idle_since = idle_since if idle_since is not None else now
-                if now - idle_since >= _IDLE_CLOSE:
+                if now - idle_since >= NOTICE_IDLE_CLOSE:
                     return
             else:
                 idle_since = None
-            if now - heard >= _DEAD_AFTER:
+            if now - heard >= NOTICE_DEAD_AFTER:
                 raise ConnectionError("the notice connection went silent")
-            if now - heard >= _PING_AFTER and now - pinged >= _PING_AFTER:
+            if now - heard >= NOTICE_PING_AFTER and now - pinged >= NOTICE_PING_AFTER:
                 pinged = now
                 with self._lock:
                     self._send("PING")
@@ -339,7 +344,7 @@ class _Hub:
     def _read(self, conn: Any) -> Any:
         # Bytes have arrived: the whole message follows within the bound, or
         # the connection is given up (and made again).
-        begin_round_trip(conn, time.monotonic() + _CONNECT_TIMEOUT)
+        begin_round_trip(conn, time.monotonic() + NOTICE_CONNECT_TIMEOUT)
         try:
             return conn.read_response()
         except ResponseError as exc:

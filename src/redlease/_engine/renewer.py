@@ -21,6 +21,7 @@ from typing import Any, cast
 
 from redis.exceptions import NoScriptError
 
+from .._timing import RENEW_BATCH_WINDOW, RENEW_RETRY_FLOOR
 from .base import ACTIVE, ENDED, IDLE, LATENESS_BUCKETS, LOST, MIN_STEP
 from .replies import UnexpectedReply, describe, is_failover_reply
 
@@ -230,11 +231,12 @@ class Lease:
         self._late_hist[bisect.bisect_left(LATENESS_BUCKETS, late)] += 1
         self._late_sum += late
 
-    def _next_slot(self, scheduled: float) -> float:
+    def _next_slot(self, scheduled: float, floor: float = 0.0) -> float:
         # On schedule: the next absolute deadline. Behind schedule (a slow or
-        # failed round trip): go again at once; the lease deadline bounds us.
+        # failed round trip): go again at once, or after ``floor`` (a failed
+        # renewal waits RENEW_RETRY_FLOOR); the lease deadline bounds us.
         # The native keeper follows the same rule.
-        return max(scheduled + self._interval, time.monotonic())
+        return max(scheduled + self._interval, time.monotonic() + floor)
 
     def _lose(self) -> None:
         # Caller holds the condition. The token goes first so that readers on
@@ -262,7 +264,7 @@ class Lease:
                 # failover may already have lost.
                 self._lose()
                 return False
-            self._next = self._next_slot(scheduled)
+            self._next = self._next_slot(scheduled, RENEW_RETRY_FLOOR)
             self.notify()
         elif reply == 1:
             self._renewals += 1
@@ -281,7 +283,7 @@ class Lease:
                     "0 or 1): the server is broken or not Redis"
                 )
             )
-            self._next = self._next_slot(scheduled)
+            self._next = self._next_slot(scheduled, RENEW_RETRY_FLOOR)
             self.notify()
         return True
 
@@ -417,7 +419,7 @@ class Renewer:
             if keeper.batch is not None and keeper._generation == generation:
                 # Everything else due now on the same connection goes with it.
                 batch.append(keeper)
-                until = now + BATCH_WINDOW
+                until = now + RENEW_BATCH_WINDOW
                 while self._heap and self._heap[0][0] <= until and len(batch) < BATCH_MAX:
                     other = self._heap[0]
                     if other[3].batch != keeper.batch:
@@ -446,9 +448,6 @@ class Renewer:
         self._thread = None
 
 
-BATCH_WINDOW = 0.002
-"""Renewals due within this much of the first due one are sent with it (seconds)."""
-
 BATCH_MAX = 512
 
 
@@ -456,7 +455,7 @@ def _tick_batch(keepers: list[Lease]) -> None:
     """Renew ``keepers`` (all on one connection) in one pipelined round trip."""
     due: list[tuple[Lease, tuple[int, float, float, float]]] = []
     for keeper in keepers:
-        prepared = keeper._prepare(BATCH_WINDOW)
+        prepared = keeper._prepare(RENEW_BATCH_WINDOW)
         if prepared is not None:
             due.append((keeper, prepared))
     if not due:

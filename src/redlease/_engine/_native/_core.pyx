@@ -106,6 +106,10 @@ from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 import os
 import weakref
 
+# Every timing constant the engines share (renewal batching and retry floor,
+# notice timings, WAIT): the .pxi files convert them into their C globals.
+from redlease import _timing
+
 # Every ProcessBound alive in this process (Pool, LoopConn, Renewer, Lease,
 # NoticeHub), for the fork handler below.
 _live = weakref.WeakSet()
@@ -147,6 +151,21 @@ def _after_fork_in_child():
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def native_timing():
+    """The timing constants as the native engine holds them: {name in timing: nanoseconds}."""
+    return {
+        "RENEW_BATCH_WINDOW": RENEW_WINDOW_NS,
+        "RENEW_RETRY_FLOOR": RENEW_RETRY_NS,
+        "NOTICE_READ_SLICE": NOTICE_SLICE_NS,
+        "NOTICE_PING_AFTER": NOTICE_PING_NS,
+        "NOTICE_DEAD_AFTER": NOTICE_DEAD_NS,
+        "NOTICE_IDLE_CLOSE": NOTICE_IDLE_NS,
+        "NOTICE_BACKOFF_MIN": NOTICE_BACKOFF_MIN_NS,
+        "NOTICE_BACKOFF_MAX": NOTICE_BACKOFF_MAX_NS,
+        "NOTICE_CONNECT_TIMEOUT": NOTICE_CONNECT_NS,
+    }
 
 
 # What this build serves beyond a fixed TCP address or unix socket (see

@@ -19,13 +19,14 @@
 #
 # Needs: _posix, _resp_encode, _resp_parse, _conn, _tls, _discovery, _sentinel, _replies, _notices_queue.
 
-cdef int64_t NOTICE_SLICE_NS = 250000000      # one poll before the thread looks around
-cdef int64_t NOTICE_PING_NS = 5000000000      # a silent connection is pinged after this ...
-cdef int64_t NOTICE_DEAD_NS = 10000000000     # ... and dropped when silent this long
-cdef int64_t NOTICE_IDLE_NS = 2000000000      # no waiter this long: close the connection
-cdef int64_t NOTICE_BACKOFF_MIN_NS = 50000000
-cdef int64_t NOTICE_BACKOFF_MAX_NS = 1000000000
-cdef int64_t NOTICE_CONNECT_NS = 5000000000
+# The timings, from redlease._timing (read when the module is imported).
+cdef int64_t NOTICE_SLICE_NS = _timing.ns(_timing.NOTICE_READ_SLICE)  # one poll, then look around
+cdef int64_t NOTICE_PING_NS = _timing.ns(_timing.NOTICE_PING_AFTER)   # silent: pinged after this ...
+cdef int64_t NOTICE_DEAD_NS = _timing.ns(_timing.NOTICE_DEAD_AFTER)   # ... dropped when silent this long
+cdef int64_t NOTICE_IDLE_NS = _timing.ns(_timing.NOTICE_IDLE_CLOSE)   # no waiter this long: close it
+cdef int64_t NOTICE_BACKOFF_MIN_NS = _timing.ns(_timing.NOTICE_BACKOFF_MIN)
+cdef int64_t NOTICE_BACKOFF_MAX_NS = _timing.ns(_timing.NOTICE_BACKOFF_MAX)
+cdef int64_t NOTICE_CONNECT_NS = _timing.ns(_timing.NOTICE_CONNECT_TIMEOUT)
 
 cdef const char* PING_CMD = b"*1\r\n$4\r\nPING\r\n"
 

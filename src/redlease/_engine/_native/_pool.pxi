@@ -13,6 +13,8 @@ from redis.exceptions import InvalidResponse as _RedisInvalidResponse
 from redis.exceptions import ResponseError as _RedisResponseError
 from redis.exceptions import TimeoutError as _RedisTimeoutError
 
+from redlease._engine.replies import UnexpectedReply as _UnexpectedReply
+
 cdef int64_t FOREVER_NS = 1 << 62
 
 
@@ -33,6 +35,9 @@ cdef object make_exception(int kind, bytes message):
         return MemoryError(text)
     if kind == RL_ENOMASTER:
         return _RedisMasterNotFoundError(text)
+    if kind == RL_EUNEXPECTED:
+        # A reply the script cannot give: the same error the Python engine raises.
+        return _UnexpectedReply(text)
     return _RedisResponseError(text)
 
 
@@ -316,9 +321,11 @@ cdef class Pool(ProcessBound):
         cdef rl_conn* c = &slot.conn
         cdef rl_script_cmd cmd
         cdef int rc
-        if replicas < 0 or wait_ms < 1:
+        try:
+            wait_cmd = _timing.wait_command(replicas, wait_ms)
+        except ValueError:
             release_slot(slot)
-            raise ValueError("WAIT needs replicas >= 0 and a timeout of at least 1 ms")
+            raise
         try:
             put_evalsha(&c.w, ref.sha, ref.source, keys, args, &cmd)
             c.slot = disco_slot_for(c.disco, keys)
@@ -333,7 +340,7 @@ cdef class Pool(ProcessBound):
                     f"Connection to {self.target.address} closed before WAIT"
                 )
             c.w.len = 0
-            put_command(&c.w, ("WAIT", replicas, wait_ms))
+            put_command(&c.w, wait_cmd)
             wait_deadline = rl_now_ns()
             wait_deadline = (deadline if deadline > wait_deadline else wait_deadline) + \
                 <int64_t>wait_ms * 1000000

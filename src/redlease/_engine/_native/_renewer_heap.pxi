@@ -20,12 +20,13 @@
 #
 # Needs: _posix, _resp_encode, _resp_parse, _conn, _replies, _lease.
 
-# Renewals due within this much of the earliest one are sent with it.
-cdef int64_t RENEW_WINDOW_NS = 1000000
-# After a failed renewal the next one waits at least this long (a refused
+# Renewals due within this much of the earliest one are sent with it, and
+# after a failed renewal the next one waits at least RENEW_RETRY_NS (a refused
 # connect fails at once; without a floor the thread would spin until the
-# deadline). The lease deadline is unchanged by it.
-cdef int64_t RENEW_RETRY_NS = 1000000
+# deadline; the lease deadline is unchanged by it). Both values come from
+# redlease._timing, read when the module is imported.
+cdef int64_t RENEW_WINDOW_NS = _timing.ns(_timing.RENEW_BATCH_WINDOW)
+cdef int64_t RENEW_RETRY_NS = _timing.ns(_timing.RENEW_RETRY_FLOOR)
 
 
 # ---------------------------------------------------------------- the heap (mu held)
