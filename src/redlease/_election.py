@@ -380,19 +380,17 @@ class Election:
         """
         token: int = reply[0]
         if token > 0:
-            if self.guard.enabled:
-                # Won on the master only: a failover now could hand the name to
-                # another instance with an older fence. No term starts; the
-                # lease goes back at once so nobody waits a TTL for it.
-                self.guard.require(
-                    acked,
-                    f"acquire of {self.config.name!r} was",
-                    "released, trying again",
-                    give_back=self.release,
-                )
-            # Behind Sentinel: won on a node the sentinels still name as the
-            # master, and not one being failed over, or no term (released).
-            self.engine.confirm_master(self.config.renew_interval, self.release)
+            # Won on the master only: a failover now could hand the name to
+            # another instance with an older fence. Unconfirmed, no term
+            # starts and the lease goes back at once.
+            self.guard.confirm_won(
+                self.engine,
+                acked,
+                f"acquire of {self.config.name!r} was",
+                "released, trying again",
+                self.release,
+                self.config.renew_interval,
+            )
         holder = self.instance_id if token else instance_text(reply[2])
         return token, int(reply[1]), holder
 

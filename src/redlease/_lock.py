@@ -33,6 +33,7 @@ from ._holders import LockHolder
 from ._lockargs import check_flag, check_name, check_ttl, check_wait
 from ._lockstats import WaitStats
 from ._log import Events
+from ._timing import renew_interval
 from ._watchdog import Watchdog, stop_renewing
 
 T = TypeVar("T")
@@ -417,7 +418,7 @@ class Locker(ABC):
         if auto_renew:
             ttl = ttl_ms / 1000
             try:
-                held._start_watchdog(self._keeper(name, owner, ttl_ms, ttl / 3), sent)
+                held._start_watchdog(self._keeper(name, owner, ttl_ms, renew_interval(ttl)), sent)
             except BaseException:
                 with contextlib.suppress(Exception):
                     held.release()

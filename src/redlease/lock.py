@@ -227,12 +227,11 @@ class RedisLocker(Locker):
         reply, acked = self._call(request, guard.wait)
         token, number = int(reply[0]), int(reply[1])
         if token > 0:
-            if guard.enabled:
-                guard.require(
-                    acked, f"{what} was acquired on the master but", "released again", give_back
-                )
             with self._family.errors():
-                self._engine.confirm_master(self._timeout, give_back)
+                guard.confirm_won(
+                    self._engine, acked, f"{what} was acquired on the master but",
+                    "released again", give_back, self._timeout,
+                )
         return token, number
 
     def _leave(self, name: str, owner: str) -> None:

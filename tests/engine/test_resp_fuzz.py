@@ -181,8 +181,10 @@ def _strict(data: bytes, pos: int, depth: int = 0) -> tuple[Any, int]:
     if pos >= len(data):
         raise _Incomplete
     kind = data[pos : pos + 1]
-    if kind not in (b"+", b"-", b":", b"$", b"*"):
+    if kind not in (b"+", b"-", b":", b"$", b"*", b"_"):
         raise _Malformed
+    if kind == b"_" and data[pos + 1 : pos + 2] not in (b"", b"\r"):
+        raise _Malformed  # RESP3's null holds nothing before its CRLF
     cr = data.find(b"\r", pos + 1)
     if cr < 0 or cr + 1 >= len(data):
         raise _Incomplete
@@ -191,6 +193,8 @@ def _strict(data: bytes, pos: int, depth: int = 0) -> tuple[Any, int]:
     line, pos = data[pos + 1 : cr], cr + 2
     if b"\n" in line:
         raise _Malformed  # a line holds no LF
+    if kind == b"_":
+        return None, pos  # RESP3's null, read as RESP2's nil (as hiredis reads it)
     if kind == b"+":
         return line, pos
     if kind == b"-":

@@ -19,9 +19,10 @@ the calls were sent and are matched to the futures first in, first out.
   new connection.
 * Any I/O error fails every call in flight with ``ConnectionError`` the
   same way.
-* A reply saying the call did not run on this server (READONLY, MASTERDOWN,
-  LOADING; on a cluster MOVED, ASK, TRYAGAIN, CLUSTERDOWN) sends that call
-  again the blocking way (``fallback``, the engine's ``write``, on the
+* A reply saying the call did not run on this server, where the reply
+  table resends it (``replytable.resends``: through sentinels a failover or
+  a loading server; never on a client at a fixed address) sends that call
+  again, once, the blocking way (``fallback``, the engine's ``write``, on the
   loop's executor), which asks the sentinels or follows the redirection as
   a threaded write does; once nothing is in flight the connection is
   dropped and the next write connects to the right server. Likewise, once
@@ -56,18 +57,8 @@ from redis.exceptions import (
 
 from .._scripts import Script
 from .encodable import EncodableT
-from .replies import (
-    ASK,
-    DONE,
-    FAILOVER,
-    MOVED,
-    NOSCRIPT,
-    RETRY,
-    TRYAGAIN,
-    UnexpectedReply,
-    check,
-    classify,
-)
+from .replies import UnexpectedReply, check, classify, resent
+from .replytable import DONE, NOSCRIPT, PLAIN
 
 
 class Conn(Protocol):
@@ -111,10 +102,6 @@ Put = Callable[[Script, Sequence["str | bytes"], Sequence[EncodableT], bool], No
 _Future = asyncio.Future
 _monotonic = time.monotonic
 
-_RAN_ELSEWHERE = (MOVED, ASK, TRYAGAIN, RETRY, FAILOVER)
-"""Kinds of error reply (``replies.classify``) of a call that did not run on this server."""
-
-
 # One call in flight: its future, what to resend on NOSCRIPT, and its deadline.
 _Entry = tuple["asyncio.Future[Any]", Script, Sequence["str | bytes"], Sequence[EncodableT], float]
 
@@ -133,8 +120,10 @@ class LoopWriter:
         put: Put,
         timeout: float,
         fallback: Callable[[Script, Sequence[str | bytes], Sequence[EncodableT]], Any],
+        topology: int = PLAIN,
     ) -> None:
         self._loop_ref = weakref.ref(loop)
+        self._topology = topology  # how the client finds its server (``replytable``)
         # asyncio's own loop: its futures and clock are made without a
         # Python-level call (the same Future class, the same monotonic time).
         self._plain_loop = (
@@ -275,7 +264,7 @@ class LoopWriter:
                 self._put(script, keys, args, True)
                 pending.append((fut, script, keys, args, self._loop().time() + self._timeout))
                 resend = True
-            elif kind in _RAN_ELSEWHERE:
+            elif resent(reply, self._topology):
                 self._reroute = True
                 if not fut.done():
                     self._send_blocking(fut, script, keys, args)

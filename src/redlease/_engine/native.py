@@ -34,6 +34,7 @@ from .client import Endpoint
 from .failover import MasterSwitches
 from .nativenotices import NativeNotices
 from .replies import check
+from .replytable import topology
 
 
 class _Tracked:
@@ -140,7 +141,10 @@ class NativeEngine(Pools):
         writer = self._loop_writers.get(loop)
         if writer is None:
             conn = _native.LoopConn(self._target, self._refs, self._ref)
-            writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self.write_one)
+            where = topology(self.endpoint.kind == "cluster", self.endpoint.kind == "sentinel")
+            writer = LoopWriter(
+                loop, conn, conn.put, self.write_timeout, self.write_one, where
+            )
             self._loop_writers[loop] = writer
         return writer
 

@@ -25,6 +25,7 @@ from redis.exceptions import (
 )
 
 from .._scripts import Script
+from .._timing import wait_command
 from .base import EncodableT, ScriptRequest, remaining
 from .client import is_cluster, refresh_slot_map
 from .connect import connection_factory
@@ -178,6 +179,7 @@ class BoundedConnection:
         ran, so the caller may send again.
         """
         deadline = time.monotonic() + timeout
+        wait_cmd = None if wait is None else wait_command(*wait)  # checked before sending
         try:
             try:
                 reply = self._script(("EVALSHA", script.sha), keys, args, deadline, asking)
@@ -195,10 +197,10 @@ class BoundedConnection:
                 )
             finally:
                 target.drop()
-        if wait is None:
+        if wait_cmd is None:
             return reply
-        replicas, wait_ms = wait
-        acked = self.execute(("WAIT", replicas, wait_ms), wait_ms / 1000 + remaining(deadline))
+        wait_ms = wait_cmd[2]
+        acked = self.execute(wait_cmd, wait_ms / 1000 + remaining(deadline))
         return reply, int(acked)
 
     def eval_many(

@@ -19,13 +19,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.exceptions import (
-    MovedError,
     ResponseError,
     TimeoutError,
 )
 
 from .._config import ReplicationGuard
 from .._scripts import Script
+from .._timing import wait_command
 from .aiowriter import LoopWriter
 from .base import (
     CALL_CONNECTIONS,
@@ -44,12 +44,32 @@ from .pyconn import BoundedConnection
 from .pyloopconn import PyLoopConn
 from .pynotices import PythonNotices
 from .renewer import Lease, Renewer
-from .replies import ASK, UnexpectedReply, check, classify, fits, ran_elsewhere
+from .replies import UnexpectedReply, check, classify, fits, resent
+from .replytable import ASK, MOVED, topology
 
 _MAX_REDIRECTS = 3
+"""MOVED replies followed per call (on a cluster client)."""
 
 _RETRY_PAUSE = 0.05
-"""Seconds between two sends of a batch the server did not run (READONLY, LOADING...)."""
+"""Seconds before the one resend of a call the server did not run (a failover, LOADING...)."""
+
+
+def _send_again(reply: object, topology: int, sends: int, deadline: float) -> bool:
+    """Whether a call (or batch) answered ``reply`` after ``sends`` sends goes out again.
+
+    The reply table decides (``replies.resent``); a MOVED is followed up to
+    ``_MAX_REDIRECTS`` times, anything else resent is resent once. Pauses
+    before a resend that is not a redirection.
+    """
+    if not resent(reply, topology) or time.monotonic() >= deadline:
+        return False
+    if classify(reply) == MOVED:
+        return sends <= _MAX_REDIRECTS
+    if sends > 1:
+        return False
+    time.sleep(min(_RETRY_PAUSE, max(deadline - time.monotonic(), 0.0)))
+    return True
+
 
 class _Pool:
     """A few bounded connections, opened on demand, shared by threads.
@@ -63,6 +83,7 @@ class _Pool:
     def __init__(self, client: Any, size: int) -> None:
         self._client = client
         self._cluster = is_cluster(client)
+        self.topology = topology(self._cluster, bool(sentinels_of(client)))
         self._size = size
         self._cond = threading.Condition()
         self._busy = 0
@@ -81,10 +102,12 @@ class _Pool:
     ) -> Any:
         deadline = time.monotonic() + timeout
         key = keys[0] if keys and self._cluster else None
-        for redirect in range(_MAX_REDIRECTS + 1):
+        sends = 0
+        while True:
             route = self._client.get_node_from_key(key).name if key is not None else None
             conn, generation = self._take(route, key, deadline)
             keep = True
+            sends += 1
             try:
                 reply = conn.eval_script(script, keys, args, remaining(deadline), wait=wait)
                 self.served = conn.address
@@ -94,20 +117,20 @@ class _Pool:
                     keep = False
                     raise got
                 return reply
-            except MovedError:
-                # Nothing ran, and the slot map was refreshed: send again to the
-                # new owner while the deadline allows.
+            except ResponseError as exc:
+                # Nothing ran when the table says to send again (the route was
+                # looked up again): send to the new owner or master.
                 keep = False
-                if redirect == _MAX_REDIRECTS or time.monotonic() >= deadline:
+                if not _send_again(exc, self.topology, sends, deadline):
                     raise
             finally:
                 self._give(route, conn, generation, keep)
-        raise AssertionError("unreachable")
 
     def eval_many_wait(
         self, requests: Sequence[ScriptRequest], timeout: float, replicas: int, wait_ms: int
     ) -> tuple[list[Any], int]:
         """``eval_many``, then one ``WAIT replicas wait_ms`` on the connection that ran it."""
+        wait_command(replicas, wait_ms)  # checked before anything is sent
         acked: list[int] = []
         replies = self.eval_many(requests, timeout, wait=(replicas, wait_ms, acked))
         return replies, (acked[0] if acked else 0)
@@ -132,10 +155,12 @@ class _Pool:
         deadline = time.monotonic() + timeout
         key = requests[0][1][0] if self._cluster and requests[0][1] else None
         replies: list[Any] = []
-        for attempt in range(_MAX_REDIRECTS + 1):
+        sends = 0
+        while True:
             route = self._client.get_node_from_key(key).name if key is not None else None
             conn, generation = self._take(route, key, deadline)
             keep = True
+            sends += 1
             try:
                 replies = conn.eval_many(requests, remaining(deadline))
                 replies = [check(r[0], reply) for r, reply in zip(requests, replies, strict=True)]
@@ -154,17 +179,14 @@ class _Pool:
                         return _then_wait(target, replies, wait, deadline)
                     finally:
                         target.drop()
-                if not all(ran_elsewhere(reply, self._cluster) for reply in replies):
+                if not all(resent(reply, self.topology) for reply in replies):
                     return _then_wait(conn, replies, wait, deadline)
-                if isinstance(replies[0], MovedError):
+                if classify(replies[0]) == MOVED:
                     conn.reroute()
-                else:
-                    time.sleep(min(_RETRY_PAUSE, max(deadline - time.monotonic(), 0.0)))
-                if attempt == _MAX_REDIRECTS or time.monotonic() >= deadline:
+                if not _send_again(replies[0], self.topology, sends, deadline):
                     return replies
             finally:
                 self._give(route, conn, generation, keep)
-        return replies
 
     def _give(self, route: object, conn: BoundedConnection, generation: int, keep: bool) -> None:
         with self._cond:
@@ -217,7 +239,7 @@ def _then_wait(
     """With ``wait``, one WAIT on ``conn`` after its batch; the count goes into ``wait[2]``."""
     if wait is not None:
         replicas, wait_ms, acked = wait
-        reply = conn.execute(("WAIT", replicas, wait_ms), wait_ms / 1000 + remaining(deadline))
+        reply = conn.execute(wait_command(replicas, wait_ms), wait_ms / 1000 + remaining(deadline))
         acked.append(int(reply))
     return replies
 
@@ -290,7 +312,9 @@ class PythonEngine(Pools):
             conn = PyLoopConn(
                 connection_factory(self._client, None), lambda: self._master_generation
             )
-            writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self.write_one)
+            writer = LoopWriter(
+                loop, conn, conn.put, self.write_timeout, self.write_one, self.calls.topology
+            )
             self._loop_writers[loop] = writer
         return writer
 

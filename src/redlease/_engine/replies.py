@@ -2,14 +2,9 @@
 
 Two questions, each answered here and nowhere else:
 
-* ``classify(reply)``: what an error reply says about where the call ran —
-  ``DONE`` (not an error), ``NOSCRIPT`` (load the script, send again),
-  ``MOVED`` / ``ASK`` (a cluster redirection), ``TRYAGAIN`` (the keys are
-  mid-migration: the same server may run it later), ``RETRY`` (LOADING,
-  CLUSTERDOWN: this server cannot serve the keys now), ``FAILOVER``
-  (READONLY, MASTERDOWN: no longer the master), ``NOREPLICAS`` (the master
-  refuses writes) or ``ERROR`` (the script's own error, or any other).
-  redis-py maps some codes to classes and strips them from the message,
+* ``classify(reply)``: the kind of an error reply, by the reply table
+  (``replytable``: its codes, its kinds, and ``resent``, whether a call so
+  answered is sent again). redis-py maps some codes to classes and strips them from the message,
   others it keeps as text; Redis 6 wraps a command's error inside a script
   ("Error running script ...: -READONLY ..."), Redis 7 passes the code on:
   every form lands in the same kind.
@@ -48,57 +43,73 @@ from redis.exceptions import (
 if TYPE_CHECKING:
     from .._scripts import Script
 
-DONE, NOSCRIPT, MOVED, ASK, TRYAGAIN, RETRY, FAILOVER, NOREPLICAS, ERROR = range(9)
-
-FAILOVER_REPLIES = ("READONLY", "MASTERDOWN", "NOREPLICAS")
-"""Error replies saying the server is no longer the master a lease was granted on.
-
-A term answered with one of them ends at once: its lease lives on a server
-that is now a replica, cut off from its replicas, or refusing writes.
-"""
+from .replytable import (
+    ASK,
+    CODES,
+    DONE,
+    ERROR,
+    FAILOVER,
+    MOVED,
+    NOREPLICAS,
+    RETRY,
+    TRYAGAIN,
+    resends,
+    wrapped_marker,
+)
+from .replytable import FAILOVER_REPLIES as FAILOVER_REPLIES
+from .replytable import NOSCRIPT as NOSCRIPT
 
 _SENTINEL_DEMOTED = "The previous master is now a slave"
 """What redis-py's Sentinel connections make of a READONLY reply."""
 
-# By code, for the replies redis-py leaves as plain ResponseError text.
-_BY_CODE = (
-    ("READONLY", FAILOVER),
-    ("MASTERDOWN", FAILOVER),
-    ("NOREPLICAS", NOREPLICAS),
-    ("LOADING", RETRY),
-    ("CLUSTERDOWN", RETRY),
-    ("TRYAGAIN", TRYAGAIN),
-)
 
-
-def classify(reply: object) -> int:
-    """The kind of ``reply`` (see the module doc); ``DONE`` for anything not an error."""
+def kind_and_wrapped(reply: object) -> tuple[int, bool]:
+    """The kind of ``reply`` (``replytable``), and whether its code came in a script error."""
     if not isinstance(reply, Exception):
-        return DONE
+        return DONE, False
     # Classes first (redis-py strips their codes); MasterDownError is a
     # ClusterDownError, MovedError an AskError, BusyLoadingError a
     # ConnectionError: the order matters.
     if isinstance(reply, NoScriptError):
-        return NOSCRIPT
+        return NOSCRIPT, False
     if isinstance(reply, (ReadOnlyError, MasterDownError)):
-        return FAILOVER
+        return FAILOVER, False
     if isinstance(reply, MovedError):
-        return MOVED
+        return MOVED, False
     if isinstance(reply, AskError):
-        return ASK
+        return ASK, False
     if isinstance(reply, TryAgainError):
-        return TRYAGAIN
+        return TRYAGAIN, False
     if isinstance(reply, (BusyLoadingError, ClusterDownError)):
-        return RETRY
+        return RETRY, False
     if isinstance(reply, ResponseError):
         text = str(reply).lstrip()
-        for code, kind in _BY_CODE:
-            if text.startswith(code) or f": -{code} " in text:
-                return kind
-        return ERROR
+        for code, kind, wraps in CODES:
+            if text.startswith(code):
+                return kind, False
+            if wraps and wrapped_marker(code) in text:
+                return kind, True
+        return ERROR, False
     if isinstance(reply, ConnectionError) and str(reply) == _SENTINEL_DEMOTED:
-        return FAILOVER
-    return ERROR
+        return FAILOVER, False
+    return ERROR, False
+
+
+def classify(reply: object) -> int:
+    """The kind of ``reply`` (see the module doc); ``DONE`` for anything not an error."""
+    return kind_and_wrapped(reply)[0]
+
+
+def resent(reply: object, topology: int) -> bool:
+    """Whether a call answered ``reply`` is sent again by an engine on ``topology``.
+
+    The one question both of the Python engine's paths (one script, a
+    pipeline) and the asyncio writer ask (``replytable.resends``). Not
+    NOSCRIPT: the connection that got it sends the call again as EVAL, once,
+    itself; a NOSCRIPT left after that is an answer.
+    """
+    kind, wrapped = kind_and_wrapped(reply)
+    return kind != NOSCRIPT and resends(kind, wrapped, topology)
 
 
 def is_failover_reply(reply: object) -> bool:
@@ -109,16 +120,6 @@ def is_failover_reply(reply: object) -> bool:
 def server_changed(reply: object) -> bool:
     """This server no longer serves the keys (not the master, loading, cluster down)."""
     return classify(reply) in (FAILOVER, RETRY)
-
-
-def ran_elsewhere(reply: object, cluster: bool) -> bool:
-    """The call did not run because this server is not (now) the one for its keys.
-
-    MOVED counts only on a cluster (elsewhere it cannot be followed); ASK is
-    left to the caller, which sends to the node named.
-    """
-    kind = classify(reply)
-    return kind in (FAILOVER, RETRY, TRYAGAIN) or (kind == MOVED and cluster)
 
 
 # -- what each script may answer ------------------------------------------------------

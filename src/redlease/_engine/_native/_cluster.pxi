@@ -194,3 +194,16 @@ cdef int parse_redirect(rl_conn* c, size_t skip, int* slot, rl_addr* out) noexce
         memcpy(out.host, p + sp, colon - sp)
         out.host[colon - sp] = 0
     return 0
+
+
+cdef void slot_moved(rl_disco* d, int slot, const rl_addr* there) noexcept nogil:
+    """A MOVED reply's news: ``slot`` is owned by ``there`` (the map is marked stale
+    when ``there`` is not a known node, so it is read again)."""
+    cdef int idx
+    pthread_mutex_lock(&d.mu)
+    idx = node_index(d, there.host, there.port)
+    if idx >= 0:
+        d.owner[slot] = <int16_t>idx
+    else:
+        d.stale = 1
+    pthread_mutex_unlock(&d.mu)

@@ -174,11 +174,10 @@ cdef int batch_run(rl_conn* c, rl_batch* b, int64_t deadline) noexcept nogil:
     commands' outcome is unknown and nothing is sent again.
     """
     cdef rl_disco* d = <rl_disco*>c.disco
-    cdef rl_addr here
     cdef size_t i
     cdef bint missing = False
     cdef bint asking = False
-    cdef int redirects = 0, idx
+    cdef int redirects = 0, retried = 0, rc
     cdef char what
     cdef bint all_same
     while True:
@@ -224,25 +223,15 @@ cdef int batch_run(rl_conn* c, rl_batch* b, int64_t deadline) noexcept nogil:
             redirects += 1
             if redirects > MAX_REDIRECTS:
                 break
-            pthread_mutex_lock(&d.mu)
-            idx = node_index(d, b.moved_to.host, b.moved_to.port)
-            if idx >= 0:
-                d.owner[b.moved_slot] = <int16_t>idx
-            else:
-                d.stale = 1
-            pthread_mutex_unlock(&d.mu)
+            slot_moved(d, b.moved_slot, &b.moved_to)
             conn_set_addr(c, &b.moved_to)
             continue
-        # REPLY_RETRY: not executed; look the server up again, then resend.
-        if rl_now_ns() + RETRY_PAUSE_NS >= deadline:
+        # REPLY_RETRY: not executed; look the server up again, then resend once.
+        retried += 1
+        rc = route_rediscover(c, d, deadline, retried, False)
+        if rc > 0:
             break
-        conn_addr(c, &here)
-        conn_drop(c)
-        if d.kind == DISCO_SENTINEL:
-            sentinel_forget(d, &here)
-        else:
-            cluster_forget(d)
-        if disco_pause(c, RETRY_PAUSE_NS, deadline) < 0:
+        if rc < 0:
             return -1
     b.e.len = 0
     for i in range(b.n):
@@ -347,6 +336,8 @@ def execute_many(Pool pool not None, list requests not None, double timeout,
     cdef rl_conn* c
     cdef int rc
     acked = 0
+    # Checked before anything is sent (WAIT 0 would block forever).
+    wait_cmd = _timing.wait_command(replicas, wait_ms) if replicas > 0 else None
     if not requests:
         return ([], 0) if replicas > 0 else []
     memset(&b, 0, sizeof(b))
@@ -365,7 +356,7 @@ def execute_many(Pool pool not None, list requests not None, double timeout,
                     # Never WAIT on a new connection: it would count another server's replicas.
                     raise _RedisConnectionError("Connection closed before WAIT")
                 c.w.len = 0
-                put_command(&c.w, ("WAIT", replicas, wait_ms if wait_ms > 0 else 1))
+                put_command(&c.w, wait_cmd)
                 wait_deadline = rl_now_ns()
                 wait_deadline = (deadline if deadline > wait_deadline else wait_deadline) + \
                     <int64_t>wait_ms * 1000000

@@ -63,7 +63,7 @@ cdef void cluster_apply_reply(rl_renewer* r, rl_rnode* n, rl_lease* l, rl_conn* 
     cdef rl_node* top = &c.nodes.items[0]
     cdef rl_disco* d = <rl_disco*>r.conn.disco
     cdef rl_addr there
-    cdef int what, slot, idx
+    cdef int what, slot
     cdef int64_t now
     if l.gen != l.sent_gen or rl_load(&l.state) != ST_ACTIVE or l.closed:
         return
@@ -89,13 +89,7 @@ cdef void cluster_apply_reply(rl_renewer* r, rl_rnode* n, rl_lease* l, rl_conn* 
             if what == REPLY_MOVED:
                 # The slot has a new owner: the map says so, and this lease's
                 # renewal goes there at once (within its own deadline).
-                pthread_mutex_lock(&d.mu)
-                idx = node_index(d, there.host, there.port)
-                if idx >= 0:
-                    d.owner[slot] = <int16_t>idx
-                else:
-                    d.stale = 1
-                pthread_mutex_unlock(&d.mu)
+                slot_moved(d, slot, &there)
             else:
                 # Mid-migration: this renewal alone goes to the importing
                 # node, after ASKING; the map is unchanged.

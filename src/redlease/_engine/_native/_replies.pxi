@@ -27,8 +27,11 @@ cdef bint node_mentions(const char* base, rl_node* top, const char* needle) noex
 cdef int reply_node_class(const char* base, rl_node* top, int expect) noexcept nogil:
     """What the reply parsed at ``base`` means: one of the REPLY_* values.
 
-    Error replies: MOVED / ASK (cluster redirections), RETRY (TRYAGAIN,
-    CLUSTERDOWN, LOADING, BUSY: not executed, ask again), FAILOVER
+    The codes and kinds are those of the reply table
+    (``redlease._engine.replytable``; ``tests/test_reply_table.py`` checks
+    every code against it). Error replies: MOVED / ASK (cluster
+    redirections), RETRY (TRYAGAIN, CLUSTERDOWN, LOADING: not executed, ask
+    again; BUSY is an ERROR, an answer), FAILOVER
     (READONLY, MASTERDOWN, NOREPLICAS; at the start of the reply, or wrapped
     in a script error as Redis 6 does it: "ERR Error running script ...:
     @user_script:1: -READONLY You can't ..."), ERROR (the rest). Other
@@ -49,7 +52,7 @@ cdef int reply_node_class(const char* base, rl_node* top, int expect) noexcept n
             or node_mentions(base, top, b": -NOREPLICAS ")):
         return REPLY_FAILOVER
     if (node_starts(base, top, b"TRYAGAIN") or node_starts(base, top, b"CLUSTERDOWN")
-            or node_starts(base, top, b"LOADING") or node_starts(base, top, b"BUSY ")):
+            or node_starts(base, top, b"LOADING")):
         return REPLY_RETRY
     return REPLY_ERROR
 
@@ -71,11 +74,12 @@ cdef bint reply_is_failover(rl_conn* c) noexcept nogil:
 cdef int reply_route_class(const char* base, rl_node* top, rl_disco* d) noexcept nogil:
     """What a routed command does with a reply (route_run, a pipelined batch): DONE, MOVED, ASK or RETRY.
 
-    Redirections and the cluster's retry replies (CLUSTERDOWN, TRYAGAIN)
-    count on a cluster only; LOADING anywhere; a READONLY or MASTERDOWN at
-    the start of the reply means the command did not run on this server,
-    which is looked up again and the command resent. BUSY and failover
-    errors wrapped in a script error are answers. (A renewal's failover
+    Redirections and TRYAGAIN count on a cluster only; LOADING and
+    CLUSTERDOWN through sentinels or on a cluster; a
+    READONLY or MASTERDOWN at the start of the reply means the command did
+    not run on this server, which is looked up again and the command resent
+    once (``replytable.resends``). Failover errors wrapped in a script error
+    are answers. (A renewal's failover
     reply is final: the renewer decides that itself, from reply_class.)
     """
     cdef int what
@@ -85,10 +89,8 @@ cdef int reply_route_class(const char* base, rl_node* top, rl_disco* d) noexcept
     if what == REPLY_MOVED or what == REPLY_ASK:
         return what if d.kind == DISCO_CLUSTER else REPLY_DONE
     if what == REPLY_RETRY:
-        if node_starts(base, top, b"LOADING"):
-            return REPLY_RETRY
-        if d.kind == DISCO_CLUSTER and (node_starts(base, top, b"CLUSTERDOWN")
-                                        or node_starts(base, top, b"TRYAGAIN")):
+        # LOADING, CLUSTERDOWN: through sentinels or on a cluster; TRYAGAIN: on a cluster.
+        if d.kind == DISCO_CLUSTER or not node_starts(base, top, b"TRYAGAIN"):
             return REPLY_RETRY
         return REPLY_DONE
     if what == REPLY_FAILOVER and (node_starts(base, top, b"READONLY")
@@ -104,10 +106,8 @@ cdef bint reply_ran_elsewhere(const char* base, rl_node* top) noexcept nogil:
     writes (_loopconn.pxi) are sent again the blocking way, which routes.
     """
     cdef int what = reply_node_class(base, top, EXPECT_ANY)
-    if what == REPLY_MOVED or what == REPLY_ASK:
+    if what == REPLY_MOVED or what == REPLY_ASK or what == REPLY_RETRY:
         return True
-    if what == REPLY_RETRY:
-        return not node_starts(base, top, b"BUSY ")
     return what == REPLY_FAILOVER and (node_starts(base, top, b"READONLY")
                                        or node_starts(base, top, b"MASTERDOWN"))
 
@@ -135,3 +135,27 @@ cdef void reply_describe(rl_conn* c, const char* what, const char* wanted,
         snprintf(out, cap, "%s answered a status reply where it returns %s", what, wanted)
     else:
         snprintf(out, cap, "%s answered an error where it returns %s", what, wanted)
+
+
+def reply_kind(bytes reply, bint cluster=False):
+    """``(class, route class)`` of one raw RESP reply: REPLY_* numbers.
+
+    The route class is for a client through sentinels, or with ``cluster``,
+    on a cluster. For ``tests/test_reply_table.py``, which checks the C
+    reading of every code against the reply table.
+    """
+    cdef rl_nodes nodes
+    cdef rl_disco d
+    cdef const char* data = reply
+    cdef int what, route
+    nodes.items = NULL
+    nodes.len = 0
+    nodes.cap = 0
+    if resp_parse(data, <size_t>len(reply), &nodes) != len(reply):
+        free(nodes.items)
+        raise ValueError("not one whole RESP reply")
+    d.kind = DISCO_CLUSTER if cluster else DISCO_SENTINEL
+    what = reply_node_class(data, &nodes.items[0], EXPECT_ANY)
+    route = reply_route_class(data, &nodes.items[0], &d)
+    free(nodes.items)
+    return what, route

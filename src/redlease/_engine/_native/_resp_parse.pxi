@@ -73,10 +73,13 @@ cdef Py_ssize_t resp_parse(const char* p, size_t n, rl_nodes* out) noexcept nogi
         if pos >= n:
             return 0
         kind = p[pos]
-        if kind != c':' and kind != c'$' and kind != c'*' and kind != c'+' and kind != c'-':
+        if (kind != c':' and kind != c'$' and kind != c'*' and kind != c'+' and kind != c'-'
+                and kind != c'_'):
             return -1  # at once: a reply cannot start so, whatever follows
         if pos + 1 >= n:
             return 0
+        if kind == c'_' and p[pos + 1] != c'\r':
+            return -1  # RESP3's null holds nothing before its CRLF
         cr = <const char*>memchr(p + pos + 1, c'\r', n - pos - 1)
         if cr == NULL:
             return 0
@@ -97,7 +100,14 @@ cdef Py_ssize_t resp_parse(const char* p, size_t n, rl_nodes* out) noexcept nogi
         node.kind = kind
         node.off = pos + 1
         owed[depth] -= 1  # this node fills one place of the array it is in
-        if kind == c'+' or kind == c'-':
+        if kind == c'_':
+            # RESP3's null: read as RESP2's nil bulk, so one shape check decides.
+            if eol != pos + 1:
+                return -1
+            node.kind = c'$'
+            node.ival = -1
+            pos = eol + 2
+        elif kind == c'+' or kind == c'-':
             if memchr(p + pos + 1, c'\n', eol - pos - 1) != NULL:
                 return -1  # a line holds no LF (hiredis refuses it too)
             node.ival = <long long>(eol - pos - 1)

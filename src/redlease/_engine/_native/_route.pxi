@@ -52,6 +52,28 @@ cdef int run_asking(rl_conn* c, int64_t deadline, const rl_script_cmd* cmd,
     return 0
 
 
+cdef int route_rediscover(rl_conn* c, rl_disco* d, int64_t deadline,
+                          int retried, bint consume) noexcept nogil:
+    """After a reply saying the command did not run here: forget this server, pause,
+    and let the caller resend. 0: resend; 1: do not (the one resend was made, or
+    the deadline is too near; the reply stands); -1: failed (``c`` says why).
+    With ``consume``, the buffered reply is consumed (only when resending)."""
+    cdef rl_addr here
+    if retried > 1 or rl_now_ns() + RETRY_PAUSE_NS >= deadline:
+        return 1
+    if consume:
+        conn_consume(c)
+    conn_addr(c, &here)
+    conn_drop(c)
+    if d.kind == DISCO_SENTINEL:
+        sentinel_forget(d, &here)
+    else:
+        cluster_forget(d)
+    if disco_pause(c, RETRY_PAUSE_NS, deadline) < 0:
+        return -1
+    return 0
+
+
 cdef int route_run(rl_conn* c, int64_t deadline, const rl_script_cmd* cmd,
                    rl_sender sender, void* ctx, bint script) noexcept nogil:
     """One round trip of the command in ``c.w`` (a script when ``script``), wherever it belongs.
@@ -61,16 +83,16 @@ cdef int route_run(rl_conn* c, int64_t deadline, const rl_script_cmd* cmd,
     or at its slot's owner (asking the sentinels, or for CLUSTER SLOTS, when
     not known), and replies that say the command was not executed there are
     followed: MOVED (the map is updated, the command resent to the owner),
-    ASK (``ASKING`` + the command to that node, once), and READONLY,
-    MASTERDOWN, LOADING, CLUSTERDOWN, TRYAGAIN (the master is looked up
-    again and the command resent, until the deadline). A command that may
+    ASK (``ASKING`` + the command to that node, once), and the replies the
+    reply table resends (``replytable.resends``: the master is looked up
+    again and the command resent once). A command that may
     have executed is never resent: a connection lost after the send fails
     the round trip (and makes the next one look the server up again).
     Returns as conn_run_script does.
     """
     cdef rl_disco* d = <rl_disco*>c.disco
     cdef rl_addr here, there
-    cdef int rc, what, redirects = 0, slot, idx
+    cdef int rc, what, redirects = 0, retried = 0, slot
     cdef bint asking = False
     if d == NULL:
         if script:
@@ -109,26 +131,13 @@ cdef int route_run(rl_conn* c, int64_t deadline, const rl_script_cmd* cmd,
                 return 0
             conn_consume(c)
             if what == REPLY_MOVED:
-                pthread_mutex_lock(&d.mu)
-                idx = node_index(d, there.host, there.port)
-                if idx >= 0:
-                    d.owner[slot] = <int16_t>idx
-                else:
-                    d.stale = 1
-                pthread_mutex_unlock(&d.mu)
+                slot_moved(d, slot, &there)
                 conn_set_addr(c, &there)
             else:
                 asking = True
             continue
-        # REPLY_RETRY: not executed; look the server up again, then resend.
-        if rl_now_ns() + RETRY_PAUSE_NS >= deadline:
-            return 0
-        conn_consume(c)
-        conn_addr(c, &here)
-        conn_drop(c)
-        if d.kind == DISCO_SENTINEL:
-            sentinel_forget(d, &here)
-        else:
-            cluster_forget(d)
-        if disco_pause(c, RETRY_PAUSE_NS, deadline) < 0:
-            return -1
+        # REPLY_RETRY: not executed; look the server up again, then resend once.
+        retried += 1
+        rc = route_rediscover(c, d, deadline, retried, True)
+        if rc != 0:
+            return 0 if rc > 0 else -1
