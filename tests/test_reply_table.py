@@ -14,6 +14,7 @@ without another line.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -87,6 +88,21 @@ def _queue(fake: FakeRedis, script: str, reply: Reply | None, n: int = 1) -> Non
         fake.script(script, *([reply] * n))
 
 
+def _pipelined_runs(fake: FakeRedis, script: str, sent: int) -> int:
+    """The runs of ``script`` once the fake has read the ``sent`` commands a pipeline wrote at once.
+
+    An engine may stop reading at an error the client library raises at once
+    (redis-py raises LOADING as a connection error and drops the connection),
+    so the rest of the batch, written before the first reply, can still be in
+    the fake's socket when the call returns; the count waits for it (bounded:
+    an engine that sent fewer is seen sending fewer).
+    """
+    deadline = time.monotonic() + 2.0
+    while fake.runs(script) < sent and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return fake.runs(script)
+
+
 def _fencer(client: Any, engine: str) -> redlease.Fencer:
     return redlease.Fencer(redlease.Elector(client, NAME, ttl=TTL, engine=engine), 1)
 
@@ -119,7 +135,7 @@ def pipeline(
 ) -> tuple[object, object]:
     _queue(fake, "fence_set", r, 2)
     pipe = _fencer(client, engine).pipeline().set("a", "1").set("b", "2")
-    return outcome(pipe.execute), fake.runs("fence_set")
+    return outcome(pipe.execute), _pipelined_runs(fake, "fence_set", 2)
 
 
 def lock_acquire(
@@ -197,7 +213,7 @@ def asyncio_pipeline(
 ) -> tuple[object, object]:
     _queue(fake, "fence_set", r, 2)
     got = _run_async(fake, engine, lambda f: f.pipeline().set("a", "1").set("b", "2").execute())
-    return got, fake.runs("fence_set")
+    return got, _pipelined_runs(fake, "fence_set", 2)
 
 
 def _errors(events: Events) -> list[type[BaseException]]:
@@ -302,6 +318,14 @@ _NATIVE_CLASS = {
     replytable.ERROR: _NATIVE_ERROR,
 }
 """The table's kinds as the native core's REPLY_* classes (it folds a few together)."""
+
+
+def test_the_native_core_names_the_codes_of_the_table(native_built: None) -> None:
+    """The codes the native core spells out (``_replies.pxi``) are the table's, in its order,
+    with its kinds and the same ones read wrapped in a script error."""
+    from redlease._engine._native import _core
+
+    assert _core.reply_codes() == replytable.CODES
 
 
 @pytest.mark.parametrize("wrapped", [False, True], ids=["plain", "wrapped"])

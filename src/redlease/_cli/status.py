@@ -138,7 +138,7 @@ def run(url: str, name: str, as_json: bool) -> str:
         with unreachable_as_cli_error(url):
             report = collect(client, name, url)
     except errors("ResponseError") as exc:
-        if str(exc).startswith("MOVED"):
+        if isinstance(exc, errors("MovedError")):
             raise CliError(
                 f"Redis at {redact(url)} is a cluster node that does not own {name!r}'s slot "
                 f"({one_line(exc)}); point --redis at the node named there"

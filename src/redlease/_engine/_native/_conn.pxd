@@ -57,10 +57,6 @@ cdef struct rl_conn:
 ctypedef int (*rl_sender)(rl_conn* c, const char* data, size_t n, int64_t deadline,
                           void* ctx, bint first) noexcept nogil
 
-cdef inline bint reply_is_noscript(rl_conn* c) noexcept nogil:
-    cdef rl_node* top = &c.nodes.items[0]
-    return top.kind == c'-' and top.ival >= 8 and memcmp(c.r.data + top.off, b"NOSCRIPT", 8) == 0
-
 cdef int conn_fail(rl_conn* c, int kind, const char* msg) noexcept nogil
 cdef int conn_fail_with_reply(rl_conn* c) noexcept nogil
 cdef void conn_drop(rl_conn* c) noexcept nogil

@@ -148,7 +148,7 @@ cdef int hub_dispatch(rl_hub* h) noexcept nogil:
     cdef int i, rc
     if top.kind == c'-':
         pthread_mutex_lock(&h.mu)
-        hub_answered(h, node_starts(c.r.data, top, b"NOPERM"))
+        hub_answered(h, node_is_noperm(c.r.data, top))
         pthread_mutex_unlock(&h.mu)
         if not h.cluster:
             return 0

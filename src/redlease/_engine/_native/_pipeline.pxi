@@ -62,14 +62,13 @@ cdef int batch_keep(rl_conn* c, rl_batch* b, size_t i, const char* base, size_t 
     cdef rl_bcmd* cmd = &b.cmds[i]
     cdef rl_node* top = &c.nodes.items[0]
     cmd.kind = top.kind
-    cmd.noscript = top.kind == c'-' and node_starts(base, top, b"NOSCRIPT")
+    cmd.noscript = node_is_noscript(base, top)
     cmd.what = batch_classify(base, top, d)
     if top.kind == c':':
         cmd.ival = top.ival
         return 0
     if (cmd.what == REPLY_MOVED or cmd.what == REPLY_ASK) and i == 0 and base == c.r.data:
-        if parse_redirect(c, 6 if cmd.what == REPLY_MOVED else 4,
-                          &b.moved_slot, &b.moved_to) < 0:
+        if parse_redirect(c, redirect_skip(cmd.what), &b.moved_slot, &b.moved_to) < 0:
             cmd.what = REPLY_DONE   # unreadable: reported as the error it is
     cmd.off = b.raw.len
     cmd.len = n

@@ -2,3 +2,4 @@
 # cluster, per slot-owning master.
 
 cdef void cluster_round(rl_renewer* r) noexcept nogil
+cdef int rnode_find(rl_renewer* r, const rl_addr* a) noexcept nogil

@@ -58,63 +58,6 @@ cdef void node_fail(rl_renewer* r, rl_rnode* n, int kind, const char* msg) noexc
     cluster_forget(<rl_disco*>r.conn.disco)
 
 
-cdef void cluster_apply_reply(rl_renewer* r, rl_rnode* n, rl_lease* l, rl_conn* c) noexcept nogil:
-    """The buffered reply to ``l``'s renewal on node ``n`` (mu held)."""
-    cdef rl_node* top = &c.nodes.items[0]
-    cdef rl_disco* d = <rl_disco*>r.conn.disco
-    cdef rl_addr there
-    cdef int what, slot
-    cdef int64_t now
-    if l.gen != l.sent_gen or rl_load(&l.state) != ST_ACTIVE or l.closed:
-        return
-    what = reply_class(c, EXPECT_0_OR_1)
-    if what == REPLY_DONE:
-        if top.ival == 1:
-            lease_renewed(l)
-        else:
-            lease_lose(l)
-        return
-    if what == REPLY_UNEXPECTED:
-        lease_unexpected(l, c)
-        n.drop = 1
-        return
-    if reply_is_noscript(c):
-        n.need_load = 1
-        l.next_send = rl_now_ns()
-        return
-    if what == REPLY_MOVED or what == REPLY_ASK:
-        l.redirects += 1
-        if (l.redirects <= MAX_REDIRECTS
-                and parse_redirect(c, 6 if what == REPLY_MOVED else 4, &slot, &there) == 0):
-            if what == REPLY_MOVED:
-                # The slot has a new owner: the map says so, and this lease's
-                # renewal goes there at once (within its own deadline).
-                slot_moved(d, slot, &there)
-            else:
-                # Mid-migration: this renewal alone goes to the importing
-                # node, after ASKING; the map is unchanged.
-                l.ask_node = rnode_find(r, &there)
-            l.next_send = rl_now_ns()
-            return
-    conn_fail_with_reply(c)
-    if what == REPLY_FAILOVER:
-        lease_record_error(l, c.err_kind, c.err_msg)
-        lease_lose(l)
-        cluster_forget(d)
-        n.drop = 1
-        return
-    if what == REPLY_RETRY:
-        # Not executed (CLUSTERDOWN, TRYAGAIN, LOADING...): ask for the slot
-        # map again and resend after a pause, until the deadline.
-        lease_record_error(l, c.err_kind, c.err_msg)
-        lease_wake(l)
-        cluster_forget(d)
-        now = rl_now_ns()
-        l.next_send = now + RETRY_PAUSE_NS
-        return
-    lease_failed(l, c.err_kind, c.err_msg, rl_now_ns())
-
-
 cdef int node_try_send(rl_conn* c, const char* data, size_t n) noexcept nogil:
     """Write what the socket takes without blocking; bytes still to send, or -1."""
     cdef ssize_t sent = 0
@@ -198,7 +141,7 @@ cdef void node_take_reply(rl_renewer* r, rl_rnode* n) noexcept nogil:
         l.asking = 2
         conn_consume(c)
         return
-    cluster_apply_reply(r, n, l, c)
+    lease_apply_reply(r, n, l, c)
     conn_consume(c)
     batch_release(r, l)
     n.done += 1

@@ -59,4 +59,4 @@ cdef void lease_failed(rl_lease* l, int kind, const char* msg, int64_t now) noex
 cdef void batch_fail(rl_renewer* r, size_t first, int kind, const char* msg) noexcept nogil
 cdef void lease_renewed(rl_lease* l) noexcept nogil
 cdef void lease_unexpected(rl_lease* l, rl_conn* c) noexcept nogil
-cdef void lease_apply_reply(rl_renewer* r, rl_lease* l, rl_conn* c) noexcept nogil
+cdef void lease_apply_reply(rl_renewer* r, rl_rnode* n, rl_lease* l, rl_conn* c) noexcept nogil

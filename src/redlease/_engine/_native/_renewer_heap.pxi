@@ -172,10 +172,18 @@ cdef void lease_unexpected(rl_lease* l, rl_conn* c) noexcept nogil:
     lease_failed(l, RL_EUNEXPECTED, msg, rl_now_ns())
 
 
-cdef void lease_apply_reply(rl_renewer* r, rl_lease* l, rl_conn* c) noexcept nogil:
-    """The buffered reply to ``l``'s renewal (mu held)."""
+cdef void lease_apply_reply(rl_renewer* r, rl_rnode* n, rl_lease* l, rl_conn* c) noexcept nogil:
+    """The buffered reply to ``l``'s renewal (mu held); ``n``: the cluster node it went to,
+    NULL for a renewer with one server.
+
+    Only on a cluster are MOVED / ASK followed and the slot map read again
+    on a RETRY reply (``replytable.resends``); elsewhere they are failed
+    renewals, tried again at the next interval.
+    """
     cdef rl_node* top = &c.nodes.items[0]
-    cdef int what
+    cdef rl_disco* d = <rl_disco*>r.conn.disco
+    cdef rl_addr there
+    cdef int what, slot
     if l.gen != l.sent_gen or rl_load(&l.state) != ST_ACTIVE or l.closed:
         return
     what = reply_class(c, EXPECT_0_OR_1)
@@ -187,14 +195,34 @@ cdef void lease_apply_reply(rl_renewer* r, rl_lease* l, rl_conn* c) noexcept nog
         return
     if what == REPLY_UNEXPECTED:
         lease_unexpected(l, c)
-        r.saw_unexpected = 1
+        if n != NULL:
+            n.drop = 1
+        else:
+            r.saw_unexpected = 1
         return
     if reply_is_noscript(c):
         # The server lost its scripts (SCRIPT FLUSH, a restart): load them
         # and send this renewal again at once; not a failed renewal.
-        r.need_load = 1
+        if n != NULL:
+            n.need_load = 1
+        else:
+            r.need_load = 1
         l.next_send = rl_now_ns()
         return
+    if n != NULL and (what == REPLY_MOVED or what == REPLY_ASK):
+        l.redirects += 1
+        if (l.redirects <= MAX_REDIRECTS
+                and parse_redirect(c, redirect_skip(what), &slot, &there) == 0):
+            if what == REPLY_MOVED:
+                # The slot has a new owner: the map says so, and this lease's
+                # renewal goes there at once (within its own deadline).
+                slot_moved(d, slot, &there)
+            else:
+                # Mid-migration: this renewal alone goes to the importing
+                # node, after ASKING; the map is unchanged.
+                l.ask_node = rnode_find(r, &there)
+            l.next_send = rl_now_ns()
+            return
     conn_fail_with_reply(c)
     if what == REPLY_FAILOVER:
         # READONLY / MASTERDOWN / NOREPLICAS: this server is no longer the
@@ -202,6 +230,18 @@ cdef void lease_apply_reply(rl_renewer* r, rl_lease* l, rl_conn* c) noexcept nog
         # deadline.
         lease_record_error(l, c.err_kind, c.err_msg)
         lease_lose(l)
-        r.saw_failover = 1
+        if n != NULL:
+            cluster_forget(d)
+            n.drop = 1
+        else:
+            r.saw_failover = 1
+        return
+    if n != NULL and what == REPLY_RETRY:
+        # Not executed (CLUSTERDOWN, TRYAGAIN, LOADING...): ask for the slot
+        # map again and resend after a pause, until the deadline.
+        lease_record_error(l, c.err_kind, c.err_msg)
+        lease_wake(l)
+        cluster_forget(d)
+        l.next_send = rl_now_ns() + RETRY_PAUSE_NS
         return
     lease_failed(l, c.err_kind, c.err_msg, rl_now_ns())

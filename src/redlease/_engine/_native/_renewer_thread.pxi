@@ -198,7 +198,7 @@ cdef void* renewer_main(void* arg) noexcept nogil:
             if rc < 0:
                 break
             l = r.batch[i]
-            lease_apply_reply(r, l, c)
+            lease_apply_reply(r, NULL, l, c)
             conn_consume(c)
             batch_release(r, l)
             i += 1

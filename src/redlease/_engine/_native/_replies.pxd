@@ -10,6 +10,20 @@ cdef enum:
     REPLY_ERROR = 5       # any other error reply
     REPLY_UNEXPECTED = 6  # not the shape the caller expects
 
+# The reply table's kinds, numbered as ``replytable`` numbers them, and how
+# many codes it names (the codes themselves: _replies.pxi).
+cdef enum:
+    KIND_DONE = 0
+    KIND_NOSCRIPT = 1
+    KIND_MOVED = 2
+    KIND_ASK = 3
+    KIND_TRYAGAIN = 4
+    KIND_RETRY = 5
+    KIND_FAILOVER = 6
+    KIND_NOREPLICAS = 7
+    KIND_ERROR = 8
+    N_CODES = 10
+
 # The shapes a caller may expect (``reply_class``'s ``expect``).
 cdef enum:
     EXPECT_ANY = 0
@@ -18,6 +32,10 @@ cdef enum:
 cdef bint node_starts(const char* base, rl_node* top, const char* prefix) noexcept nogil
 cdef int reply_node_class(const char* base, rl_node* top, int expect) noexcept nogil
 cdef int reply_class(rl_conn* c, int expect) noexcept nogil
+cdef bint node_is_noscript(const char* base, rl_node* top) noexcept nogil
+cdef bint reply_is_noscript(rl_conn* c) noexcept nogil
+cdef bint node_is_noperm(const char* base, rl_node* top) noexcept nogil
+cdef size_t redirect_skip(int what) noexcept nogil
 cdef int reply_route_class(const char* base, rl_node* top, rl_disco* d) noexcept nogil
 cdef bint reply_ran_elsewhere(const char* base, rl_node* top) noexcept nogil
 cdef void reply_describe(rl_conn* c, const char* what, const char* wanted,

@@ -5,55 +5,107 @@
 # Needs: rl_conn and its parsed nodes (_conn, _resp_parse), rl_disco
 # (_discovery).
 
+# -- the reply codes ---------------------------------------------------------------------
+# Every error code the core reads, spelled here and nowhere else in it: the
+# reply table's (``replytable.CODES``, in its order, with its kinds and
+# whether it is also read wrapped in a script error; ``reply_codes()`` hands
+# them out and ``tests/test_reply_table.py`` fails when they differ), and
+# NOPERM, the refusal of a subscription (not a call's reply).
+
+cdef const char* CODE_TEXT[N_CODES]
+cdef int CODE_KIND[N_CODES]
+cdef bint CODE_WRAPS[N_CODES]
+CODE_TEXT[:] = [b"NOSCRIPT", b"MOVED", b"ASK", b"TRYAGAIN", b"LOADING", b"CLUSTERDOWN",
+                b"READONLY", b"MASTERDOWN", b"NOREPLICAS", b"BUSY"]
+CODE_KIND[:] = [KIND_NOSCRIPT, KIND_MOVED, KIND_ASK, KIND_TRYAGAIN, KIND_RETRY, KIND_RETRY,
+                KIND_FAILOVER, KIND_FAILOVER, KIND_NOREPLICAS, KIND_ERROR]
+CODE_WRAPS[:] = [False, False, False, False, False, False, True, True, True, False]
+cdef const char* CODE_NOSCRIPT = b"NOSCRIPT"
+cdef const char* CODE_MOVED = b"MOVED"
+cdef const char* CODE_ASK = b"ASK"
+cdef const char* CODE_NOPERM = b"NOPERM"
+
+
 cdef bint node_starts(const char* base, rl_node* top, const char* prefix) noexcept nogil:
     """Whether the reply parsed at ``base`` (its payload at top.off) starts with ``prefix``."""
     cdef size_t n = strlen(prefix)
     return <size_t>top.ival >= n and memcmp(base + top.off, prefix, n) == 0
 
 
-cdef bint node_mentions(const char* base, rl_node* top, const char* needle) noexcept nogil:
-    cdef size_t n = strlen(needle)
+cdef bint node_wraps(const char* base, rl_node* top, const char* code) noexcept nogil:
+    """Whether the reply carries ``code`` as a script error does (Redis 6): ``": -CODE "``."""
+    cdef size_t n = strlen(code)
     cdef size_t size = <size_t>top.ival
     cdef size_t i
     cdef const char* text = base + top.off
-    if size < n:
+    if size < n + 4:
         return False
-    for i in range(size - n + 1):
-        if text[i] == needle[0] and memcmp(text + i, needle, n) == 0:
+    for i in range(size - n - 3):
+        if (text[i] == c':' and text[i + 1] == c' ' and text[i + 2] == c'-'
+                and memcmp(text + i + 3, code, n) == 0 and text[i + 3 + n] == c' '):
             return True
     return False
+
+
+cdef int reply_node_kind(const char* base, rl_node* top, bint* wrapped) noexcept nogil:
+    """The reply table's kind (KIND_*) of the reply parsed at ``base``, as ``replies.classify``.
+
+    The first code of the table the error reply starts with, or (for the
+    codes read so) carries wrapped in a script error, then ``wrapped`` is
+    set; any other error reply is KIND_ERROR, any other reply KIND_DONE.
+    """
+    cdef int i
+    wrapped[0] = False
+    if top.kind != c'-':
+        return KIND_DONE
+    for i in range(N_CODES):
+        if node_starts(base, top, CODE_TEXT[i]):
+            return CODE_KIND[i]
+        if CODE_WRAPS[i] and node_wraps(base, top, CODE_TEXT[i]):
+            wrapped[0] = True
+            return CODE_KIND[i]
+    return KIND_ERROR
+
+
+cdef bint kind_resent(int kind, bint wrapped, bint cluster) noexcept nogil:
+    """``replytable.resends`` for a client through sentinels, or with ``cluster`` on a cluster.
+
+    NOSCRIPT is not counted: the connection that got it sends the EVAL itself.
+    """
+    if wrapped:
+        return False
+    if kind == KIND_MOVED or kind == KIND_ASK or kind == KIND_TRYAGAIN:
+        return cluster
+    return kind == KIND_RETRY or kind == KIND_FAILOVER
 
 
 cdef int reply_node_class(const char* base, rl_node* top, int expect) noexcept nogil:
     """What the reply parsed at ``base`` means: one of the REPLY_* values.
 
-    The codes and kinds are those of the reply table
-    (``redlease._engine.replytable``; ``tests/test_reply_table.py`` checks
-    every code against it). Error replies: MOVED / ASK (cluster
-    redirections), RETRY (TRYAGAIN, CLUSTERDOWN, LOADING: not executed, ask
-    again; BUSY is an ERROR, an answer), FAILOVER
-    (READONLY, MASTERDOWN, NOREPLICAS; at the start of the reply, or wrapped
-    in a script error as Redis 6 does it: "ERR Error running script ...:
-    @user_script:1: -READONLY You can't ..."), ERROR (the rest). Other
-    replies are DONE when they have the shape ``expect`` names, else
-    UNEXPECTED.
+    The kind the reply table gives it (reply_node_kind), folded: MOVED /
+    ASK (cluster redirections), RETRY (TRYAGAIN, CLUSTERDOWN, LOADING: not
+    executed, ask again), FAILOVER (READONLY, MASTERDOWN, NOREPLICAS; at the
+    start of the reply, or wrapped in a script error as Redis 6 does it:
+    "ERR Error running script ...: @user_script:1: -READONLY You can't ..."),
+    ERROR (the rest, BUSY and NOSCRIPT included: NOSCRIPT is found where it
+    is resent, reply_is_noscript). Other replies are DONE when they have the
+    shape ``expect`` names, else UNEXPECTED.
     """
+    cdef bint wrapped
+    cdef int kind
     if top.kind != c'-':
         if expect == EXPECT_0_OR_1 and not (top.kind == c':' and (top.ival == 0 or top.ival == 1)):
             return REPLY_UNEXPECTED
         return REPLY_DONE
-    if node_starts(base, top, b"MOVED "):
+    kind = reply_node_kind(base, top, &wrapped)
+    if kind == KIND_MOVED:
         return REPLY_MOVED
-    if node_starts(base, top, b"ASK "):
+    if kind == KIND_ASK:
         return REPLY_ASK
-    if (node_starts(base, top, b"READONLY") or node_starts(base, top, b"MASTERDOWN")
-            or node_starts(base, top, b"NOREPLICAS") or node_mentions(base, top, b": -READONLY ")
-            or node_mentions(base, top, b": -MASTERDOWN ")
-            or node_mentions(base, top, b": -NOREPLICAS ")):
-        return REPLY_FAILOVER
-    if (node_starts(base, top, b"TRYAGAIN") or node_starts(base, top, b"CLUSTERDOWN")
-            or node_starts(base, top, b"LOADING")):
+    if kind == KIND_TRYAGAIN or kind == KIND_RETRY:
         return REPLY_RETRY
+    if kind == KIND_FAILOVER or kind == KIND_NOREPLICAS:
+        return REPLY_FAILOVER
     return REPLY_ERROR
 
 
@@ -62,41 +114,55 @@ cdef int reply_class(rl_conn* c, int expect) noexcept nogil:
     return reply_node_class(c.r.data, &c.nodes.items[0], expect)
 
 
-cdef bint reply_starts(rl_conn* c, const char* prefix) noexcept nogil:
-    return node_starts(c.r.data, &c.nodes.items[0], prefix)
-
-
 cdef bint reply_is_failover(rl_conn* c) noexcept nogil:
     """A READONLY, MASTERDOWN or NOREPLICAS error reply: no longer the lease's master."""
     return reply_class(c, EXPECT_ANY) == REPLY_FAILOVER
 
 
+cdef bint node_is_noscript(const char* base, rl_node* top) noexcept nogil:
+    """A NOSCRIPT error reply: the script did not run (it is sent again as EVAL)."""
+    return top.kind == c'-' and node_starts(base, top, CODE_NOSCRIPT)
+
+
+cdef bint reply_is_noscript(rl_conn* c) noexcept nogil:
+    """node_is_noscript of the reply buffered in ``c``."""
+    return node_is_noscript(c.r.data, &c.nodes.items[0])
+
+
+cdef bint node_is_noperm(const char* base, rl_node* top) noexcept nogil:
+    """A NOPERM error reply: an ACL user not allowed the channel (or command)."""
+    return top.kind == c'-' and node_starts(base, top, CODE_NOPERM)
+
+
+cdef size_t redirect_skip(int what) noexcept nogil:
+    """How many bytes of a MOVED (REPLY_MOVED) or ASK reply come before its ``<slot> <host>:<port>``."""
+    return strlen(CODE_MOVED if what == REPLY_MOVED else CODE_ASK) + 1
+
+
 cdef int reply_route_class(const char* base, rl_node* top, rl_disco* d) noexcept nogil:
     """What a routed command does with a reply (route_run, a pipelined batch): DONE, MOVED, ASK or RETRY.
 
-    Redirections and TRYAGAIN count on a cluster only; LOADING and
-    CLUSTERDOWN through sentinels or on a cluster; a
-    READONLY or MASTERDOWN at the start of the reply means the command did
-    not run on this server, which is looked up again and the command resent
-    once (``replytable.resends``). Failover errors wrapped in a script error
-    are answers. (A renewal's failover
-    reply is final: the renewer decides that itself, from reply_class.)
+    Whatever the reply table resends (``replytable.resends``, kind_resent)
+    through sentinels or on a cluster: redirections and TRYAGAIN on a
+    cluster only; LOADING, CLUSTERDOWN, and a READONLY or MASTERDOWN at the
+    start of the reply (the command did not run on this server, which is
+    looked up again and the command resent once) there and through
+    sentinels. Failover errors wrapped in a script error are answers. (A
+    renewal's failover reply is final: the renewer decides that itself,
+    from reply_class.)
     """
-    cdef int what
+    cdef bint wrapped
+    cdef int kind
     if d == NULL:
         return REPLY_DONE
-    what = reply_node_class(base, top, EXPECT_ANY)
-    if what == REPLY_MOVED or what == REPLY_ASK:
-        return what if d.kind == DISCO_CLUSTER else REPLY_DONE
-    if what == REPLY_RETRY:
-        # LOADING, CLUSTERDOWN: through sentinels or on a cluster; TRYAGAIN: on a cluster.
-        if d.kind == DISCO_CLUSTER or not node_starts(base, top, b"TRYAGAIN"):
-            return REPLY_RETRY
+    kind = reply_node_kind(base, top, &wrapped)
+    if not kind_resent(kind, wrapped, d.kind == DISCO_CLUSTER):
         return REPLY_DONE
-    if what == REPLY_FAILOVER and (node_starts(base, top, b"READONLY")
-                                   or node_starts(base, top, b"MASTERDOWN")):
-        return REPLY_RETRY
-    return REPLY_DONE
+    if kind == KIND_MOVED:
+        return REPLY_MOVED
+    if kind == KIND_ASK:
+        return REPLY_ASK
+    return REPLY_RETRY
 
 
 cdef bint reply_ran_elsewhere(const char* base, rl_node* top) noexcept nogil:
@@ -105,11 +171,9 @@ cdef bint reply_ran_elsewhere(const char* base, rl_node* top) noexcept nogil:
     What reply_route_class resends on a cluster: an event loop's pipelined
     writes (_loopconn.pxi) are sent again the blocking way, which routes.
     """
-    cdef int what = reply_node_class(base, top, EXPECT_ANY)
-    if what == REPLY_MOVED or what == REPLY_ASK or what == REPLY_RETRY:
-        return True
-    return what == REPLY_FAILOVER and (node_starts(base, top, b"READONLY")
-                                       or node_starts(base, top, b"MASTERDOWN"))
+    cdef bint wrapped
+    cdef int kind = reply_node_kind(base, top, &wrapped)
+    return kind_resent(kind, wrapped, True)
 
 
 cdef void reply_describe(rl_conn* c, const char* what, const char* wanted,
@@ -135,6 +199,16 @@ cdef void reply_describe(rl_conn* c, const char* what, const char* wanted,
         snprintf(out, cap, "%s answered a status reply where it returns %s", what, wanted)
     else:
         snprintf(out, cap, "%s answered an error where it returns %s", what, wanted)
+
+
+def reply_codes():
+    """The reply table as the native core reads it: ``(code, kind, wrapped)`` per code.
+
+    For ``tests/test_reply_table.py``, which checks it equals
+    ``replytable.CODES``.
+    """
+    return tuple((CODE_TEXT[i].decode("ascii"), CODE_KIND[i], bool(CODE_WRAPS[i]))
+                 for i in range(N_CODES))
 
 
 def reply_kind(bytes reply, bint cluster=False):

@@ -127,7 +127,7 @@ cdef int route_run(rl_conn* c, int64_t deadline, const rl_script_cmd* cmd,
             redirects += 1
             if redirects > MAX_REDIRECTS:
                 return 0
-            if parse_redirect(c, 6 if what == REPLY_MOVED else 4, &slot, &there) < 0:
+            if parse_redirect(c, redirect_skip(what), &slot, &there) < 0:
                 return 0
             conn_consume(c)
             if what == REPLY_MOVED:
