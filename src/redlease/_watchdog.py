@@ -44,8 +44,10 @@ class Watchdog:
         state = self.keeper.state
         if state == LOST:
             self._finished = True
-            self._done.set()
+            # Recorded before ``done`` is set: whoever waits on ``done`` sees
+            # the loss in the metrics and the log already.
             events.released("lost")
+            self._done.set()
             return True
         if state == ENDED or self._stopping.is_set():
             self._finished = True
