@@ -30,7 +30,8 @@ from ._abandon import abandonable
 from ._config import Duration
 from ._engine.family import threaded
 from ._errors import NotHeld
-from ._lock import LockerCore, release_after_failure
+from ._lock import DEFAULT_WAIT, LeaseStore, LockerCore, release_after_failure
+from ._lockargs import AcquireOptions, acquire_options, check_name
 
 T = TypeVar("T")
 
@@ -201,10 +202,10 @@ class Lock:
         return f"<redlease.aio.Lock of {self._inner!r}>"
 
 
-class _AsyncLocker:
-    """The asyncio face of a threaded locker: the same store, the same rules."""
+class _AsyncStore:
+    """The asyncio face of a threaded lease store (a locker's, a semaphore's permits)."""
 
-    def __init__(self, inner: lock.Locker) -> None:
+    def __init__(self, inner: LeaseStore) -> None:
         self._inner = inner
 
     @property
@@ -222,7 +223,7 @@ class _AsyncLocker:
         name: str,
         *,
         ttl: Duration = lock.DEFAULT_TTL,
-        wait: Duration = 0.0,
+        wait: Duration = DEFAULT_WAIT,
         retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
         auto_renew: bool = False,
         fair: bool = False,
@@ -235,19 +236,16 @@ class _AsyncLocker:
         stops at its next attempt (within ``retry_interval``) and a fair one
         leaves its queue. Once it has raised, nothing is held for it.
         """
-        inner = await settled(
-            functools.partial(
-                self._inner.acquire,
-                name,
-                ttl=ttl,
-                wait=wait,
-                retry_interval=retry_interval,
-                auto_renew=auto_renew,
-                fair=fair,
+        return await self._take(
+            check_name(name),
+            acquire_options(
+                ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew, fair=fair
             ),
-            give_back=_give_back,
         )
-        return Lock(inner)
+
+    async def _take(self, name: str, options: AcquireOptions) -> Lock:
+        """One acquisition with checked arguments, on the executor: every async face's path."""
+        return Lock(await settled(self._inner._take, name, options, give_back=_give_back))
 
     async def try_acquire(
         self, name: str, *, ttl: Duration = lock.DEFAULT_TTL, auto_renew: bool = False
@@ -256,13 +254,13 @@ class _AsyncLocker:
 
         Cancelled, it leaks no lock (as ``acquire``).
         """
-        return await self.acquire(name, ttl=ttl, wait=0.0, auto_renew=auto_renew)
+        return await self._take(check_name(name), acquire_options(ttl=ttl, auto_renew=auto_renew))
 
     def hold(
         self,
         name: str,
         ttl: Duration = lock.DEFAULT_TTL,
-        wait: Duration = 0.0,
+        wait: Duration = DEFAULT_WAIT,
         retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
         auto_renew: bool = True,
     ) -> _Hold:
@@ -277,28 +275,36 @@ class _AsyncLocker:
         releasing), the task gets its ``CancelledError`` and nothing is left
         held: the release is completed before the error propagates.
         """
-        return _Hold(
-            self,
-            name,
-            dict(ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew),
+        options = functools.partial(
+            acquire_options, ttl=ttl, wait=wait, retry_interval=retry_interval,
+            auto_renew=auto_renew,
         )
+        return _Hold(self, name, options)
+
+
+class _AsyncLocker(_AsyncStore):
+    """The asyncio face of a threaded locker: the same store, the same rules."""
+
+    def __init__(self, inner: lock.Locker) -> None:
+        super().__init__(inner)
+        self._locker = inner
 
     async def holder(self, name: str) -> lock.LockHolder | None:
         """Who holds the lock ``name`` now (None: nobody); see ``redlease.Locker.holder``."""
-        return await off_loop(self._inner.holder, name)
+        return await off_loop(self._locker.holder, name)
 
     async def held(self) -> list[tuple[str, lock.LockHolder]]:
         """Every lock held now, sorted by name. See ``redlease.Locker.held``."""
-        return await off_loop(self._inner.held)
+        return await off_loop(self._locker.held)
 
     def semaphore(self, name: str, permits: int) -> Semaphore:
         """At most ``permits`` holders of ``name`` at once; see ``redlease.Semaphore``."""
         inner = self._inner.semaphore(name, permits)  # type: ignore[attr-defined]
-        return Semaphore(inner, _AsyncLocker(inner._core))
+        return Semaphore(inner, _AsyncStore(inner._core))
 
     async def close(self) -> None:
         """Free the locker's own connections. Release its locks first."""
-        await off_loop(self._inner.close)
+        await off_loop(self._locker.close)
 
     async def __aenter__(self) -> _AsyncLocker:
         return self
@@ -310,7 +316,7 @@ class _AsyncLocker:
 class Semaphore:
     """``redlease.Semaphore`` for asyncio: permits are ``redlease.aio.Lock`` objects."""
 
-    def __init__(self, inner: lock.Semaphore, permits: _AsyncLocker) -> None:
+    def __init__(self, inner: lock.Semaphore, permits: _AsyncStore) -> None:
         self._inner = inner
         self._permits = permits
 
@@ -328,31 +334,29 @@ class Semaphore:
         self,
         *,
         ttl: Duration = lock.DEFAULT_TTL,
-        wait: Duration = 0.0,
+        wait: Duration = DEFAULT_WAIT,
         retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
         auto_renew: bool = False,
         fair: bool = False,
     ) -> Lock:
         """Take a permit, waiting up to ``wait``; cancelling it leaks no permit (as ``acquire``)."""
-        return await self._permits.acquire(
+        return await self._permits._take(
             self.name,
-            ttl=ttl,
-            wait=wait,
-            retry_interval=retry_interval,
-            auto_renew=auto_renew,
-            fair=fair,
+            acquire_options(
+                ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew, fair=fair
+            ),
         )
 
     async def try_acquire(
         self, *, ttl: Duration = lock.DEFAULT_TTL, auto_renew: bool = False
     ) -> Lock:
         """One attempt at a permit; ``NotAcquired`` when all are taken. Cancel-safe."""
-        return await self._permits.try_acquire(self.name, ttl=ttl, auto_renew=auto_renew)
+        return await self._permits._take(self.name, acquire_options(ttl=ttl, auto_renew=auto_renew))
 
     def hold(
         self,
         ttl: Duration = lock.DEFAULT_TTL,
-        wait: Duration = 0.0,
+        wait: Duration = DEFAULT_WAIT,
         retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
         auto_renew: bool = True,
     ) -> _Hold:
@@ -360,9 +364,11 @@ class Semaphore:
 
         Cancelled anywhere, it leaves no permit held (as ``RedisLocker.hold``).
         """
-        return self._permits.hold(
-            self.name, ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew
+        options = functools.partial(
+            acquire_options, ttl=ttl, wait=wait, retry_interval=retry_interval,
+            auto_renew=auto_renew,
         )
+        return _Hold(self._permits, self.name, options)
 
     async def holders(self) -> list[lock.LockHolder]:
         """Who holds the live permits, soonest to expire first."""
@@ -419,7 +425,10 @@ class MemoryLocker(_AsyncLocker):
 class _Hold:
     """The context manager ``hold`` returns."""
 
-    def __init__(self, locker: _AsyncLocker, name: str, options: dict[str, Any]) -> None:
+    def __init__(
+        self, locker: _AsyncStore, name: str, options: Callable[[], AcquireOptions]
+    ) -> None:
+        # Checked on entry, as the threaded ``hold`` checks its arguments.
         self._locker = locker
         self._name = name
         self._options = options
@@ -429,7 +438,7 @@ class _Hold:
         self._cancelled_for_loss = False
 
     async def __aenter__(self) -> Lock:
-        held = await self._locker.acquire(self._name, **self._options)
+        held = await self._locker._take(check_name(self._name), self._options())
         self._held = held
         self._task = asyncio.current_task()
         loop = asyncio.get_running_loop()
@@ -481,7 +490,7 @@ async def with_lock(
     fn: Callable[[Lock], Awaitable[T]],
     *,
     ttl: Duration = lock.DEFAULT_TTL,
-    wait: Duration = 0.0,
+    wait: Duration = DEFAULT_WAIT,
     retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
     auto_renew: bool = True,
 ) -> T:

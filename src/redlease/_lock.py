@@ -24,13 +24,20 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ._abandon import check_abandoned
-from ._config import Duration, to_seconds
+from ._config import Duration
 from ._driver import driver
 from ._engine import Keeper
 from ._errors import NotAcquired, NotHeld
 from ._fair import PlaceKeeping, place_ms
 from ._holders import LockHolder
-from ._lockargs import check_flag, check_name, check_ttl, check_wait
+from ._lockargs import (
+    DEFAULT_RETRY_INTERVAL,
+    DEFAULT_TTL,
+    DEFAULT_WAIT,
+    AcquireOptions,
+    acquire_options,
+    check_name,
+)
 from ._lockstats import WaitStats
 from ._log import Events
 from ._timing import renew_interval
@@ -39,11 +46,16 @@ from ._watchdog import Watchdog, stop_renewing
 T = TypeVar("T")
 _LockerT = TypeVar("_LockerT", bound="Locker")
 
-DEFAULT_TTL = 30.0
-"""Default lease of a lock, in seconds: how long a crashed holder can block others."""
-
-DEFAULT_RETRY_INTERVAL = 0.1
-"""Default polling cadence of a waiting ``acquire``, in seconds."""
+__all__ = [
+    "DEFAULT_RETRY_INTERVAL",
+    "DEFAULT_TTL",
+    "DEFAULT_WAIT",
+    "LeaseStore",
+    "Lock",
+    "Locker",
+    "LockerCore",
+    "release_after_failure",
+]
 
 # Waiting acquirers poll a little early, at random, so they do not move in step.
 _RETRY_JITTER = 0.1
@@ -75,7 +87,7 @@ class Lock:
 
     def __init__(
         self,
-        locker: Locker,
+        locker: LeaseStore,
         name: str,
         owner: str,
         fencing_token: int,
@@ -234,25 +246,23 @@ class LockerCore:
         self.waits = WaitStats()  # how long its acquisitions waited, per name
 
 
-class Locker(ABC):
-    """What every locker offers: ``acquire``, ``try_acquire`` and ``hold``.
+class LeaseStore(ABC):
+    """A store of fenced leases and the acquisitions it grants: a locker's, or a semaphore's.
 
-    Accept a ``Locker`` where code needs a lock and let the deployment decide
-    which one (see ``default_locker``). Both implementations follow the same
-    rules: a lease expires ``ttl`` after acquisition or the last refresh;
-    only the acquisition holding the random ownership token can refresh or
-    release it; every acquisition gets a fencing token greater than all
-    earlier ones of the same store.
+    ``acquire``, ``try_acquire`` and ``hold`` on top of the store's narrow
+    operations (``_attempt``, ``_leave``, ``_refresh``, ``_release``,
+    ``_keeper``, ...), each one atomic. A semaphore's permits are such a
+    store; a ``Locker`` is one that can also say who holds what.
     """
 
     @property
     @abstractmethod
     def engine(self) -> str:
-        """Which engine serves the locker: ``"native"``, ``"python"`` or ``"memory"``."""
+        """Which engine serves the store: ``"native"``, ``"python"`` or ``"memory"``."""
 
     @functools.cached_property
     def _core(self) -> LockerCore:
-        """The locker's core, the one internal attribute its shells and metrics use."""
+        """The store's core, the one internal attribute its shells and metrics use."""
         return LockerCore(Events("locker", getattr(self, "prefix", type(self).__name__)))
 
     def acquire(
@@ -260,7 +270,7 @@ class Locker(ABC):
         name: str,
         *,
         ttl: Duration = DEFAULT_TTL,
-        wait: Duration = 0.0,
+        wait: Duration = DEFAULT_WAIT,
         retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
         auto_renew: bool = False,
         fair: bool = False,
@@ -286,11 +296,12 @@ class Locker(ABC):
         place, one that gives up leaves at once, one that dies within max(3 x
         ``retry_interval``, 100 ms). Acquirers without ``fair`` do not queue.
         """
-        name = check_name(name)
-        ttl_ms = check_ttl(ttl, auto_renew)
-        window = check_wait(wait)
-        interval = to_seconds(retry_interval, "retry_interval")
-        return self._acquire(name, ttl_ms, window, interval, auto_renew, check_flag(fair, "fair"))
+        return self._take(
+            check_name(name),
+            acquire_options(
+                ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew, fair=fair
+            ),
+        )
 
     def try_acquire(
         self,
@@ -304,16 +315,14 @@ class Locker(ABC):
         For work where "another replica is already doing it" is a normal
         outcome (a cron tick). Otherwise as ``acquire`` with no wait.
         """
-        name = check_name(name)
-        ttl_ms = check_ttl(ttl, auto_renew)
-        return self._acquire(name, ttl_ms, 0.0, DEFAULT_RETRY_INTERVAL, auto_renew)
+        return self._take(check_name(name), acquire_options(ttl=ttl, auto_renew=auto_renew))
 
     @contextlib.contextmanager
     def hold(
         self,
         name: str,
         ttl: Duration = DEFAULT_TTL,
-        wait: Duration = 0.0,
+        wait: Duration = DEFAULT_WAIT,
         retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
         auto_renew: bool = True,
     ) -> Iterator[Lock]:
@@ -331,38 +340,30 @@ class Locker(ABC):
         never swallowed), and a backend error on release (the lease then
         expires on its own within one TTL).
         """
-        held = self.acquire(
-            name, ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew
+        name = check_name(name)
+        options = acquire_options(
+            ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew
         )
+        with self._holding(name, options) as held:
+            yield held
+
+    def _take(self, name: str, options: AcquireOptions) -> Lock:
+        """One acquisition of ``name`` (checked) with ``options`` (checked): every face's path."""
+        return self._acquire(
+            name, options.ttl_ms, options.window, options.interval, options.auto_renew,
+            options.fair,
+        )
+
+    @contextlib.contextmanager
+    def _holding(self, name: str, options: AcquireOptions) -> Iterator[Lock]:
+        """``hold``'s body: acquire, yield, release on every way out (see ``Locker.hold``)."""
+        held = self._take(name, options)
         try:
             yield held
         except BaseException as body_exc:
             release_after_failure(held, body_exc)
             raise
         held.release()
-
-    def holder(self, name: str) -> LockHolder | None:
-        """Who holds the lock ``name`` now, as the store says; None when nobody does. One read."""
-        return self._holder(check_name(name))
-
-    def held(self) -> list[tuple[str, LockHolder]]:
-        """Every lock held now, and each live semaphore permit under its semaphore's name,
-        as ``(name, LockHolder)`` sorted by name (then token): for operators."""
-        return sorted(self._held(), key=lambda item: (item[0], item[1].fencing_token))
-
-    def close(self) -> None:  # noqa: B027 - lockers without connections have nothing to free
-        """Free the locker's own resources (connections). Release its locks first."""
-
-    def __enter__(self: _LockerT) -> _LockerT:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _acquire(
         self,
@@ -458,14 +459,6 @@ class Locker(ABC):
     def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> Keeper:
         """A keeper that refreshes ``owner``'s lease every ``interval`` seconds."""
 
-    @abstractmethod
-    def _holder(self, name: str) -> LockHolder | None:
-        """The live lease of ``name`` (label, token, TTL), read atomically; None without one."""
-
-    @abstractmethod
-    def _held(self) -> list[tuple[str, LockHolder]]:
-        """Every live lease, by name, in any order."""
-
     def _pause(self, seconds: float) -> None:
         time.sleep(seconds)
 
@@ -485,6 +478,49 @@ class Locker(ABC):
         early on the announcement; the default just sleeps (``_pause``).
         """
         return contextlib.nullcontext(self._pause)
+
+
+class Locker(LeaseStore):
+    """What every locker offers: ``acquire``, ``try_acquire`` and ``hold``.
+
+    Accept a ``Locker`` where code needs a lock and let the deployment decide
+    which one (see ``default_locker``). Both implementations follow the same
+    rules: a lease expires ``ttl`` after acquisition or the last refresh;
+    only the acquisition holding the random ownership token can refresh or
+    release it; every acquisition gets a fencing token greater than all
+    earlier ones of the same store.
+    """
+
+    def holder(self, name: str) -> LockHolder | None:
+        """Who holds the lock ``name`` now, as the store says; None when nobody does. One read."""
+        return self._holder(check_name(name))
+
+    def held(self) -> list[tuple[str, LockHolder]]:
+        """Every lock held now, and each live semaphore permit under its semaphore's name,
+        as ``(name, LockHolder)`` sorted by name (then token): for operators."""
+        return sorted(self._held(), key=lambda item: (item[0], item[1].fencing_token))
+
+    def close(self) -> None:  # lockers without connections have nothing to free
+        """Free the locker's own resources (connections). Release its locks first."""
+
+    def __enter__(self: _LockerT) -> _LockerT:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @abstractmethod
+    def _holder(self, name: str) -> LockHolder | None:
+        """The live lease of ``name`` (label, token, TTL), read atomically; None without one."""
+
+    @abstractmethod
+    def _held(self) -> list[tuple[str, LockHolder]]:
+        """Every live lease, by name, in any order."""
 
 
 def release_after_failure(held: Lock, body_exc: BaseException) -> None:

@@ -6,11 +6,21 @@ the rule and the value; nothing is sent.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from datetime import timedelta
 
 from ._config import to_seconds, whole_ms
 from ._errors import AutoRenewTTLTooShort, ConfigError
+
+DEFAULT_TTL = 30.0
+"""Default lease of a lock, in seconds: how long a crashed holder can block others."""
+
+DEFAULT_RETRY_INTERVAL = 0.1
+"""Default polling cadence of a waiting ``acquire``, in seconds."""
+
+DEFAULT_WAIT = 0.0
+"""Default wait window of an acquisition: a single attempt."""
 
 MIN_AUTO_RENEW_TTL = 0.03
 """The shortest TTL (seconds) auto-renewal accepts: the watchdog refreshes at TTL/3."""
@@ -64,3 +74,29 @@ def check_flag(value: object, what: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{what} must be a bool, got {type(value).__name__} {value!r}")
     return value
+
+
+@dataclasses.dataclass(frozen=True)
+class AcquireOptions:
+    """One acquisition's settings, checked: what every face of ``acquire`` hands the store."""
+
+    ttl_ms: int
+    window: float
+    interval: float
+    auto_renew: bool
+    fair: bool
+
+
+def acquire_options(
+    *,
+    ttl: object = DEFAULT_TTL,
+    wait: object = DEFAULT_WAIT,
+    retry_interval: object = DEFAULT_RETRY_INTERVAL,
+    auto_renew: object = False,
+    fair: object = False,
+) -> AcquireOptions:
+    """The one place an acquisition's arguments are checked (lock, semaphore, both shells)."""
+    ttl_ms = check_ttl(ttl, auto_renew)
+    window = check_wait(wait)
+    interval = to_seconds(retry_interval, "retry_interval")
+    return AcquireOptions(ttl_ms, window, interval, bool(auto_renew), check_flag(fair, "fair"))

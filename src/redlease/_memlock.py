@@ -19,7 +19,7 @@ from collections.abc import Callable
 from ._engine import Keeper
 from ._engine.renewer import Lease, Renewer
 from ._holders import LockHolder, check_label, label
-from ._lock import Locker, LockerCore
+from ._lock import LeaseStore, Locker, LockerCore
 from ._lockargs import check_name
 from ._semaphore import Semaphore, check_permits, mismatch
 from ._timing import renew_interval
@@ -346,7 +346,7 @@ class MemoryLocker(Locker):
         return "<redlease.MemoryLocker>"
 
 
-class _MemoryPermits(Locker):
+class _MemoryPermits(LeaseStore):
     """The permits of one ``MemoryLocker`` semaphore count: the store a ``Semaphore`` wraps."""
 
     def __init__(self, locker: MemoryLocker, permits: int) -> None:
@@ -393,9 +393,3 @@ class _MemoryPermits(Locker):
 
     def _taken(self, name: str) -> str:
         return f"all {self._permits} permits of semaphore {name!r} are taken"
-
-    def _holder(self, name: str) -> LockHolder | None:
-        raise NotImplementedError  # a semaphore has holders(), not one holder
-
-    def _held(self) -> list[tuple[str, LockHolder]]:
-        raise NotImplementedError

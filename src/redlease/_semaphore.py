@@ -10,7 +10,7 @@ any moment; each permit's fencing token comes from the locker's one counter,
 so it is greater than every earlier token of every name of the locker. A
 release wakes waiting acquirers at once, as a lock's does.
 
-The store's side is a ``Locker`` of permits (``RedisLocker``'s and
+The store's side is a ``LeaseStore`` of permits (``RedisLocker``'s and
 ``MemoryLocker``'s), which this wraps with the name and the count fixed.
 """
 
@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterator
 from ._config import Duration
 from ._errors import ConfigError
 from ._holders import LockHolder
-from ._lock import DEFAULT_RETRY_INTERVAL, DEFAULT_TTL, Lock, Locker
+from ._lock import DEFAULT_RETRY_INTERVAL, DEFAULT_TTL, DEFAULT_WAIT, LeaseStore, Lock
+from ._lockargs import acquire_options
 
 
 def check_permits(permits: object) -> int:
@@ -57,7 +58,7 @@ class Semaphore:
 
     def __init__(
         self,
-        store: Locker,
+        store: LeaseStore,
         name: str,
         permits: int,
         holders: Callable[[], list[LockHolder]],
@@ -68,7 +69,7 @@ class Semaphore:
         self._holders = holders
 
     @property
-    def _core(self) -> Locker:
+    def _core(self) -> LeaseStore:
         """The store of its permits: the one internal attribute the asyncio face uses."""
         return self._store
 
@@ -86,7 +87,7 @@ class Semaphore:
         self,
         *,
         ttl: Duration = DEFAULT_TTL,
-        wait: Duration = 0.0,
+        wait: Duration = DEFAULT_WAIT,
         retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
         auto_renew: bool = False,
         fair: bool = False,
@@ -98,31 +99,30 @@ class Semaphore:
         the lock's rule (a place lives max(3 x ``retry_interval``, 100 ms), kept
         by the renewer too; see ``Locker.acquire``).
         """
-        return self._store.acquire(
+        return self._store._take(
             self._name,
-            ttl=ttl,
-            wait=wait,
-            retry_interval=retry_interval,
-            auto_renew=auto_renew,
-            fair=fair,
+            acquire_options(
+                ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew, fair=fair
+            ),
         )
 
     def try_acquire(self, *, ttl: Duration = DEFAULT_TTL, auto_renew: bool = False) -> Lock:
         """One attempt at a permit; ``NotAcquired`` when all are taken."""
-        return self._store.try_acquire(self._name, ttl=ttl, auto_renew=auto_renew)
+        return self._store._take(self._name, acquire_options(ttl=ttl, auto_renew=auto_renew))
 
     @contextlib.contextmanager
     def hold(
         self,
         ttl: Duration = DEFAULT_TTL,
-        wait: Duration = 0.0,
+        wait: Duration = DEFAULT_WAIT,
         retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
         auto_renew: bool = True,
     ) -> Iterator[Lock]:
         """Hold a permit for a ``with`` block: auto-renewed, released on every way out."""
-        with self._store.hold(
-            self._name, ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew
-        ) as permit:
+        options = acquire_options(
+            ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew
+        )
+        with self._store._holding(self._name, options) as permit:
             yield permit
 
     def holders(self) -> list[LockHolder]:

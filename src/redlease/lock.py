@@ -24,6 +24,7 @@ one Redis server (or one cluster shard); it is not a Redlock implementation.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import warnings
@@ -50,7 +51,15 @@ from ._errors import AutoRenewTTLTooShort, ConfigError, NotAcquired, NotHeld
 from ._fair import redis_place_keeper, since
 from ._holders import SCAN_COUNT, LockHolder, check_label, from_reply, label, lease_keys
 from ._keys import LockKeys, has_hash_tag
-from ._lock import DEFAULT_RETRY_INTERVAL, DEFAULT_TTL, Lock, Locker, LockerCore
+from ._lock import (
+    DEFAULT_RETRY_INTERVAL,
+    DEFAULT_TTL,
+    DEFAULT_WAIT,
+    LeaseStore,
+    Lock,
+    Locker,
+    LockerCore,
+)
 from ._lockargs import MIN_AUTO_RENEW_TTL, check_name
 from ._log import Events
 from ._memlock import MemoryLocker
@@ -151,8 +160,8 @@ class RedisLocker(Locker):
         self._release_script = load("lock_release")
         self._holder_script = load("lock_holder")
         self._leave_script = load("queue_leave")
-        self._sem_scripts = tuple(
-            load(n) for n in ("sem_acquire", "sem_refresh", "sem_release", "sem_holders")
+        self._sem_scripts: tuple[Script, Script, Script, Script] = (
+            load("sem_acquire"), load("sem_refresh"), load("sem_release"), load("sem_holders")
         )
         self._engine: Engine = make_engine(client, engine)
         self._client = client
@@ -275,8 +284,26 @@ class RedisLocker(Locker):
         ``<prefix>sem:<name>`` and counted at Redis in one script.
         """
         permits = check_permits(permits)
-        store = _RedisPermits(self, permits)
+        store = _RedisPermits(self._share(), permits)
         return Semaphore(store, check_name(name), permits, functools.partial(store.holders, name))
+
+    def _share(self) -> _RedisShare:
+        """What this locker lends the permits of its semaphores (and nothing more)."""
+        return _RedisShare(
+            core=self._core,
+            engine=self._engine,
+            keys=self._keys,
+            holder=self._label,
+            scripts=self._sem_scripts,
+            ack_ttl_ms=self._ack_ttl_ms,
+            sharded_notice=self._sharded_notice,
+            call=self._call,
+            granted=self._granted,
+            released=self._released,
+            leave_queue=self._leave_queue,
+            place_keeper=self._place_keeper,
+            listening=self._listening,
+        )
 
     def _holder(self, name: str) -> LockHolder | None:
         reply, _ = self._call((self._holder_script, (self.key(name),), ()))
@@ -361,42 +388,68 @@ class RedisLocker(Locker):
         return f"<redlease.RedisLocker prefix={self._prefix!r} engine={self.engine!r}>"
 
 
-class _RedisPermits(Locker):
-    """The permits of one ``RedisLocker`` semaphore count: the store a ``Semaphore`` wraps.
+@dataclasses.dataclass(frozen=True)
+class _RedisShare:
+    """What a ``RedisLocker`` lends the permits of its semaphores: the one interface between them.
 
-    The lock's four operations, on ``<prefix>sem:<name>`` (the live permits,
-    a sorted set of owner -> expiry by the server's clock) and
-    ``<prefix>sem-info:<name>`` (their tokens and holders).
+    The permits run on the locker's engine and connection, take their fencing
+    tokens from its counter, are confirmed by its replication guard and
+    announce releases as its locks do; each item is one of the locker's own
+    parts or operations, named here so the permits never reach into it.
     """
 
-    def __init__(self, locker: RedisLocker, permits: int) -> None:
-        self._locker = locker
+    core: LockerCore
+    engine: Engine
+    keys: LockKeys
+    holder: str | None
+    scripts: tuple[Script, Script, Script, Script]  # acquire, refresh, release, holders
+    ack_ttl_ms: int
+    sharded_notice: str
+    call: Callable[[ScriptRequest], tuple[Any, int]]
+    granted: Callable[[ScriptRequest, str, Callable[[], None]], tuple[int, int]]
+    released: Callable[[int, str], bool]
+    leave_queue: Callable[[str, str, str], None]
+    place_keeper: Callable[[str, str, int, str], Keeper]
+    listening: Callable[[str], contextlib.AbstractContextManager[Callable[[float], None]]]
+
+
+class _RedisPermits(LeaseStore):
+    """The permits of one ``RedisLocker`` semaphore count: the store a ``Semaphore`` wraps.
+
+    The lock's store operations, on ``<prefix>sem:<name>`` (the live permits,
+    a sorted set of owner -> expiry by the server's clock) and
+    ``<prefix>sem-info:<name>`` (their tokens and holders), through what the
+    locker shares (``_RedisShare``).
+    """
+
+    def __init__(self, share: _RedisShare, permits: int) -> None:
+        self._share = share
         self._permits = permits
         self._acquire_script, self._refresh_script, self._release_script, self._holders_script = (
-            locker._sem_scripts
+            share.scripts
         )
 
     @property
     def engine(self) -> str:
-        return self._locker.engine
+        return self._share.engine.name
 
     @property
     def _core(self) -> LockerCore:
-        return self._locker._core
+        return self._share.core
 
     def _keys_of(self, name: str) -> tuple[str, str]:
-        keys = self._locker._keys
+        keys = self._share.keys
         return keys.permits(name), keys.permit_info(name)
 
     def _attempt(
         self, name: str, owner: str, ttl_ms: int, queue_ms: int = 0, began: float | None = None
     ) -> tuple[int, float]:
-        locker = self._locker
-        keys: tuple[str, ...] = (*self._keys_of(name), locker._keys.fencing)
-        args: tuple[Any, ...] = (owner, ttl_ms, self._permits, label(locker._label))
+        share = self._share
+        keys: tuple[str, ...] = (*self._keys_of(name), share.keys.fencing)
+        args: tuple[Any, ...] = (owner, ttl_ms, self._permits, label(share.holder))
         if queue_ms:
-            keys, args = (*keys, *locker._keys.queue("sem", name)), (*args, queue_ms, since(began))
-        token, number = locker._granted(
+            keys, args = (*keys, *share.keys.queue("sem", name)), (*args, queue_ms, since(began))
+        token, number = share.granted(
             (self._acquire_script, keys, args),
             f"a permit of semaphore {name!r}",
             lambda: self._give_back(name, owner),
@@ -410,24 +463,24 @@ class _RedisPermits(Locker):
             self._release(name, owner)
 
     def _leave(self, name: str, owner: str) -> None:
-        self._locker._leave_queue("sem", name, owner)
+        self._share.leave_queue("sem", name, owner)
 
     def _place_keeper(self, name: str, owner: str, life_ms: int) -> Keeper | None:
-        return self._locker._place_keeper(name, owner, life_ms, "sem")
+        return self._share.place_keeper(name, owner, life_ms, "sem")
 
     def _refresh(self, name: str, owner: str, ttl_ms: int) -> bool:
-        reply, _ = self._locker._call((self._refresh_script, self._keys_of(name), (owner, ttl_ms)))
+        reply, _ = self._share.call((self._refresh_script, self._keys_of(name), (owner, ttl_ms)))
         return bool(reply == 1)
 
     def _release(self, name: str, owner: str) -> bool:
-        locker = self._locker
-        keys = (*self._keys_of(name), locker._keys.ack(owner), locker._keys.queue("sem", name)[0])
-        args = (owner, locker._ack_ttl_ms, locker._sharded_notice)
-        reply, _ = locker._call((self._release_script, keys, args))
-        return locker._released(reply, keys[0])
+        share = self._share
+        keys = (*self._keys_of(name), share.keys.ack(owner), share.keys.queue("sem", name)[0])
+        args = (owner, share.ack_ttl_ms, share.sharded_notice)
+        reply, _ = share.call((self._release_script, keys, args))
+        return share.released(reply, keys[0])
 
     def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> Keeper:
-        return self._locker._engine.keeper(
+        return self._share.engine.keeper(
             self._refresh_script, self._keys_of(name), (owner, ttl_ms), interval=interval,
             ttl=ttl_ms / 1000,
         )
@@ -436,22 +489,16 @@ class _RedisPermits(Locker):
         self, name: str, waiter: str | None = None
     ) -> contextlib.AbstractContextManager[Callable[[float], None]]:
         if waiter is not None:
-            queue = self._locker._keys.queue("sem", name)[0]
-            return self._locker._listening(f"{queue}:{waiter}")
-        return self._locker._listening(self._keys_of(name)[0])
+            queue = self._share.keys.queue("sem", name)[0]
+            return self._share.listening(f"{queue}:{waiter}")
+        return self._share.listening(self._keys_of(name)[0])
 
     def _taken(self, name: str) -> str:
         return f"all {self._permits} permits of semaphore {name!r} are taken"
 
     def holders(self, name: str) -> list[LockHolder]:
-        reply, _ = self._locker._call((self._holders_script, self._keys_of(name), ()))
+        reply, _ = self._share.call((self._holders_script, self._keys_of(name), ()))
         return [who for who in map(from_reply, reply) if who is not None]
-
-    def _holder(self, name: str) -> LockHolder | None:
-        raise NotImplementedError  # a semaphore has holders(), not one holder
-
-    def _held(self) -> list[tuple[str, LockHolder]]:
-        raise NotImplementedError
 
 
 def default_locker(
@@ -481,7 +528,7 @@ def with_lock(
     fn: Callable[[Lock], T],
     *,
     ttl: Duration = DEFAULT_TTL,
-    wait: Duration = 0.0,
+    wait: Duration = DEFAULT_WAIT,
     retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
     auto_renew: bool = True,
 ) -> T:
