@@ -140,7 +140,7 @@ def _woken_during_a_gil_hold(
     hold's start and end, the release time, the time the doorbell was seen
     rung (0.0 when not watched) and when the follower was elected.
     """
-    from redlease._driver import driver
+    from redlease._engine.driver import driver
 
     doorbell = driver().doorbell() if driven else -1
     client: RedisCluster = cluster.client(socket_timeout=2)

@@ -23,7 +23,7 @@ import redis
 import redlease
 from helpers import fair_acquirer as acquirer
 from helpers import wait_until
-from redlease._fair import place_ms
+from redlease._locks.fair import place_ms
 from redlease._testing import ClusterSet, RedisServer, SentinelSet
 from redlease.lock import Lock, Locker, RedisLocker
 

@@ -24,7 +24,7 @@ import pytest
 
 from helpers import fair_acquirer as acquirer
 from helpers import wait_until
-from redlease._fair import place_ms
+from redlease._locks.fair import place_ms
 from redlease._testing import RedisServer
 from redlease.lock import Locker, MemoryLocker, RedisLocker
 

@@ -342,7 +342,7 @@ def test_a_started_follower_hears_its_notice_natively_while_another_thread_holds
     client: redis.Redis, redis_server: RedisServer
 ) -> None:
     require_native()
-    from redlease._driver import driver
+    from redlease._engine.driver import driver
 
     doorbell = driver().doorbell()
     releaser = subprocess.Popen(

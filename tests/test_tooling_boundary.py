@@ -11,10 +11,12 @@ measure the native core itself and so import ``redlease._engine``, and
 ``benchmarks/bench_aio_writes.py``, which sets the engine's write pool size to
 measure what it is worth.
 
-Inside ``src/redlease`` (the second half of this file): no import cycle, no
-engine importing above ``_engine`` but a few leaf modules, no library module
-importing the tooling, no module touching another's private names, no file
-over 500 lines; each with an exact list of what is still wrong today.
+Inside ``src/redlease`` (the second half of this file): no import cycle, every
+import points down the layers (faces, rooms, support, engine, leaves) and no
+room imports another, at most 14 modules at the package top, no engine
+importing above ``_engine`` but a few leaf modules, no library module
+importing the tooling, no room touching another room's private names; each
+with an exact list of what is still wrong today.
 """
 
 from __future__ import annotations
@@ -170,12 +172,41 @@ KNOWN_CYCLES: dict[frozenset[str], str] = {}
 ENGINE_LEAVES: dict[str, str] = {
     "redlease._errors": "the exceptions the engines raise (ConfigError)",
     "redlease._scripts": "the Lua scripts the engines run (Script)",
-    "redlease._config": "the replication guard an engine's run() waits for (ReplicationGuard)",
     "redlease._log": "the library's logger (the notice listeners' records)",
-    "redlease._driver": "the driver's doorbell, rung by the native notice reader",
-    "redlease._forksafe": "the lock of module-wide registries a forked child gets back unlocked",
-    "redlease._timing": "the timing constants both engines read (renewals, notices, WAIT)",
 }
+
+# The layers, top first: a module imports its own layer and the ones below,
+# never one above; a room imports no other room. The faces are what users
+# import; the rooms hold one concern each; support is what both rooms and the
+# faces share; the engine keeps leases and talks to Redis; the leaves import
+# nothing of the package. (The tooling, below, is checked on its own.)
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "face",
+        (
+            "redlease",
+            "redlease.aio",
+            "redlease.lock",
+            "redlease.metrics",
+            "redlease.health",
+            "redlease.integrations",
+        ),
+    ),
+    ("room", ("redlease._election", "redlease._locks")),
+    ("support", ("redlease._aio", "redlease._config")),
+    ("engine", ("redlease._engine",)),
+    (
+        "leaf",
+        (
+            "redlease._errors",
+            "redlease._keys",
+            "redlease._log",
+            "redlease._scripts",
+            "redlease._version",
+        ),
+    ),
+)
+MAX_TOP_MODULES = 14
 
 # Modules of the tooling: the command line and the test servers. The library
 # never imports them.
@@ -191,11 +222,6 @@ PRIVATE_EXCEPTIONS: dict[str, str] = {
     ),
     "redlease/_engine/pyconn.py: conn._sock": "the same, for a bounded connection's socket",
 }
-
-MAX_LINES = 500
-SOURCE_SUFFIXES = (".py", ".pyx", ".pxi", ".pxd", ".pyi", ".h")
-# Files still over MAX_LINES, to be split (each shrinks off the list).
-LONG_FILES: dict[str, str] = {}
 
 
 def module_name(path: Path) -> str:
@@ -411,16 +437,20 @@ def names_defined(tree: ast.AST) -> set[str]:
     return defined
 
 
-def foreign_private_names(tree: ast.AST) -> list[tuple[int, str]]:
+def foreign_private_names(
+    tree: ast.AST, room: set[str] | frozenset[str] = frozenset()
+) -> list[tuple[int, str]]:
     """``x._name`` (read, set or deleted; also ``getattr(x, "_name")``) of a name not defined here.
 
-    ``x`` is anything but ``self`` or ``cls``; dunders are not private.
+    ``x`` is anything but ``self`` or ``cls``; dunders are not private. Names
+    in ``room`` (defined by the other modules of this module's room) count as
+    defined here.
     """
 
     def private(name: str) -> bool:
         return name.startswith("_") and not name.startswith("__")
 
-    defined = names_defined(tree)
+    defined = names_defined(tree) | room
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
@@ -442,11 +472,28 @@ def foreign_private_names(tree: ast.AST) -> list[tuple[int, str]]:
     return found
 
 
-def test_no_module_touches_another_modules_private_names() -> None:
+def room_of(module: str) -> str:
+    """The room a module shares its private names with (``_election``, ``_locks``), else itself.
+
+    Elsewhere (the engine too, whose modules wrap the client libraries' own
+    private names) each module keeps its own.
+    """
+    found = place(module)
+    if found is not None and LAYERS[found[0]][0] == "room":
+        return found[1]
+    return module
+
+
+def test_no_room_touches_another_rooms_private_names() -> None:
+    modules = library_modules()
+    trees = {name: ast.parse(path.read_text(), str(path)) for name, path in modules.items()}
+    rooms: dict[str, set[str]] = {}
+    for name, tree in trees.items():
+        rooms.setdefault(room_of(name), set()).update(names_defined(tree))
     found: dict[str, list[int]] = {}
-    for path in library_modules().values():
+    for name, path in modules.items():
         relative = str(path.relative_to(SRC))
-        for line, text in foreign_private_names(ast.parse(path.read_text(), str(path))):
+        for line, text in foreign_private_names(trees[name], rooms[room_of(name)]):
             found.setdefault(f"{relative}: {text}", []).append(line)
     new = sorted(
         f"{entry} (line {lines[0]})"
@@ -458,30 +505,70 @@ def test_no_module_touches_another_modules_private_names() -> None:
     assert not gone, "no longer happen, drop from PRIVATE_EXCEPTIONS:\n" + "\n".join(gone)
 
 
-def test_no_library_file_is_longer_than_a_reader_takes_in() -> None:
-    lengths = {
-        str(path.relative_to(SRC)): len(path.read_text().splitlines())
-        for path in sorted(LIBRARY.rglob("*"))
-        if path.suffix in SOURCE_SUFFIXES
-    }
-    long = sorted(
-        f"{path}: {n} lines"
-        for path, n in lengths.items()
-        if n > MAX_LINES and path not in LONG_FILES
+def place(module: str) -> tuple[int, str] | None:
+    """``module``'s layer (its index, top first) and its room: the ``LAYERS`` entry it is under."""
+    best: tuple[int, str] | None = None
+    for index, (_, members) in enumerate(LAYERS):
+        for member in members:
+            under = module == member or module.startswith(member + ".")
+            if under and (best is None or len(member) > len(best[1])):
+                best = (index, member)
+    return best
+
+
+def upward_imports(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Each import that points up the layers, or from one room into another."""
+    found = []
+    for module, edges in graph.items():
+        here = place(module)
+        if here is None:
+            continue
+        for other, line in edges.items():
+            there = place(other)
+            if there is None:
+                continue
+            if there[0] < here[0]:
+                found.append(
+                    f"{module}:{line} -> {other} ({LAYERS[there[0]][0]} above {LAYERS[here[0]][0]})"
+                )
+            elif there[0] == here[0] == 1 and there[1] != here[1]:
+                found.append(f"{module}:{line} -> {other} (another room)")
+    return sorted(found)
+
+
+def test_every_import_points_down_the_layers_and_no_room_imports_another() -> None:
+    graph = import_graph()
+    unplaced = sorted(
+        m
+        for m in graph
+        if place(m) is None and not any(m == t or m.startswith(t + ".") for t in TOOLING)
     )
-    shrunk = sorted(
-        f"{path}: {lengths.get(path, 0)} lines"
-        for path in LONG_FILES
-        if lengths.get(path, 0) <= MAX_LINES
-    )
-    assert not long, f"over {MAX_LINES} lines:\n" + "\n".join(long)
-    assert not shrunk, f"at most {MAX_LINES} lines now, drop from LONG_FILES:\n" + "\n".join(shrunk)
+    assert not unplaced, "modules in no layer (add each to LAYERS):\n" + "\n".join(unplaced)
+    found = upward_imports(graph)
+    assert not found, "imports against the layers:\n" + "\n".join(found)
+
+
+def test_the_package_top_holds_the_faces_and_a_few_shared_modules() -> None:
+    top = sorted(p.name for p in LIBRARY.glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, f"{len(top)} modules at the package top: {top}"
 
 
 def test_the_shape_checks_see_what_they_are_for() -> None:
     graph = {"p.a": {"p.b": 3}, "p.b": {"p.c": 4}, "p.c": {"p.a": 9}, "p.d": {"p.a": 1}}
     assert cycles(graph) == [["p.a", "p.b", "p.c"]]
     assert cycle_path(graph, ["p.a", "p.b", "p.c"]) == "p.a:3 -> p.b:4 -> p.c:9 -> p.a"
+
+    layered = {
+        "redlease._engine.python": {"redlease._locks.lock": 7, "redlease._errors": 2},
+        "redlease._locks.lock": {"redlease._election.term": 5, "redlease._locks.args": 3},
+        "redlease.lock": {"redlease._locks.lock": 1},
+    }
+    assert upward_imports(layered) == [
+        "redlease._engine.python:7 -> redlease._locks.lock (room above engine)",
+        "redlease._locks.lock:5 -> redlease._election.term (another room)",
+    ]
+    assert room_of("redlease._locks.aio") == "redlease._locks"
+    assert room_of("redlease._config") == "redlease._config"
 
     lazy = ast.parse(
         "from typing import TYPE_CHECKING\n"

@@ -85,7 +85,7 @@ def close_all_engines() -> None:
     that a finished test has stopped. Tests on topologies close them after
     each test so later tests see no such thread.
     """
-    from redlease import _election
+    from redlease._election import election as _election
     from redlease._engine import failover
 
     for election in list(_election._live_elections):

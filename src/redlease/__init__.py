@@ -13,7 +13,10 @@ asyncio.
 
 from . import aio
 from ._config import DEFAULT_TTL, Config
-from ._elector import Elector, Fencer
+from ._election.elector import Elector, Fencer
+from ._election.evict import evict
+from ._election.pipeline import FencedPipeline
+from ._election.term import Leader, Observer, Term
 from ._errors import (
     AutoRenewTTLTooShort,
     ConfigError,
@@ -23,8 +26,6 @@ from ._errors import (
     RedleaseError,
     TooManyEvalBodies,
 )
-from ._pipeline import FencedPipeline
-from ._term import Leader, Observer, Term
 from ._version import __version__
 from .lock import (
     DEFAULT_RETRY_INTERVAL,
@@ -66,5 +67,6 @@ __all__ = [
     "__version__",
     "aio",
     "default_locker",
+    "evict",
     "with_lock",
 ]

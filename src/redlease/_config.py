@@ -5,14 +5,13 @@ from __future__ import annotations
 import math
 import os
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
-from ._errors import ConfigError, NotReplicated
-from ._timing import DEFAULT_REPLICA_TIMEOUT, wait_ms
-from ._timing import renew_interval as renew_interval_of
+from ._engine.replication import ReplicationGuard
+from ._engine.timing import DEFAULT_REPLICA_TIMEOUT
+from ._engine.timing import renew_interval as renew_interval_of
+from ._errors import ConfigError
 
 Duration = int | float | timedelta
 
@@ -64,92 +63,21 @@ def default_instance_id() -> str:
     return f"{socket.gethostname()}-{os.urandom(8).hex()}"
 
 
-@dataclass(frozen=True)
-class ReplicationGuard:
-    """How many replicas must confirm an acquire or fenced write, and for how long to wait.
-
-    ``min_replicas`` 0 turns the guard off: nothing waits for replicas.
-    """
-
-    min_replicas: int = 0
-    replica_timeout: float = DEFAULT_REPLICA_TIMEOUT
-
-    @property
-    def enabled(self) -> bool:
-        return self.min_replicas > 0
-
-    @property
-    def wait(self) -> ReplicationGuard | None:
-        """What an engine's ``run`` takes as ``wait``: this guard when on, else None."""
-        return self if self.min_replicas > 0 else None
-
-    def require(
-        self, acked: int, what: str, then: str, give_back: Callable[[], object] | None = None
-    ) -> None:
-        """The replication guard, the one place that raises ``NotReplicated``.
-
-        Call it for something applied on the master that ``acked`` replicas
-        confirmed: with fewer than ``min_replicas``, ``give_back`` runs (an
-        acquire releases what it won) and ``NotReplicated`` is raised, saying
-        ``what`` was confirmed by how many and ``then`` what follows.
-        """
-        if acked >= self.min_replicas:
-            return
-        if give_back is not None:
-            give_back()
-        raise NotReplicated(
-            f"{what} confirmed by {acked} of the {self.min_replicas} replicas required "
-            f"within {self.timeout_ms} ms; {then}",
-            applied=True,
-            replicas=acked,
+def replication_guard(min_replicas: object = 0, replica_timeout: object = None) -> ReplicationGuard:
+    """Validate the replication guard's settings: ConfigError naming the rule and the value."""
+    if isinstance(min_replicas, bool) or not isinstance(min_replicas, int):
+        raise ConfigError(
+            f"min_replicas must be an int (replicas that must confirm each acquire and "
+            f"fenced write), got {type(min_replicas).__name__} {min_replicas!r}"
         )
-
-    def confirm_won(
-        self,
-        engine: Any,
-        acked: int,
-        what: str,
-        then: str,
-        give_back: Callable[[], object],
-        within: float,
-    ) -> None:
-        """Confirm an acquire that won on the master (an elector's or a lock's, the one rule).
-
-        With the guard on, ``acked`` replicas must have confirmed it
-        (``require``); behind Sentinel, the sentinels must still name its
-        server the master, asked within ``within`` seconds
-        (``engine.confirm_master``). Unconfirmed, ``give_back`` runs (nobody
-        waits a TTL for the lease) and this raises.
-        """
-        if self.enabled:
-            self.require(acked, what, then, give_back)
-        engine.confirm_master(within, give_back)
-
-    @property
-    def timeout_ms(self) -> int:
-        """``replica_timeout`` as the whole milliseconds ``WAIT`` takes, rounded up.
-
-        Never 0: ``WAIT n 0`` would block until the replicas answer, forever
-        if they never do.
-        """
-        return wait_ms(self.replica_timeout)
-
-    @classmethod
-    def resolve(cls, min_replicas: object = 0, replica_timeout: object = None) -> ReplicationGuard:
-        """Validate the guard's settings: ConfigError naming the rule and the value."""
-        if isinstance(min_replicas, bool) or not isinstance(min_replicas, int):
-            raise ConfigError(
-                f"min_replicas must be an int (replicas that must confirm each acquire and "
-                f"fenced write), got {type(min_replicas).__name__} {min_replicas!r}"
-            )
-        if min_replicas < 0:
-            raise ConfigError(f"min_replicas must be 0 or more, got {min_replicas!r}")
-        timeout = (
-            DEFAULT_REPLICA_TIMEOUT
-            if replica_timeout is None
-            else to_seconds(replica_timeout, "replica_timeout")
-        )
-        return cls(min_replicas, timeout)
+    if min_replicas < 0:
+        raise ConfigError(f"min_replicas must be 0 or more, got {min_replicas!r}")
+    timeout = (
+        DEFAULT_REPLICA_TIMEOUT
+        if replica_timeout is None
+        else to_seconds(replica_timeout, "replica_timeout")
+    )
+    return ReplicationGuard(min_replicas, timeout)
 
 
 @dataclass(frozen=True)
@@ -242,7 +170,7 @@ class Config:
         else:
             ident = instance_id
 
-        guard = ReplicationGuard.resolve(min_replicas, replica_timeout)
+        guard = replication_guard(min_replicas, replica_timeout)
         if guard.enabled and guard.replica_timeout >= ttl_s:
             raise ConfigError(
                 f"replica_timeout must be less than ttl ({ttl_s!r} s) so a confirmed acquire "

@@ -49,6 +49,8 @@ _REPLIES = {
     "lock_holder": "lock_holder",
     "sem_acquire": "sem_acquire",
     "sem_holders": "sem_holders",
+    "evict": "evict",
+    "lock_force_release": "evict",
 }
 
 
@@ -79,6 +81,8 @@ _PRELUDES: dict[str, tuple[str, ...]] = {
     "release": ("notify",),
     "lock_release": ("notify",),
     "sem_release": ("notify",),
+    "evict": ("notify",),
+    "lock_force_release": ("notify",),
 }
 
 

@@ -63,11 +63,11 @@ except ImportError:  # pragma: no cover - exercised in a subprocess without the 
         "redlease.metrics needs prometheus_client: pip install 'redlease[metrics]'"
     ) from None
 
-from ._election import Election
+from ._election.election import Election
 from ._engine import LATENESS_BUCKETS
-from ._forksafe import ForkSafeLock
-from ._lock import LockerCore
-from ._lockstats import WAIT_BUCKETS, WaitStats
+from ._engine.forksafe import ForkSafeLock
+from ._locks.lock import LockerCore
+from ._locks.stats import WAIT_BUCKETS, WaitStats
 from ._log import Events
 
 __all__ = ["instrument"]

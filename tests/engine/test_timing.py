@@ -1,4 +1,5 @@
-"""One set of timing constants for both engines (``redlease._timing``), and WAIT's never-0 rule."""
+"""One set of timing constants for both engines (``redlease._engine.timing``), and WAIT's
+never-0 rule."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import redis
 
 from engine_helpers import KEEPER_KINDS, Server, native_ref
 from helpers import require_native
-from redlease import _timing
-from redlease._config import ReplicationGuard
+from redlease._engine import timing as _timing
 from redlease._engine.python import _Pool
+from redlease._engine.replication import ReplicationGuard
 from redlease._scripts import Script
 
 # Every constant the native engine keeps in a C global of its own.

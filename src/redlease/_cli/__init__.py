@@ -122,6 +122,26 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"Redis URL (default: REDIS_URL, else {DEFAULT_STATUS_URL})")
     locks.add_argument("--json", action="store_true",
                        help="print a JSON list of objects: name, holder, fencing_token, ttl_ms")
+    locks.add_argument("--release", metavar="NAME",
+                       help="take the lock NAME from its holder now and fence it out (prints "
+                            "who held it and the fencing counter; with --json one object: "
+                            "name, evicted, mark)")
+
+    evict = sub.add_parser(
+        "evict",
+        help="end an elector's term at Redis now: its leader is fenced out at once",
+        description=(
+            f"Deletes {keys.leader} and raises {keys.applied} above every token granted, in "
+            "one script: the evicted leader's fenced writes are rejected from that moment and "
+            "its next renewal ends its term; the contenders are told at once. "
+            f"--redis defaults to REDIS_URL, else {DEFAULT_STATUS_URL}."
+        ),
+    )
+    evict.add_argument("name", metavar="NAME", help="the elector's name")
+    evict.add_argument("--redis", metavar="URL",
+                       help=f"Redis URL (default: REDIS_URL, else {DEFAULT_STATUS_URL})")
+    evict.add_argument("--json", action="store_true",
+                       help="print one JSON object: name, evicted, mark")
 
     bench = sub.add_parser(
         "bench",
@@ -172,9 +192,20 @@ def run(args: argparse.Namespace) -> int:
         print(_status.run(url_from(args.redis) or DEFAULT_STATUS_URL, args.name, args.json))
         return 0
     if args.command == "locks":
+        url = url_from(args.redis) or DEFAULT_STATUS_URL
+        if args.release is not None:
+            from . import evict as _evict
+
+            print(_evict.run_release(url, args.prefix, args.release, args.json))
+            return 0
         from . import locks as _locks
 
-        print(_locks.run(url_from(args.redis) or DEFAULT_STATUS_URL, args.prefix, args.json))
+        print(_locks.run(url, args.prefix, args.json))
+        return 0
+    if args.command == "evict":
+        from . import evict as _evict
+
+        print(_evict.run_evict(url_from(args.redis) or DEFAULT_STATUS_URL, args.name, args.json))
         return 0
     if args.command == "demo":
         from . import demo as _demo

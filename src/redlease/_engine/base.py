@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._config import ReplicationGuard
 from .._scripts import Script
 from .encodable import EncodableT as EncodableT
+from .replication import ReplicationGuard
 
 if TYPE_CHECKING:
     from .aiowriter import LoopWriter

@@ -16,9 +16,9 @@ from redis.sentinel import (
     SentinelManagedSSLConnection,
 )
 
-from .._forksafe import ForkSafeLock
 from .base import DEFAULT_CALL_TIMEOUT, DEFAULT_WRITE_TIMEOUT
 from .connect import is_cluster as is_cluster
+from .forksafe import ForkSafeLock
 from .slotmap import refresh
 
 _REDACTED = "<REDACTED>"

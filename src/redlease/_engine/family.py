@@ -39,7 +39,7 @@ import redis.sentinel
 from redis.exceptions import RedisError
 
 from .._errors import ConfigError
-from .._forksafe import ForkSafeLock
+from .forksafe import ForkSafeLock
 
 E = TypeVar("E", bound=BaseException)
 
@@ -153,12 +153,13 @@ _twins: weakref.WeakKeyDictionary[Any, Threaded] = weakref.WeakKeyDictionary()
 _twins_lock = ForkSafeLock()
 
 
-def threaded(client: object, *, asyncio: bool = False) -> Threaded:
+def threaded(client: object, *, asyncio: bool | None = False) -> Threaded:
     """The threaded redis-py client the engines use for ``client``, and ``client``'s family.
 
     ``asyncio`` says which front end asks: ``redlease.aio`` takes asyncio
     clients only, the threaded front ends threaded ones (either refuses the
-    other kind with a ``ConfigError`` naming the right one). A threaded
+    other kind with a ``ConfigError`` naming the right one; None takes
+    either, for a one-off call such as ``redlease.evict``). A threaded
     redis-py client is used as it is; any other gets one twin for as long as
     it lives. A client of neither family is passed on as it is, for the
     Python engine to try.
@@ -167,13 +168,13 @@ def threaded(client: object, *, asyncio: bool = False) -> Threaded:
         return client
     family = family_of(client)
     kind = _kind(client, family)
-    if asyncio and kind != "asyncio":
+    if asyncio is True and kind != "asyncio":
         raise ConfigError(
             "redlease.aio needs an asyncio client (a redis.asyncio.Redis or RedisCluster, or "
             f"valkey.asyncio's); got {type(client).__name__} (use redlease.Elector for "
             "threaded clients)"
         )
-    if not asyncio and kind == "asyncio":
+    if asyncio is False and kind == "asyncio":
         raise ConfigError(
             f"the client is an asyncio {type(client).__name__}; use redlease.aio "
             "(redlease.aio.Elector, redlease.aio.RedisLocker) for asyncio clients"

@@ -17,7 +17,6 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .._config import ReplicationGuard
 from .._scripts import Script
 from ._native import _core as _native
 from .aiowriter import LoopWriter
@@ -33,6 +32,7 @@ from .base import (
 from .client import Endpoint
 from .failover import MasterSwitches
 from .nativenotices import NativeNotices
+from .replication import ReplicationGuard
 from .replies import check
 from .replytable import topology
 

@@ -24,11 +24,11 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .._driver import driver
 from .._log import logger
-from .._timing import NOTICE_REHOME_EVERY, NOTICE_REHOME_TRIES
 from .client import refresh_slot_map
+from .driver import driver
 from .notices import Wake, channel_of
+from .timing import NOTICE_REHOME_EVERY, NOTICE_REHOME_TRIES
 
 if TYPE_CHECKING:
     from .base import Keeper

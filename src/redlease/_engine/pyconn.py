@@ -25,12 +25,12 @@ from redis.exceptions import (
 )
 
 from .._scripts import Script
-from .._timing import wait_command
 from .base import EncodableT, ScriptRequest, remaining
 from .client import is_cluster, refresh_slot_map
 from .connect import connection_factory
 from .pysock import begin_round_trip, bounded_class
 from .replies import server_changed
+from .timing import wait_command
 
 
 class BoundedConnection:

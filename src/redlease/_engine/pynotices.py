@@ -24,9 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
-from .._forksafe import ForkSafeLock
 from .._log import logger
-from .._timing import (
+from .client import is_cluster, refresh_slot_map
+from .connect import connection_factory
+from .forksafe import ForkSafeLock
+from .notices import Wake, channel_of, sharded_notices
+from .pysock import begin_round_trip, bounded_class
+from .timing import (
     NOTICE_BACKOFF_MIN,
     NOTICE_CONNECT_TIMEOUT,
     NOTICE_DEAD_AFTER,
@@ -35,10 +39,6 @@ from .._timing import (
     NOTICE_READ_SLICE,
     notice_backoff,
 )
-from .client import is_cluster, refresh_slot_map
-from .connect import connection_factory
-from .notices import Wake, channel_of, sharded_notices
-from .pysock import begin_round_trip, bounded_class
 
 if TYPE_CHECKING:
     from .base import Keeper

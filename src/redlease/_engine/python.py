@@ -23,9 +23,7 @@ from redis.exceptions import (
     TimeoutError,
 )
 
-from .._config import ReplicationGuard
 from .._scripts import Script
-from .._timing import wait_command
 from .aiowriter import LoopWriter
 from .base import (
     CALL_CONNECTIONS,
@@ -44,8 +42,10 @@ from .pyconn import BoundedConnection
 from .pyloopconn import PyLoopConn
 from .pynotices import PythonNotices
 from .renewer import Lease, Renewer
+from .replication import ReplicationGuard
 from .replies import UnexpectedReply, check, classify, fits, resent
 from .replytable import ASK, MOVED, topology
+from .timing import wait_command
 
 _MAX_REDIRECTS = 3
 """MOVED replies followed per call (on a cluster client)."""

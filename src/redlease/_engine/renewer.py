@@ -21,9 +21,9 @@ from typing import Any, cast
 
 from redis.exceptions import NoScriptError
 
-from .._timing import RENEW_BATCH_WINDOW, RENEW_RETRY_FLOOR
 from .base import ACTIVE, ENDED, IDLE, LATENESS_BUCKETS, LOST, MIN_STEP
-from .replies import UnexpectedReply, describe, is_failover_reply
+from .replies import is_failover_reply, unexpected
+from .timing import RENEW_BATCH_WINDOW, RENEW_RETRY_FLOOR
 
 _LATENESS_SAMPLES = 65536
 _MAX_PENDING_ERRORS = 256
@@ -277,12 +277,7 @@ class Lease:
         else:
             # As natively: only 0 says the lease is gone; a reply the renewal
             # cannot give is a failed renewal, tolerated until the deadline.
-            self._errors.append(
-                UnexpectedReply(
-                    f"renew answered {describe(reply)}, a reply it cannot give (it returns "
-                    "0 or 1): the server is broken or not Redis"
-                )
-            )
+            self._errors.append(unexpected("renew", "flag", reply))
             self._next = self._next_slot(scheduled, RENEW_RETRY_FLOOR)
             self.notify()
         return True

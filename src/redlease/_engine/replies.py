@@ -207,6 +207,16 @@ def _acquire(reply: object) -> bool:
     )
 
 
+def _evict(reply: object) -> bool:
+    # {mark, holder or ""}
+    return (
+        type(reply) is list
+        and len(reply) == 2
+        and _is_int(reply[0], 0, MAX_TOKEN)
+        and type(reply[1]) is bytes
+    )
+
+
 def _lock_acquire(reply: object) -> bool:
     # {fencing token, pttl}
     return (
@@ -265,6 +275,7 @@ _SHAPES = {
     ),
     "sem_acquire": (_sem_acquire, "an array of a fencing token (or 0 or -1) and a number"),
     "sem_holders": (_sem_holders, "an array of [holder, fencing token, PTTL] arrays"),
+    "evict": (_evict, "an array of a mark below 2**53 and a holder"),
     "any": (lambda _reply: True, "anything"),
 }
 
@@ -297,10 +308,17 @@ def check(script: Script, reply: Any) -> Any:
         return reply  # the common case, first
     if fits(shape, reply):
         return reply
+    return unexpected(script.name, shape, reply)
+
+
+def unexpected(name: str, shape: str, reply: object) -> UnexpectedReply:
+    """The one message for a reply script ``name`` (of reply ``shape``) cannot give.
+
+    Worded as the native core words it (``reply_describe``).
+    """
     return UnexpectedReply(
-        f"{script.name} answered {describe(reply)}, a reply it cannot give "
-        f"(it returns {_SHAPES[shape][1]}): the server is broken or not Redis; "
-        "the outcome is unknown"
+        f"{name} answered {describe(reply)} where it returns {_SHAPES[shape][1]}: "
+        "the server is broken or not Redis; the outcome is unknown"
     )
 
 

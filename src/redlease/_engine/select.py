@@ -8,10 +8,10 @@ import weakref
 from typing import Any
 
 from .._errors import ConfigError
-from .._forksafe import ForkSafeLock
 from .base import Engine
 from .client import Endpoint, native_endpoint, write_timeout
 from .family import threaded
+from .forksafe import ForkSafeLock
 
 ENGINES = ("auto", "native", "python")
 

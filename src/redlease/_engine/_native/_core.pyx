@@ -108,7 +108,7 @@ import weakref
 
 # Every timing constant the engines share (renewal batching and retry floor,
 # notice timings, WAIT): the .pxi files convert them into their C globals.
-from redlease import _timing
+from redlease._engine import timing as _timing
 
 # Every ProcessBound alive in this process (Pool, LoopConn, Renewer, Lease,
 # NoticeHub), for the fork handler below.

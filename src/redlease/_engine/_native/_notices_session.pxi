@@ -19,7 +19,7 @@
 #
 # Needs: _posix, _resp_encode, _resp_parse, _conn, _tls, _discovery, _sentinel, _replies, _notices_queue.
 
-# The timings, from redlease._timing (read when the module is imported).
+# The timings, from redlease._engine.timing (read when the module is imported).
 cdef int64_t NOTICE_SLICE_NS = _timing.ns(_timing.NOTICE_READ_SLICE)  # one poll, then look around
 cdef int64_t NOTICE_PING_NS = _timing.ns(_timing.NOTICE_PING_AFTER)   # silent: pinged after this ...
 cdef int64_t NOTICE_DEAD_NS = _timing.ns(_timing.NOTICE_DEAD_AFTER)   # ... dropped when silent this long

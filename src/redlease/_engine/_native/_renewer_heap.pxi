@@ -24,7 +24,7 @@
 # after a failed renewal the next one waits at least RENEW_RETRY_NS (a refused
 # connect fails at once; without a floor the thread would spin until the
 # deadline; the lease deadline is unchanged by it). Both values come from
-# redlease._timing, read when the module is imported.
+# redlease._engine.timing, read when the module is imported.
 cdef int64_t RENEW_WINDOW_NS = _timing.ns(_timing.RENEW_BATCH_WINDOW)
 cdef int64_t RENEW_RETRY_NS = _timing.ns(_timing.RENEW_RETRY_FLOOR)
 

@@ -11,9 +11,9 @@ import os
 import threading
 import time
 
-from ._driver import driver
-from ._engine import ENDED, LOST, Keeper
-from ._log import Events
+from .._engine import ENDED, LOST, Keeper
+from .._engine.driver import driver
+from .._log import Events
 
 
 class Watchdog:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import ConfigError
+from .._errors import ConfigError
 
 MAX_LABEL = 256
 """The longest holder label, in characters: a label is for a person to read."""

@@ -25,126 +25,28 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from . import lock
-from ._abandon import abandonable
-from ._config import Duration
-from ._engine.family import threaded
-from ._errors import NotHeld
-from ._lock import DEFAULT_WAIT, LeaseStore, LockerCore, release_after_failure
-from ._lockargs import AcquireOptions, acquire_options, check_name
+from .._aio import off_loop, settled
+from .._config import Duration
+from .._engine.family import threaded
+from .._errors import NotHeld
+from .args import AcquireOptions, acquire_options, check_name
+from .holders import LockHolder
+from .lock import (
+    DEFAULT_RETRY_INTERVAL,
+    DEFAULT_TTL,
+    DEFAULT_WAIT,
+    LeaseStore,
+    Locker,
+    LockerCore,
+    release_after_failure,
+)
+from .lock import Lock as ThreadedLock
+from .memory import MemoryLocker as ThreadedMemoryLocker
+from .redislocker import DEFAULT_PREFIX
+from .redislocker import RedisLocker as ThreadedRedisLocker
+from .semaphore import Semaphore as ThreadedSemaphore
 
 T = TypeVar("T")
-
-
-async def off_loop(fn: Callable[..., T], *args: Any) -> T:
-    """Run a blocking call on the default executor, so the event loop never waits on it."""
-    return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
-
-
-async def outlast(future: asyncio.Future[Any]) -> bool:
-    """Wait until ``future`` is done, whatever cancellations arrive meanwhile.
-
-    ``future`` itself is never cancelled. Returns True when this coroutine
-    was cancelled while waiting: the caller raises ``CancelledError`` then,
-    once its own cleanup is done, so the cancellation is never lost.
-    """
-    cancelled = False
-    while not future.done():
-        try:
-            await asyncio.wait((future,))
-        except asyncio.CancelledError:
-            cancelled = True
-    return cancelled
-
-
-# A settled call's states: queued on the executor, running, done, never to run.
-_QUEUED, _RUNNING, _DONE, _SKIPPED = range(4)
-
-
-class _Call:
-    """One blocking locker call for a coroutine, on an executor thread, never left half done.
-
-    ``abandon()`` (the coroutine was cancelled) stops a call still queued
-    from ever running, unless it must run (a release); a running call goes
-    on to its end (a waiting acquire stops at its next attempt:
-    ``abandonable``) and its thread gives back
-    what it returned (``give_back``), so a lease taken for a caller that is
-    gone is released even if the event loop never runs again.
-    """
-
-    __slots__ = ("_abandoned", "_fn", "_give_back", "_mutex", "_state")
-
-    def __init__(self, fn: Callable[[], Any], give_back: Callable[[Any], None] | None) -> None:
-        self._fn = fn
-        self._give_back = give_back
-        self._mutex = threading.Lock()
-        self._state = _QUEUED
-        self._abandoned = threading.Event()
-
-    def run(self) -> Any:
-        with self._mutex:
-            if self._state == _SKIPPED:
-                return None
-            self._state = _RUNNING
-        try:
-            with abandonable(self._abandoned):
-                result = self._fn()
-        except BaseException:
-            with self._mutex:
-                self._state = _DONE
-            raise
-        with self._mutex:
-            self._state = _DONE
-            # Abandoned from now on, the coroutine gives back itself (it sees _DONE).
-            abandoned = self._abandoned.is_set()
-        if abandoned and self._give_back is not None:
-            self._give_back(result)
-        return result
-
-    def abandon(self, skip: bool) -> int:
-        """The caller is gone: the state the call was in (queued and ``skip``: it never runs)."""
-        with self._mutex:
-            state = self._state
-            if state == _QUEUED and skip:
-                self._state = _SKIPPED
-            else:
-                self._abandoned.set()
-            return state
-
-
-async def settled(
-    fn: Callable[..., T],
-    *args: Any,
-    give_back: Callable[[T], None] | None = None,
-    always: bool = False,
-) -> T:
-    """``await off_loop(fn, *args)`` for calls that change what is held: safe to cancel.
-
-    Cancelled before its executor thread started the call, the call is never
-    made (unless ``always``: a release is made all the same) and
-    ``CancelledError`` propagates at once. Cancelled later, the call is seen
-    through first (a release or refresh completes, within its round trip; a
-    waiting acquire stops at its next attempt), then ``give_back(result)``
-    undoes what it returned, and only then does ``CancelledError``
-    propagate, also when more cancellations arrive meanwhile. Nothing is
-    ever sent twice.
-    """
-    loop = asyncio.get_running_loop()
-    call = _Call(functools.partial(fn, *args), give_back)
-    future = loop.run_in_executor(None, call.run)
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        state = call.abandon(skip=not always)
-        if state == _QUEUED and not always:
-            raise  # never sent
-        await outlast(future)
-        succeeded = not future.cancelled() and future.exception() is None
-        if succeeded and state == _DONE and give_back is not None:
-            # It ended before the cancellation reached this coroutine: its
-            # thread did not know the caller was gone, so give back here.
-            await outlast(loop.run_in_executor(None, give_back, future.result()))
-        raise
 
 
 class Lock:
@@ -157,7 +59,7 @@ class Lock:
 
     __slots__ = ("_inner",)
 
-    def __init__(self, inner: lock.Lock) -> None:
+    def __init__(self, inner: ThreadedLock) -> None:
         self._inner = inner
 
     @property
@@ -222,9 +124,9 @@ class _AsyncStore:
         self,
         name: str,
         *,
-        ttl: Duration = lock.DEFAULT_TTL,
+        ttl: Duration = DEFAULT_TTL,
         wait: Duration = DEFAULT_WAIT,
-        retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
+        retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
         auto_renew: bool = False,
         fair: bool = False,
     ) -> Lock:
@@ -248,7 +150,7 @@ class _AsyncStore:
         return Lock(await settled(self._inner._take, name, options, give_back=_give_back))
 
     async def try_acquire(
-        self, name: str, *, ttl: Duration = lock.DEFAULT_TTL, auto_renew: bool = False
+        self, name: str, *, ttl: Duration = DEFAULT_TTL, auto_renew: bool = False
     ) -> Lock:
         """One attempt at the lock ``name``; ``NotAcquired`` when someone else holds it.
 
@@ -259,9 +161,9 @@ class _AsyncStore:
     def hold(
         self,
         name: str,
-        ttl: Duration = lock.DEFAULT_TTL,
+        ttl: Duration = DEFAULT_TTL,
         wait: Duration = DEFAULT_WAIT,
-        retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
+        retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
         auto_renew: bool = True,
     ) -> _Hold:
         """``async with locker.hold(name) as held:`` — auto-renewed, released on every path.
@@ -285,17 +187,25 @@ class _AsyncStore:
 class _AsyncLocker(_AsyncStore):
     """The asyncio face of a threaded locker: the same store, the same rules."""
 
-    def __init__(self, inner: lock.Locker) -> None:
+    def __init__(self, inner: Locker) -> None:
         super().__init__(inner)
         self._locker = inner
 
-    async def holder(self, name: str) -> lock.LockHolder | None:
+    async def holder(self, name: str) -> LockHolder | None:
         """Who holds the lock ``name`` now (None: nobody); see ``redlease.Locker.holder``."""
         return await off_loop(self._locker.holder, name)
 
-    async def held(self) -> list[tuple[str, lock.LockHolder]]:
+    async def held(self) -> list[tuple[str, LockHolder]]:
         """Every lock held now, sorted by name. See ``redlease.Locker.held``."""
         return await off_loop(self._locker.held)
+
+    async def force_release(self, name: str) -> bool:
+        """Take the lock ``name`` from its holder now; see ``redlease.Locker.force_release``.
+
+        Cancelled before it was sent, it is never sent; once sent, it is seen
+        through before ``CancelledError`` propagates.
+        """
+        return await settled(self._locker.force_release, name)
 
     def semaphore(self, name: str, permits: int) -> Semaphore:
         """At most ``permits`` holders of ``name`` at once; see ``redlease.Semaphore``."""
@@ -316,7 +226,7 @@ class _AsyncLocker(_AsyncStore):
 class Semaphore:
     """``redlease.Semaphore`` for asyncio: permits are ``redlease.aio.Lock`` objects."""
 
-    def __init__(self, inner: lock.Semaphore, permits: _AsyncStore) -> None:
+    def __init__(self, inner: ThreadedSemaphore, permits: _AsyncStore) -> None:
         self._inner = inner
         self._permits = permits
 
@@ -333,9 +243,9 @@ class Semaphore:
     async def acquire(
         self,
         *,
-        ttl: Duration = lock.DEFAULT_TTL,
+        ttl: Duration = DEFAULT_TTL,
         wait: Duration = DEFAULT_WAIT,
-        retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
+        retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
         auto_renew: bool = False,
         fair: bool = False,
     ) -> Lock:
@@ -348,16 +258,16 @@ class Semaphore:
         )
 
     async def try_acquire(
-        self, *, ttl: Duration = lock.DEFAULT_TTL, auto_renew: bool = False
+        self, *, ttl: Duration = DEFAULT_TTL, auto_renew: bool = False
     ) -> Lock:
         """One attempt at a permit; ``NotAcquired`` when all are taken. Cancel-safe."""
         return await self._permits._take(self.name, acquire_options(ttl=ttl, auto_renew=auto_renew))
 
     def hold(
         self,
-        ttl: Duration = lock.DEFAULT_TTL,
+        ttl: Duration = DEFAULT_TTL,
         wait: Duration = DEFAULT_WAIT,
-        retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
+        retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
         auto_renew: bool = True,
     ) -> _Hold:
         """``async with sem.hold() as permit:`` — auto-renewed, released on every path.
@@ -370,7 +280,7 @@ class Semaphore:
         )
         return _Hold(self._permits, self.name, options)
 
-    async def holders(self) -> list[lock.LockHolder]:
+    async def holders(self) -> list[LockHolder]:
         """Who holds the live permits, soonest to expire first."""
         return await off_loop(self._inner.holders)
 
@@ -378,7 +288,7 @@ class Semaphore:
         return f"<redlease.aio.Semaphore {self.name!r} permits={self.permits}>"
 
 
-def _give_back(held: lock.Lock) -> None:
+def _give_back(held: ThreadedLock) -> None:
     """Release a lock taken for a caller that was cancelled meanwhile."""
     # Nobody is left to tell: a lease whose release fails ends with its TTL.
     with contextlib.suppress(Exception):
@@ -396,7 +306,7 @@ class RedisLocker(_AsyncLocker):
     def __init__(
         self,
         client: Any,
-        prefix: str = lock.DEFAULT_PREFIX,
+        prefix: str = DEFAULT_PREFIX,
         engine: str | None = "auto",
         holder: str | None = None,
         *,
@@ -404,7 +314,7 @@ class RedisLocker(_AsyncLocker):
         replica_timeout: Duration | None = None,
     ) -> None:
         super().__init__(
-            lock.RedisLocker(
+            ThreadedRedisLocker(
                 threaded(client, asyncio=True),
                 prefix=prefix,
                 engine=engine,
@@ -419,7 +329,7 @@ class MemoryLocker(_AsyncLocker):
     """``redlease.MemoryLocker`` for asyncio: in-process only, same semantics."""
 
     def __init__(self, *, holder: str | None = None) -> None:
-        super().__init__(lock.MemoryLocker(holder=holder))
+        super().__init__(ThreadedMemoryLocker(holder=holder))
 
 
 class _Hold:
@@ -489,9 +399,9 @@ async def with_lock(
     name: str,
     fn: Callable[[Lock], Awaitable[T]],
     *,
-    ttl: Duration = lock.DEFAULT_TTL,
+    ttl: Duration = DEFAULT_TTL,
     wait: Duration = DEFAULT_WAIT,
-    retry_interval: Duration = lock.DEFAULT_RETRY_INTERVAL,
+    retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
     auto_renew: bool = True,
 ) -> T:
     """Run ``await fn(held)`` holding the lock ``name``; the guarantees of ``hold``."""

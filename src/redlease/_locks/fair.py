@@ -16,9 +16,9 @@ import math
 import time
 from collections.abc import Callable
 
-from ._engine import ACTIVE, Engine, Keeper
-from ._scripts import load
-from ._timing import renew_interval
+from .._engine import ACTIVE, Engine, Keeper
+from .._engine.timing import renew_interval
+from .._scripts import load
 
 PLACE_INTERVALS = 3
 """A place lives this many of its waiter's retry intervals after each attempt or renewal."""

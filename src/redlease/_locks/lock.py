@@ -1,9 +1,10 @@
-"""The lock itself and what every locker shares: ``Lock``, ``Locker``, validation.
+"""The lock itself and what every locker shares: ``Lock``, ``LeaseStore``, ``Locker``.
 
 The public module is ``redlease.lock``; the lockers (``RedisLocker``,
-``MemoryLocker``) live there. ``release_after_failure`` is the internal API
+``MemoryLocker``) live in ``redislocker`` and ``memory``.
+``release_after_failure`` is the internal API
 the asyncio shell shares with ``Locker.hold``. The watchdog of an
-auto-renewed lock lives in ``_watchdog``.
+auto-renewed lock lives in ``watchdog``.
 
 What a lock guarantees, and what it does not, is told in ``redlease.lock``.
 """
@@ -23,14 +24,14 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ._abandon import check_abandoned
-from ._config import Duration
-from ._driver import driver
-from ._engine import Keeper
-from ._errors import NotAcquired, NotHeld
-from ._fair import PlaceKeeping, place_ms
-from ._holders import LockHolder
-from ._lockargs import (
+from .._aio import check_abandoned
+from .._config import Duration
+from .._engine import Keeper
+from .._engine.driver import driver
+from .._engine.timing import renew_interval
+from .._errors import NotAcquired, NotHeld
+from .._log import Events
+from .args import (
     DEFAULT_RETRY_INTERVAL,
     DEFAULT_TTL,
     DEFAULT_WAIT,
@@ -38,10 +39,10 @@ from ._lockargs import (
     acquire_options,
     check_name,
 )
-from ._lockstats import WaitStats
-from ._log import Events
-from ._timing import renew_interval
-from ._watchdog import Watchdog, stop_renewing
+from .fair import PlaceKeeping, place_ms
+from .holders import LockHolder
+from .stats import WaitStats
+from .watchdog import Watchdog, stop_renewing
 
 T = TypeVar("T")
 _LockerT = TypeVar("_LockerT", bound="Locker")
@@ -292,7 +293,7 @@ class LeaseStore(ABC):
         settings raise ``ConfigError`` naming the rule.
 
         ``fair=True`` serves one name's fair waiters in the order they began
-        waiting (``_fair``): a waiter whose thread is late (GIL, CPU) keeps its
+        waiting (``fair``): a waiter whose thread is late (GIL, CPU) keeps its
         place, one that gives up leaves at once, one that dies within max(3 x
         ``retry_interval``, 100 ms). Acquirers without ``fair`` do not queue.
         """
@@ -500,6 +501,16 @@ class Locker(LeaseStore):
         as ``(name, LockHolder)`` sorted by name (then token): for operators."""
         return sorted(self._held(), key=lambda item: (item[0], item[1].fencing_token))
 
+    def force_release(self, name: str) -> bool:
+        """Take the lock ``name`` from its holder now, for an operator; False when none held it.
+
+        The holder is fenced out at once: the lock is gone (its refresh and
+        release raise ``NotHeld``, an auto-renewed one is found lost) and the
+        fencing counter moves past its token, so every later token is greater.
+        Waiters are told at once, as on a release.
+        """
+        return self._force_release(check_name(name))[1] is not None
+
     def close(self) -> None:  # lockers without connections have nothing to free
         """Free the locker's own resources (connections). Release its locks first."""
 
@@ -521,6 +532,10 @@ class Locker(LeaseStore):
     @abstractmethod
     def _held(self) -> list[tuple[str, LockHolder]]:
         """Every live lease, by name, in any order."""
+
+    @abstractmethod
+    def _force_release(self, name: str) -> tuple[int, str | None]:
+        """End ``name``'s lease whoever holds it: ``(fencing counter now, holder or None)``."""
 
 
 def release_after_failure(held: Lock, body_exc: BaseException) -> None:

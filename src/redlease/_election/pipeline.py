@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from ._engine import EncodableT
-from ._fence import FENCE_HSET, FENCE_SET, Fence, FenceRequest, check_key, check_token, check_value
+from .._engine import EncodableT
+from .fence import FENCE_HSET, FENCE_SET, Fence, FenceRequest, check_key, check_token, check_value
 
 if TYPE_CHECKING:
-    from ._scripts import Script
+    from .._scripts import Script
 
 
 _P = TypeVar("_P", bound="_PipelineWrites")

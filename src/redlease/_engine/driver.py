@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ._forksafe import ForkSafeLock
+from .forksafe import ForkSafeLock
 
 TICK = 0.05
 """How often watched keepers are looked at (seconds), at most."""

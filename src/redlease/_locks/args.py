@@ -10,8 +10,8 @@ import dataclasses
 import math
 from datetime import timedelta
 
-from ._config import to_seconds, whole_ms
-from ._errors import AutoRenewTTLTooShort, ConfigError
+from .._config import to_seconds, whole_ms
+from .._errors import AutoRenewTTLTooShort, ConfigError
 
 DEFAULT_TTL = 30.0
 """Default lease of a lock, in seconds: how long a crashed holder can block others."""

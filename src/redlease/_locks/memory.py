@@ -16,13 +16,13 @@ import time
 import weakref
 from collections.abc import Callable
 
-from ._engine import Keeper
-from ._engine.renewer import Lease, Renewer
-from ._holders import LockHolder, check_label, label
-from ._lock import LeaseStore, Locker, LockerCore
-from ._lockargs import check_name
-from ._semaphore import Semaphore, check_permits, mismatch
-from ._timing import renew_interval
+from .._engine import Keeper
+from .._engine.renewer import Lease, Renewer
+from .._engine.timing import renew_interval
+from .args import check_name
+from .holders import LockHolder, check_label, label
+from .lock import LeaseStore, Locker, LockerCore
+from .semaphore import Semaphore, check_permits, mismatch
 
 Permit = tuple[int, float, str]
 """A live permit: its fencing token, its expiry (monotonic), its holder's label."""
@@ -253,6 +253,22 @@ class MemoryStore:
         with self._cond:
             self._cond.wait(timeout)
 
+    def force_release(self, name: str) -> tuple[int, str | None]:
+        """Take ``name`` from its holder: ``(the fencing counter now, the holder or None)``.
+
+        With a holder, the lease is dropped and the counter moved past its
+        token (every later token is greater); without one, nothing changes.
+        """
+        with self._cond:
+            lease = self._live(name, time.monotonic())
+            if lease is None:
+                return self._fencing, None
+            label = self._labels.pop(name, None) or lease[0]
+            del self._leases[name]
+            self._fencing += 1
+            self._cond.notify_all()
+            return self._fencing, label
+
     def expire(self, name: str) -> None:
         """End a lease at once, whoever holds it, as if its TTL had run out."""
         with self._cond:
@@ -319,6 +335,9 @@ class MemoryLocker(Locker):
 
     def _holder(self, name: str) -> LockHolder | None:
         return self._store.holder(name)
+
+    def _force_release(self, name: str) -> tuple[int, str | None]:
+        return self._store.force_release(name)
 
     def _held(self) -> list[tuple[str, LockHolder]]:
         return self._store.held()

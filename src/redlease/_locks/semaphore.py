@@ -19,11 +19,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-from ._config import Duration
-from ._errors import ConfigError
-from ._holders import LockHolder
-from ._lock import DEFAULT_RETRY_INTERVAL, DEFAULT_TTL, DEFAULT_WAIT, LeaseStore, Lock
-from ._lockargs import acquire_options
+from .._config import Duration
+from .._errors import ConfigError
+from .args import acquire_options
+from .holders import LockHolder
+from .lock import DEFAULT_RETRY_INTERVAL, DEFAULT_TTL, DEFAULT_WAIT, LeaseStore, Lock
 
 
 def check_permits(permits: object) -> int:

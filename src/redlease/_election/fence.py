@@ -14,7 +14,7 @@ write may or may not have landed, and it is never sent again behind the
 caller's back — a resent script could apply twice, or be "rejected" by the
 mark its own first copy raised. The same holds for every write of a batch.
 
-The pipelines (``_pipeline``) queue fenced writes with one token for one
+The pipelines (``pipeline``) queue fenced writes with one token for one
 round trip; the public ``Fencer`` handles (threaded and asyncio) live
 beside their electors and hold a ``Fence``.
 """
@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING, Any, cast
 from redis.crc import key_slot
 from redis.exceptions import RedisError, ResponseError
 
-from . import _scripts
-from ._config import ReplicationGuard
-from ._engine import EncodableT, Engine, is_failover_reply, run_one
-from ._errors import TooManyEvalBodies
-from ._log import Events
+from .. import _scripts
+from .._engine import EncodableT, Engine, is_failover_reply, run_one
+from .._engine.replication import ReplicationGuard
+from .._errors import TooManyEvalBodies
+from .._log import Events
 
 if TYPE_CHECKING:
-    from ._engine.aiowriter import LoopWriter
-    from ._scripts import Script
+    from .._engine.aiowriter import LoopWriter
+    from .._scripts import Script
 
 MAX_EVAL_BODIES = 256
 """Distinct ``fence_eval`` bodies one Elector caches before TooManyEvalBodies."""

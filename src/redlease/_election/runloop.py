@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._driver import driver
-from ._election import Election, LeaderFn, Run, instance_text
-from ._engine import ACTIVE, Engine, Keeper
-from ._engine.base import NoticeSubscription
-from ._term import Reason, Term, end_term
+from .._engine import ACTIVE, Engine, Keeper
+from .._engine.base import NoticeSubscription
+from .._engine.driver import driver
+from .election import Election, LeaderFn, Run, instance_text
+from .term import Reason, Term, end_term
 
 # How often a waiting run thread looks at a caller's stop event: a plain
 # threading.Event cannot wake anybody, so it is polled at this period.
@@ -247,7 +247,7 @@ class RunLoop:
         self._begin(token, sent)
         return None
 
-    # -- the driver's batched acquires (``_driver.Contender``) --------------------------
+    # -- the driver's batched acquires (``_engine.driver.Contender``) --------------------------
 
     def hold_acquire(self) -> tuple[Engine, Any] | None:
         """The acquire this run's next step would send now, the run held; or None."""

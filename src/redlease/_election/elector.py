@@ -1,26 +1,26 @@
 """The threaded public shell: ``Elector`` and its ``Fencer``.
 
-Thin over the core (``_election.Election``, the shell's ``_core``) and the
-loop (``_runloop``); ``aio.Elector`` is its asyncio twin.
+Thin over the core (``election.Election``, the shell's ``_core``) and the
+loop (``runloop``); ``aio.Elector`` is its asyncio twin.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from ._config import Config, Duration
-from ._election import NEVER, Election, LeaderFn, check_leader_fn
-from ._engine import EncodableT
-from ._fence import Fence, check_token
-from ._pipeline import FencedPipeline
-from ._runloop import RunLoop, run_here
-from ._term import Leader, Observer
+from .._engine import EncodableT
+from .election import NEVER, LeaderFn, check_leader_fn
+from .fence import Fence, check_token
+from .pipeline import FencedPipeline
+from .runloop import RunLoop, run_here
+from .shell import ElectorShell
+from .term import Leader
 
 
-class Elector:
+class Elector(ElectorShell):
     """Lease-based leader election on Redis, with a fencing token per term.
 
     One instance at a time holds ``<name>:leader`` with a TTL and runs the
@@ -45,60 +45,10 @@ class Elector:
     the term at once (reason ``"lost"``).
     """
 
-    __slots__ = ("__weakref__", "_core", "_fence", "config")
+    __slots__ = ()
 
-    def __init__(
-        self,
-        client: Any,
-        name: str,
-        *,
-        ttl: Duration | None = None,
-        renew_interval: Duration | None = None,
-        acquire_interval: Duration | None = None,
-        instance_id: str | None = None,
-        observer: Observer | None = None,
-        engine: str | None = "auto",
-        min_replicas: int = 0,
-        replica_timeout: Duration | None = None,
-    ) -> None:
-        self._core = Election(
-            client,
-            name,
-            ttl=ttl,
-            renew_interval=renew_interval,
-            acquire_interval=acquire_interval,
-            instance_id=instance_id,
-            observer=observer,
-            engine=engine,
-            fencer=lambda token: Fencer(self, token),
-            min_replicas=min_replicas,
-            replica_timeout=replica_timeout,
-        )
-        self.config: Config = self._core.config
-        self._fence = self._core.fence
-
-    # -- identity -----------------------------------------------------------
-
-    @property
-    def instance_id(self) -> str:
-        """This elector's identity: the lock's value while it leads."""
-        return self.config.instance_id
-
-    @property
-    def engine(self) -> str:
-        """The engine that runs this elector: ``"native"`` or ``"python"``."""
-        return self._core.engine.name
-
-    @property
-    def engine_reason(self) -> str:
-        """Why the native engine does not run this elector, in one sentence ("" when it does).
-
-        Set when ``engine="auto"`` fell back to the Python engine for this
-        client (a build without OpenSSL and a TLS client, a
-        ``credential_provider``, ...); empty on the native engine and when the
-        Python engine was asked for.
-        """
-        return self._core.engine.reason
+    def _term_fencer(self) -> Callable[[int], Any]:
+        return lambda token: Fencer(self, token)
 
     def __repr__(self) -> str:
         return (
@@ -107,18 +57,6 @@ class Elector:
         )
 
     # -- leadership state -----------------------------------------------------
-
-    def token(self) -> int | None:
-        """The current term's fencing token while this instance leads, else None.
-
-        A snapshot: leadership can change right after. Acting on it is safe
-        because a stale token is rejected by the fenced writes.
-        """
-        return self._core.token()
-
-    def is_leader(self) -> bool:
-        """Whether this instance leads right now. Advisory: never gate a write on it."""
-        return self.token() is not None
 
     def fencer(self) -> Fencer:
         """A Fencer for the current term, or an inert one (token 0) when not leading."""
@@ -136,16 +74,6 @@ class Elector:
         snapshot: the holder may change right after.
         """
         return self._core.leader()
-
-    def renew_lateness(self) -> list[float]:
-        """How late each renewal of the current run was sent, in seconds, oldest first.
-
-        Measured by the keeper itself: the time between a renewal's scheduled
-        moment and its send. Read-only figures for benchmarks and monitoring;
-        empty when the elector is not running. The keeper keeps the most
-        recent samples only (tens of thousands).
-        """
-        return self._core.renew_lateness()
 
     # -- running --------------------------------------------------------------
 

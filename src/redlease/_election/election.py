@@ -2,13 +2,13 @@
 
 ``Election(client, name, ...)`` validates everything up front and is the core
 the public shells (``Elector``, ``aio.Elector``) drive, through the internal
-API below; the loop that steps it is ``_runloop.RunLoop``:
+API below; the loop that steps it is ``runloop.RunLoop``:
 
 * ``claim(stop)`` reserves the one run an election may have (a ``Run``);
 * ``acquire()`` / ``acquired(reply)``, ``release()``, ``hold_reason()`` and
   ``leader()`` are what each step asks of Redis;
 * ``Run.request_stop()`` ends a run from anywhere; ``token()``, ``resign()``,
-  ``renew_lateness()`` and ``fence`` (a ``_fence.Fence``) serve the rest;
+  ``renew_lateness()`` and ``fence`` (a ``fence.Fence``) serve the rest;
 * ``observe``, ``emit``, ``report`` and ``drain`` deliver to the observer and
   the events (logging, metrics).
 """
@@ -24,18 +24,18 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
-from . import _scripts
-from ._config import Config, Duration
-from ._engine import Engine, Keeper, is_cluster, run_one, sharded_notices, shared_engine
-from ._engine.base import NoticeSubscription
-from ._engine.family import threaded
-from ._engine.notices import NO_NOTICES, ChannelRefusals
-from ._engine.replies import released
-from ._errors import ConfigError
-from ._fence import Fence
-from ._keys import ElectionKeys, has_hash_tag
-from ._log import Events
-from ._term import Leader, Observer, Once, Term
+from .. import _scripts
+from .._config import Config, Duration
+from .._engine import Engine, Keeper, is_cluster, run_one, sharded_notices, shared_engine
+from .._engine.base import NoticeSubscription
+from .._engine.family import threaded
+from .._engine.notices import NO_NOTICES, ChannelRefusals
+from .._engine.replies import released
+from .._errors import ConfigError
+from .._keys import ElectionKeys, has_hash_tag
+from .._log import Events
+from .fence import Fence
+from .term import Leader, Observer, Once, Term
 
 _ACQUIRE = _scripts.load("acquire")
 _RENEW = _scripts.load("renew")
@@ -98,7 +98,7 @@ _NO_OBSERVER = Observer()
 
 
 class Driven(Protocol):
-    """A run's loop as the process's driver steps it (``_runloop.RunLoop``)."""
+    """A run's loop as the process's driver steps it (``runloop.RunLoop``)."""
 
     def poke(self) -> None:
         """Step the run soon (a stop, a resign, a notice)."""
@@ -227,10 +227,7 @@ class Election:
         min_replicas: int = 0,
         replica_timeout: Duration | None = None,
     ) -> None:
-        if client is None:
-            raise ConfigError(
-                "client must be a redis client (redis.Redis, RedisCluster, ...), got None"
-            )
+        check_client(client)
         self.config = Config.resolve(
             name,
             ttl=ttl,
@@ -244,11 +241,7 @@ class Election:
         # The engines run on a threaded redis-py client (the user's own, or a twin of an
         # asyncio or valkey-py one); errors go out in the user's client family.
         client, self.family = threaded(client)
-        if is_cluster(client) and not has_hash_tag(self.config.name):
-            raise ConfigError(
-                f"with a RedisCluster client the name needs a hash tag so its keys share one "
-                f"slot, e.g. '{{{self.config.name}}}'; got {self.config.name!r}"
-            )
+        check_cluster_name(client, self.config.name)
         if observer is not None and not isinstance(observer, Observer):
             raise ConfigError(
                 f"observer must be a redlease.Observer, got {type(observer).__name__}"
@@ -470,6 +463,23 @@ def _forget_runs_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_runs_after_fork)
+
+
+def check_client(client: Any) -> None:
+    """ConfigError when ``client`` is None (the one mistake checked before the client is used)."""
+    if client is None:
+        raise ConfigError(
+            "client must be a redis client (redis.Redis, RedisCluster, ...), got None"
+        )
+
+
+def check_cluster_name(client: Any, name: str) -> None:
+    """ConfigError when ``client`` is a cluster client and ``name`` has no hash tag."""
+    if is_cluster(client) and not has_hash_tag(name):
+        raise ConfigError(
+            f"with a RedisCluster client the name needs a hash tag so its keys share one "
+            f"slot, e.g. '{{{name}}}'; got {name!r}"
+        )
 
 
 def instance_text(value: object) -> str:

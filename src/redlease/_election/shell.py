@@ -1,0 +1,117 @@
+"""What the threaded and the asyncio ``Elector`` share: their arguments and their identity.
+
+The keyword list of an elector is written here once; ``redlease.Elector`` and
+``redlease.aio.Elector`` take it as theirs. Each face says how its client
+reaches the engines (``_engine_client``), what fencer its terms hand out
+(``_term_fencer``) and what else it keeps (``_shell_init``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .._config import Config, Duration
+from .election import Election
+from .term import Observer
+
+
+class ElectorShell:
+    """The base of both public electors: one signature, one core (``_core``)."""
+
+    __slots__ = ("__weakref__", "_core", "_fence")
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        *,
+        ttl: Duration | None = None,
+        renew_interval: Duration | None = None,
+        acquire_interval: Duration | None = None,
+        instance_id: str | None = None,
+        observer: Observer | None = None,
+        engine: str | None = "auto",
+        min_replicas: int = 0,
+        replica_timeout: Duration | None = None,
+    ) -> None:
+        self._core = Election(
+            self._engine_client(client),
+            name,
+            ttl=ttl,
+            renew_interval=renew_interval,
+            acquire_interval=acquire_interval,
+            instance_id=instance_id,
+            observer=observer,
+            engine=engine,
+            fencer=self._term_fencer(),
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
+        )
+        self._fence = self._core.fence
+        self._shell_init(client)
+
+    # -- what each face says ---------------------------------------------------
+
+    def _engine_client(self, client: Any) -> Any:
+        """The client the engines use: the user's own (the threaded face)."""
+        return client
+
+    def _term_fencer(self) -> Callable[[int], Any] | None:
+        """What makes a term's fencer (None: the core's own)."""
+        return None
+
+    def _shell_init(self, client: Any) -> None:
+        """What the face keeps besides its core."""
+
+    # -- identity --------------------------------------------------------------
+
+    @property
+    def config(self) -> Config:
+        """The validated, resolved settings (``redlease.Config``)."""
+        return self._core.config
+
+    @property
+    def instance_id(self) -> str:
+        """This elector's identity: the lock's value while it leads."""
+        return self._core.config.instance_id
+
+    @property
+    def engine(self) -> str:
+        """The engine that runs this elector: ``"native"`` or ``"python"``."""
+        return self._core.engine.name
+
+    @property
+    def engine_reason(self) -> str:
+        """Why the native engine does not run this elector, in one sentence ("" when it does).
+
+        Set when ``engine="auto"`` fell back to the Python engine for this
+        client (a build without OpenSSL and a TLS client, a
+        ``credential_provider``, ...); empty on the native engine and when the
+        Python engine was asked for.
+        """
+        return self._core.engine.reason
+
+    # -- leadership state ------------------------------------------------------
+
+    def token(self) -> int | None:
+        """The current term's fencing token while this instance leads, else None.
+
+        A snapshot: leadership can change right after. Acting on it is safe
+        because a stale token is rejected by the fenced writes.
+        """
+        return self._core.token()
+
+    def is_leader(self) -> bool:
+        """Whether this instance leads right now. Advisory: never gate a write on it."""
+        return self._core.token() is not None
+
+    def renew_lateness(self) -> list[float]:
+        """How late each renewal of the current run was sent, in seconds, oldest first.
+
+        Measured by the keeper itself: the time between a renewal's scheduled
+        moment and its send. Read-only figures for benchmarks and monitoring;
+        empty when the elector is not running. The keeper keeps the most
+        recent samples only (tens of thousands).
+        """
+        return self._core.renew_lateness()
