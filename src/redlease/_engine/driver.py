@@ -156,6 +156,8 @@ class Driver:
         # Watched items by change source; the counter each group was last seen at.
         self._watched: dict[int, dict[Watched, None]] = {}
         self._seen: dict[int, int] = {}
+        # The own change counter (``keeper.wakes``) each item was last checked at.
+        self._wakes: dict[Watched, int] = {}
         self._thread: threading.Thread | None = None
         self._last_sweep = 0.0
         self.batched_acquires = 0
@@ -199,12 +201,14 @@ class Driver:
         with self._lock:
             self._watched.setdefault(source, {})[item] = None
             self._seen.pop(source, None)  # look at the group on the next sweep
+            self._wakes.pop(item, None)  # and at this item in it
             self._ensure_thread()
             self._wake()  # it may be waiting with nothing to watch
 
     def unwatch(self, item: Watched) -> None:
         source = _source(item.keeper)
         with self._lock:
+            self._wakes.pop(item, None)
             group = self._watched.get(source)
             if group is not None:
                 group.pop(item, None)
@@ -282,7 +286,7 @@ class Driver:
         the reply (and gives back a lease it won).
         """
         groups: dict[int, tuple[Any, list[tuple[Contender, Any]]]] = {}
-        held: list[Contender] = []
+        held: dict[Contender, None] = {}  # insertion-ordered, O(1) removal
         try:
             for item in due:
                 hold = getattr(item, "hold_acquire", None)  # a Contender's
@@ -290,7 +294,7 @@ class Driver:
                 if want is None:
                     continue
                 contender: Contender = item  # type: ignore[assignment]
-                held.append(contender)
+                held[contender] = None
                 engine, request = want
                 groups.setdefault(id(engine), (engine, []))[1].append((contender, request))
             for engine, entries in groups.values():
@@ -308,7 +312,7 @@ class Driver:
                     except Exception as exc:  # each step reports it as its acquire's error
                         replies = [exc] * len(chunk)
                     for (contender, _), reply in zip(chunk, replies, strict=True):
-                        held.remove(contender)
+                        del held[contender]
                         contender.prefetch(reply, sent)
                     self.batched_acquires += len(chunk)
         except Exception:  # never the driver's end: the steps acquire one by one instead
@@ -323,16 +327,33 @@ class Driver:
             self.schedule(item, when)
 
     def _sweep(self) -> None:
+        """Look at every watched item whose keeper changed since the last look.
+
+        A group on one native renewer is passed over while its shared change
+        counter stands still; when it moved, only the items whose own
+        keeper's counter (``wakes``) moved are checked, so starting or
+        stopping thousands of runs costs each sweep a counter read per item,
+        not a check. Other keepers are checked every sweep. Counters are read
+        before looking: a change during the sweep is seen next time.
+        """
         with self._lock:
-            groups = [(source, list(group)) for source, group in self._watched.items()]
+            groups: list[tuple[int, list[Watched]]] = []
+            for source, group in self._watched.items():
+                if source and group:
+                    changes = next(iter(group)).keeper.changes
+                    if self._seen.get(source) == changes:
+                        continue
+                    self._seen[source] = changes
+                groups.append((source, list(group)))
+        wakes = self._wakes
         for source, items in groups:
-            if source and items:
-                changes = items[0].keeper.changes
-                if self._seen.get(source) == changes:
-                    continue
-                # Read before looking: a change during the sweep is seen next time.
-                self._seen[source] = changes
             for item in items:
+                if source:
+                    now = getattr(item.keeper, "wakes", None)
+                    if now is not None:
+                        if wakes.get(item) == now:
+                            continue
+                        wakes[item] = now
                 if item.check():
                     self.unwatch(item)
 

@@ -50,6 +50,7 @@ cdef struct rl_lease:
     int err_count
     rl_err* errs          # ERR_RING entries, allocated on the first error
     int64_t* changes      # the renewer's change counter
+    int64_t wakes         # this lease's own: bumped with it by every wake-up (atomic)
     # On a cluster (the renewer's thread only).
     int slot              # its key's slot (-1: keyless)
     int node              # the node connection its renewal of this batch went to

@@ -30,8 +30,10 @@ cdef enum:
 
 cdef void lease_wake(rl_lease* l) noexcept nogil:
     # mu held: one counter tells a driver that some lease of the renewer
-    # changed, so it need not look at each of them to find out.
+    # changed, so it need not look at each of them to find out; the lease's
+    # own counter then tells which did.
     rl_store(l.changes, rl_load(l.changes) + 1)
+    rl_store(&l.wakes, rl_load(&l.wakes) + 1)
     if l.wake_fd >= 0:
         fd_signal(l.wake_fd)
     else:

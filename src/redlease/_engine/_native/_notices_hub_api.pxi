@@ -259,8 +259,8 @@ cdef class NoticeHub(ProcessBound):
     cdef int add(self, rl_nsub* s) except -1:
         cdef rl_hub* h = self.h
         cdef rl_nsub** grown
+        cdef rl_nsub* other
         cdef int rc = 0
-        cdef int i
         cdef bytes channel
         cdef Py_ssize_t wanted
         if h == NULL or self._closed or self.inherited():
@@ -277,6 +277,9 @@ cdef class NoticeHub(ProcessBound):
                 raise MemoryError()
             h.subs = grown
             h.cap = h.cap * 2 + 4
+        if hub_index_add(h, s) < 0:
+            pthread_mutex_unlock(&h.mu)
+            raise MemoryError()
         s.index = h.nsubs
         h.subs[h.nsubs] = s
         h.nsubs += 1
@@ -285,11 +288,9 @@ cdef class NoticeHub(ProcessBound):
             rc = hub_queue(h, False, s.channel, s.channel_len)
         elif wanted:
             # Subscribed already: refused as the others are, if they are.
-            for i in range(h.nsubs - 1):
-                if (h.subs[i].channel_len == s.channel_len
-                        and memcmp(h.subs[i].channel, s.channel, s.channel_len) == 0):
-                    s.refused = h.subs[i].refused
-                    break
+            other = hub_index_next(s, s.channel, s.channel_len)
+            if other != NULL:
+                s.refused = other.refused
         self._counts[channel] = wanted + 1
         pthread_mutex_unlock(&h.mu)
         if wanted == 0:
@@ -319,6 +320,7 @@ cdef class NoticeHub(ProcessBound):
         j = s.index
         if 0 <= j < h.nsubs and h.subs[j] == s:
             found = True
+            hub_index_remove(h, s)
             h.subs[j] = h.subs[h.nsubs - 1]
             h.subs[j].index = j
             h.nsubs -= 1

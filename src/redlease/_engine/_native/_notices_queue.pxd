@@ -22,6 +22,8 @@ cdef struct rl_nsub:
     # thousands of waiters that hear nothing cost no payload space.
     rl_payload* pending
     int index                # where it is in the hub's ``subs``
+    uint64_t hash            # its channel's hash, and the next of its bucket in the hub's index
+    rl_nsub* hnext
     # With a bell (else NULL): guarded by the bell's mutex.
     void* bell               # the rl_bell rung on a notice
     int64_t tag              # what NoticeBell.take() names this subscription by
@@ -60,6 +62,10 @@ cdef struct rl_hub:
     rl_nsub** subs
     int nsubs
     int cap
+    # The same waiters by channel (a hash index): a notice finds its waiters
+    # without looking at every other one. nbuckets is a power of two (0: none yet).
+    rl_nsub** buckets
+    size_t nbuckets
     # Guarded by the reader's mu: where the hub is in its life (HUB_IDLE ...).
     int state
     int index                # where it is in the reader's ``hubs`` (not HUB_IDLE)
@@ -104,3 +110,8 @@ cdef void hub_free(rl_hub* h) noexcept nogil
 cdef void sub_push(rl_nsub* s, const char* data, size_t n, bint lost) noexcept nogil
 cdef void hub_wake_all(rl_hub* h) noexcept nogil
 cdef void hub_moved(rl_hub* h, const char* channel, size_t n) noexcept nogil
+cdef uint64_t channel_hash(const char* channel, size_t n) noexcept nogil
+cdef int hub_index_add(rl_hub* h, rl_nsub* s) noexcept nogil
+cdef void hub_index_remove(rl_hub* h, rl_nsub* s) noexcept nogil
+cdef rl_nsub* hub_index_first(rl_hub* h, const char* channel, size_t n) noexcept nogil
+cdef rl_nsub* hub_index_next(rl_nsub* s, const char* channel, size_t n) noexcept nogil

@@ -67,6 +67,7 @@ cdef void hub_free(rl_hub* h) noexcept nogil:
     if h.stop_fd >= 0:
         close(h.stop_fd)
     free(h.subs)
+    free(h.buckets)
     pthread_mutex_destroy(&h.mu)
     free(h)
 
@@ -107,6 +108,92 @@ cdef void hub_wake_all(rl_hub* h) noexcept nogil:
     pthread_mutex_unlock(&h.mu)
 
 
+# ---------------------------------------------------------------- the channel index (mu held)
+
+cdef uint64_t channel_hash(const char* channel, size_t n) noexcept nogil:
+    """FNV-1a of the channel's bytes."""
+    cdef uint64_t x = 14695981039346656037ULL
+    cdef size_t i
+    for i in range(n):
+        x = (x ^ <unsigned char>channel[i]) * 1099511628211ULL
+    return x
+
+
+cdef int hub_index_add(rl_hub* h, rl_nsub* s) noexcept nogil:
+    """Under mu: index ``s`` by its channel; -1 when there is no memory (nothing changed).
+
+    The table doubles when it holds more waiters than buckets, so a lookup
+    stays a few comparisons however many waiters the hub has.
+    """
+    cdef size_t size, i, b
+    cdef rl_nsub** grown
+    cdef rl_nsub* t
+    cdef rl_nsub* nxt
+    if h.nbuckets == 0 or <size_t>h.nsubs >= h.nbuckets:
+        size = 64 if h.nbuckets == 0 else h.nbuckets * 2
+        grown = <rl_nsub**>calloc(size, sizeof(rl_nsub*))
+        if grown == NULL:
+            if h.nbuckets == 0:
+                return -1
+        else:
+            for i in range(h.nbuckets):
+                t = h.buckets[i]
+                while t != NULL:
+                    nxt = t.hnext
+                    b = t.hash & (size - 1)
+                    t.hnext = grown[b]
+                    grown[b] = t
+                    t = nxt
+            free(h.buckets)
+            h.buckets = grown
+            h.nbuckets = size
+    s.hash = channel_hash(s.channel, s.channel_len)
+    b = s.hash & (h.nbuckets - 1)
+    s.hnext = h.buckets[b]
+    h.buckets[b] = s
+    return 0
+
+
+cdef void hub_index_remove(rl_hub* h, rl_nsub* s) noexcept nogil:
+    """Under mu: take ``s`` out of the index (a no-op when it is not in it)."""
+    cdef rl_nsub** at
+    if h.nbuckets == 0:
+        return
+    at = &h.buckets[s.hash & (h.nbuckets - 1)]
+    while at[0] != NULL:
+        if at[0] == s:
+            at[0] = s.hnext
+            s.hnext = NULL
+            return
+        at = &at[0].hnext
+
+
+cdef inline bint sub_is_for(rl_nsub* s, const char* channel, size_t n, uint64_t x) noexcept nogil:
+    return s.hash == x and s.channel_len == n and memcmp(s.channel, channel, n) == 0
+
+
+cdef rl_nsub* hub_index_first(rl_hub* h, const char* channel, size_t n) noexcept nogil:
+    """Under mu: the first waiter on ``channel``, or NULL; ``hub_index_next`` gives the rest."""
+    cdef uint64_t x
+    cdef rl_nsub* s
+    if h.nbuckets == 0:
+        return NULL
+    x = channel_hash(channel, n)
+    s = h.buckets[x & (h.nbuckets - 1)]
+    while s != NULL and not sub_is_for(s, channel, n, x):
+        s = s.hnext
+    return s
+
+
+cdef rl_nsub* hub_index_next(rl_nsub* s, const char* channel, size_t n) noexcept nogil:
+    """Under mu: the next waiter on ``s``'s channel after ``s``, or NULL."""
+    cdef uint64_t x = s.hash
+    s = s.hnext
+    while s != NULL and not sub_is_for(s, channel, n, x):
+        s = s.hnext
+    return s
+
+
 cdef void hub_moved(rl_hub* h, const char* channel, size_t n) noexcept nogil:
     """A cluster node no longer carries ``channel`` (NULL: maybe none of its channels).
 
@@ -117,9 +204,15 @@ cdef void hub_moved(rl_hub* h, const char* channel, size_t n) noexcept nogil:
     cdef rl_nsub* s
     cdef int i
     pthread_mutex_lock(&h.mu)
-    for i in range(h.nsubs):
-        s = h.subs[i]
-        if channel == NULL or (s.channel_len == n and memcmp(s.channel, channel, n) == 0):
+    if channel == NULL:
+        for i in range(h.nsubs):
+            s = h.subs[i]
             s.moved = True
             sub_push(s, NULL, 0, True)
+    else:
+        s = hub_index_first(h, channel, n)
+        while s != NULL:
+            s.moved = True
+            sub_push(s, NULL, 0, True)
+            s = hub_index_next(s, channel, n)
     pthread_mutex_unlock(&h.mu)

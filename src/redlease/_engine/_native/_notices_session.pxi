@@ -116,11 +116,11 @@ cdef void hub_answered(rl_hub* h, bint refused) noexcept nogil:
         channel = h.inflight.data + h.inflight_head + sizeof(size_t)
         h.inflight_head += sizeof(size_t) + n
         if refused:
-            for i in range(h.nsubs):
-                s = h.subs[i]
-                if s.channel_len == n and memcmp(s.channel, channel, n) == 0:
-                    s.refused = True
-                    found = True
+            s = hub_index_first(h, channel, n)
+            while s != NULL:
+                s.refused = True
+                found = True
+                s = hub_index_next(s, channel, n)
             if found:
                 h.refusals += 1
     if h.inflight_head >= h.inflight.len:
@@ -182,10 +182,10 @@ cdef int hub_dispatch(rl_hub* h) noexcept nogil:
     if ch.kind != c'$' or payload.kind != c'$' or payload.ival < 0:
         return 0
     pthread_mutex_lock(&h.mu)
-    for i in range(h.nsubs):
-        s = h.subs[i]
-        if s.channel_len == <size_t>ch.ival and memcmp(s.channel, c.r.data + ch.off, s.channel_len) == 0:
-            sub_push(s, c.r.data + payload.off, <size_t>payload.ival, False)
+    s = hub_index_first(h, c.r.data + ch.off, <size_t>ch.ival)
+    while s != NULL:
+        sub_push(s, c.r.data + payload.off, <size_t>payload.ival, False)
+        s = hub_index_next(s, c.r.data + ch.off, <size_t>ch.ival)
     pthread_mutex_unlock(&h.mu)
     return 0
 

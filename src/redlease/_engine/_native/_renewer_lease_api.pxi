@@ -106,6 +106,13 @@ cdef class Lease(ProcessBound):
         return rl_load(&self.l.renewals)
 
     @property
+    def wakes(self):
+        """This lease's own change counter: it moves whenever this lease is woken."""
+        if self.l == NULL:
+            return 0
+        return rl_load(&self.l.wakes)
+
+    @property
     def changes(self):
         """The renewer's change counter: it moves whenever any of its leases is woken."""
         if self.renewer is None or self.renewer.r == NULL:
