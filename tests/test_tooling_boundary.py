@@ -217,6 +217,10 @@ PRIVATE_EXCEPTIONS: dict[str, str] = {
     "redlease/metrics.py: target._core": (
         "the shells' one documented internal attribute: an Election, or a locker's LockerCore"
     ),
+    "redlease/health.py: elector._core": (
+        "the same attribute: an elector's Election says, without a round trip, whether its run "
+        "is going and when its lease was last confirmed (Election.health)"
+    ),
     "redlease/_engine/pynotices.py: conn._sock": (
         "redis-py >= 5 has no public 'is this connection open' (is_connected came later)"
     ),

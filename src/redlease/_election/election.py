@@ -19,6 +19,7 @@ import os
 import random
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from types import TracebackType
@@ -113,6 +114,7 @@ class Run:
     """What one run shares between its thread and the rest of the program."""
 
     __slots__ = (
+        "acquired_at",
         "done",
         "driven",
         "error",
@@ -138,6 +140,8 @@ class Run:
         self.stopping = _Flag()
         self.keeper = keeper
         self.term: Term | None = None
+        # When the current term's acquire was sent (time.monotonic()).
+        self.acquired_at = 0.0
         self.resign_requested = False
         self.done = Once()
         self.error: BaseException | None = None
@@ -308,6 +312,23 @@ class Election:
     def renew_lateness(self) -> list[float]:
         run = self.run
         return run.keeper.lateness() if run is not None else []
+
+    def health(self) -> tuple[bool, int | None, float | None]:
+        """What a health check asks: ``(a run is going, its term's token or None, seconds since
+        the lease was last confirmed at Redis or None)``, read locally, no round trip.
+
+        The lease was last confirmed by the term's acquire or its latest good
+        renewal, whichever came later (their send times).
+        """
+        run = self.run
+        if run is None:
+            return False, None, None
+        keeper = run.keeper
+        token = keeper.token
+        if not token:
+            return True, None, None
+        confirmed = max(keeper.renewed_at, run.acquired_at)
+        return True, token, max(0.0, time.monotonic() - confirmed)
 
     def leader(self) -> Leader | None:
         """Who holds the lease now, as Redis says (one round trip); None when nobody does."""

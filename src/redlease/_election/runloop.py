@@ -275,6 +275,7 @@ class RunLoop:
     def _begin(self, token: int, acquired_at: float) -> None:
         election, run, keeper = self.election, self.run, self.keeper
         run.resign_requested = False
+        run.acquired_at = acquired_at
         keeper.begin(token, acquired_at)
         term = Term(token)
         run.term = term

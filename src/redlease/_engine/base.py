@@ -179,6 +179,11 @@ class Keeper(Protocol):
         """How many renewals succeeded since the keeper was made."""
         ...
 
+    @property
+    def renewed_at(self) -> float:
+        """``time.monotonic()`` send time of the last good renewal (0.0 before the first)."""
+        ...
+
     def lateness_totals(self) -> tuple[list[int], float]:
         """``(counts, sum)``: every renewal's lateness since the keeper was made.
 
