@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from .. import _scripts
-from .._config import Config, Duration
+from .._config import Config
 from .._engine import Engine, Keeper, is_cluster, run_one, sharded_notices, shared_engine
 from .._engine.base import NoticeSubscription
 from .._engine.family import threaded
@@ -221,26 +221,14 @@ class Election:
         client: Any,
         name: str,
         *,
-        ttl: Duration | None = None,
-        renew_interval: Duration | None = None,
-        acquire_interval: Duration | None = None,
-        instance_id: str | None = None,
         observer: Observer | None = None,
         engine: str | None = "auto",
         fencer: Callable[[int], Any] | None = None,
-        min_replicas: int = 0,
-        replica_timeout: Duration | None = None,
+        **settings: Any,
     ) -> None:
+        """``settings``: an elector's own keywords (``ElectorShell``), checked by ``Config``."""
         check_client(client)
-        self.config = Config.resolve(
-            name,
-            ttl=ttl,
-            renew_interval=renew_interval,
-            acquire_interval=acquire_interval,
-            instance_id=instance_id,
-            min_replicas=min_replicas,
-            replica_timeout=replica_timeout,
-        )
+        self.config = Config.resolve(name, **settings)
         self.guard = self.config.guard
         # The engines run on a threaded redis-py client (the user's own, or a twin of an
         # asyncio or valkey-py one); errors go out in the user's client family.
