@@ -15,6 +15,7 @@ from . import aio
 from ._config import DEFAULT_TTL, Config
 from ._election.elector import Elector, Fencer
 from ._election.evict import evict
+from ._election.partitions import Partitions
 from ._election.pipeline import FencedPipeline
 from ._election.term import Leader, Observer, Term
 from ._errors import (
@@ -59,6 +60,7 @@ __all__ = [
     "NotHeld",
     "NotReplicated",
     "Observer",
+    "Partitions",
     "RedisLocker",
     "RedleaseError",
     "Semaphore",

@@ -4,7 +4,9 @@ An elector named ``N`` uses ``N:leader`` (the lease: instance id, PX = TTL),
 ``N:fence`` (the token counter) and ``N:fence:applied`` (the fence's
 high-water mark). A ``RedisLocker`` with prefix ``P`` keeps each lock in
 ``P key:<name>``, one fencing counter in ``P fencing`` and short-lived release
-acknowledgements in ``P ack:<owner>``.
+acknowledgements in ``P ack:<owner>``. A partition group ``G`` keeps its
+members and partition set in ``G:members`` and ``G:partitions``, and each
+partition's lease as an elector named ``G:p:<partition>``.
 """
 
 from __future__ import annotations
@@ -68,6 +70,31 @@ class LockKeys:
     def permit_info(self, name: str) -> str:
         """The expiring hash of those permits' fencing tokens and holders."""
         return f"{self.prefix}sem-info:{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionKeys:
+    """The keys of a partition group named ``name`` (``redlease.Partitions``).
+
+    Each partition ``p`` is an elector-style lease named ``<name>:p:<p>``
+    (its three ``ElectionKeys``); the group adds ``<name>:members`` (the live
+    members, a sorted set member -> expiry) and ``<name>:partitions`` (its
+    partition set).
+    """
+
+    name: str
+
+    @property
+    def members(self) -> str:
+        return f"{self.name}:members"
+
+    @property
+    def partitions(self) -> str:
+        return f"{self.name}:partitions"
+
+    def lease(self, partition: str) -> str:
+        """The elector name of ``partition``'s lease."""
+        return f"{self.name}:p:{partition}"
 
 
 def has_hash_tag(text: str) -> bool:

@@ -51,6 +51,12 @@ _REPLIES = {
     "sem_holders": "sem_holders",
     "evict": "evict",
     "lock_force_release": "evict",
+    # A partition group's replies depend on the group (how many partitions a
+    # view reads): redlease._election.partitions checks them.
+    "partition_join": "any",
+    "partition_view": "any",
+    "partition_release": "any",
+    "partition_leave": "any",
 }
 
 
@@ -83,6 +89,9 @@ _PRELUDES: dict[str, tuple[str, ...]] = {
     "sem_release": ("notify",),
     "evict": ("notify",),
     "lock_force_release": ("notify",),
+    "partition_join": ("notify",),
+    "partition_release": ("notify",),
+    "partition_leave": ("notify",),
 }
 
 

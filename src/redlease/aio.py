@@ -12,13 +12,15 @@ like their threaded counterparts they must not block.
 
 The asyncio lockers (``RedisLocker``, ``MemoryLocker``, ``Lock``, ``Semaphore``,
 ``with_lock``) have the threaded lockers' rules, and every call survives being
-cancelled at any await. The bodies live in ``redlease._election.aio`` and
-``redlease._locks.aio``; this module is the public face.
+cancelled at any await; ``Partitions`` is the threaded partition group's twin.
+The bodies live in ``redlease._election`` and ``redlease._locks``; this module
+is the public face.
 """
 
 from __future__ import annotations
 
 from ._election.aio import Elector, Fencer
+from ._election.aiopartitions import Partitions
 from ._election.pipeline import AsyncFencedPipeline as FencedPipeline
 from ._election.term import Observer, Term
 from ._locks.aio import Lock, MemoryLocker, RedisLocker, Semaphore, with_lock
@@ -30,6 +32,7 @@ __all__ = [
     "Lock",
     "MemoryLocker",
     "Observer",
+    "Partitions",
     "RedisLocker",
     "Semaphore",
     "Term",

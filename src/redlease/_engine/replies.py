@@ -312,12 +312,17 @@ def check(script: Script, reply: Any) -> Any:
 
 
 def unexpected(name: str, shape: str, reply: object) -> UnexpectedReply:
-    """The one message for a reply script ``name`` (of reply ``shape``) cannot give.
+    """The error for a reply script ``name`` (of reply ``shape``) cannot give."""
+    return unexpected_reply(name, _SHAPES[shape][1], reply)
+
+
+def unexpected_reply(name: str, wanted: str, reply: object) -> UnexpectedReply:
+    """The one message for a reply script ``name`` cannot give (it returns ``wanted``).
 
     Worded as the native core words it (``reply_describe``).
     """
     return UnexpectedReply(
-        f"{name} answered {describe(reply)} where it returns {_SHAPES[shape][1]}: "
+        f"{name} answered {describe(reply)} where it returns {wanted}: "
         "the server is broken or not Redis; the outcome is unknown"
     )
 

@@ -1,0 +1,222 @@
+"""The asyncio ``Partitions`` (``redlease.aio.Partitions``): the same member, for coroutines.
+
+The member's core (``partitions.Member``) runs as for ``redlease.Partitions``:
+its run loop on a thread of its own, its leases on the engine's one renewer,
+so a blocked event loop can neither delay a renewal nor a hand-over's
+release. What differs is the face: ``start``, ``stop``, ``assignment`` and
+``members`` are coroutines (their round trips run off the event loop),
+``fencer(p)`` hands out ``redlease.aio.Fencer`` objects, and a callback may
+be a coroutine function: it runs on the event loop the member was started
+from, while the run thread waits for it (bounded by the TTL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from types import TracebackType
+from typing import Any
+
+from .._aio import off_loop, settled
+from .._config import Duration
+from .aio import Elector, Fencer
+from .partitions import Callback, Member
+from .term import Observer
+
+AsyncCallback = Callable[..., "Awaitable[object] | object"]
+
+
+class Partitions:
+    """One member of a partitioned group, for asyncio (see ``redlease.Partitions``).
+
+    Arguments, validation, guarantees and callbacks are those of
+    ``redlease.Partitions``; ``client`` is a ``redis.asyncio.Redis`` (or
+    ``RedisCluster``, or valkey's). ``on_assigned``, ``on_revoked`` and the
+    observer's ``on_error`` may be coroutine functions: each call runs on
+    the event loop that ran ``start()``, one at a time and in order, and the
+    member waits for it to finish before it goes on (an ``on_revoked``
+    finishes before the partition is released). One that takes longer than
+    the TTL is cancelled, and a ``TimeoutError`` goes to ``on_error``.
+    Plain functions run on the member's run thread, as in the threaded
+    member.
+    """
+
+    __slots__ = ("_callback_tasks", "_core", "_loop")
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        partitions: int | Sequence[str],
+        *,
+        ttl: Duration | None = None,
+        member_id: str | None = None,
+        on_assigned: AsyncCallback | None = None,
+        on_revoked: AsyncCallback | None = None,
+        observer: Observer | None = None,
+        engine: str | None = "auto",
+    ) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._callback_tasks: set[asyncio.Task[Any]] = set()
+
+        def make(pname: str, pttl: float, ident: str, engine_name: str | None) -> Elector:
+            return Elector(client, pname, ttl=pttl, instance_id=ident, engine=engine_name)
+
+        self._core = Member(
+            client,
+            name,
+            partitions,
+            ttl=ttl,
+            member_id=member_id,
+            on_assigned=on_assigned,
+            on_revoked=on_revoked,
+            observer=observer,
+            engine=engine,
+            make_elector=make,
+            asyncio=True,
+            bridge=self._bridge,
+            shell="aio.Partitions",
+        )
+
+    @property
+    def member_id(self) -> str:
+        """This member's identity: the value of every partition lease it holds."""
+        return self._core.member_id
+
+    @property
+    def name(self) -> str:
+        """The group's name (its keys' prefix)."""
+        return self._core.config.name
+
+    @property
+    def ttl(self) -> float:
+        """Every lease's TTL in seconds (the heartbeat's and each partition's)."""
+        return self._core.config.ttl
+
+    @property
+    def partitions(self) -> tuple[str, ...]:
+        """The partition names, in the order given."""
+        return self._core.names
+
+    @property
+    def engine(self) -> str:
+        """The engine that runs this member: ``"native"`` or ``"python"``."""
+        return str(self._core.engine.name)
+
+    def __repr__(self) -> str:
+        return (
+            f"<redlease.aio.Partitions {self._core.config.name!r} member={self.member_id!r} "
+            f"owned={len(self._core.owned())}/{len(self._core.names)}>"
+        )
+
+    # -- running ------------------------------------------------------------------------------
+
+    async def start(self) -> Partitions:
+        """Join the group and start the member (its run thread); returns this member.
+
+        ``ConfigError`` when the group's live members share another partition
+        set, ``RuntimeError`` when already running. Coroutine callbacks run on
+        this event loop from now on. Cancelled once the member has started,
+        it is stopped again before ``CancelledError`` propagates.
+        """
+        self._loop = asyncio.get_running_loop()
+        await settled(self._core.start, give_back=lambda _: self._core.stop(None))
+        return self
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """End the run: ``on_revoked(p, "stopped")`` for each partition held, every lease
+        released and the group left, before this returns (see ``redlease.Partitions.stop``).
+
+        From one of this member's own coroutine callbacks it returns at once,
+        and the run ends as soon as that callback returns. Cancelled, it
+        still waits for the run to end before ``CancelledError`` propagates.
+        """
+        if asyncio.current_task() in self._callback_tasks:
+            self._core.request_stop()
+            return
+        await settled(self._core.stop, timeout, always=True)
+
+    async def __aenter__(self) -> Partitions:
+        if self._core.thread is None:
+            await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # -- what it holds ------------------------------------------------------------------------
+
+    def owned(self) -> dict[str, int]:
+        """``{partition: token}`` this member holds now, proven (``{}`` when not running)."""
+        return self._core.owned()
+
+    def fencer(self, partition: str) -> Fencer:
+        """A ``redlease.aio.Fencer`` with ``partition``'s token while this member holds it;
+        inert (token 0) otherwise. ``ConfigError`` for a name not in the set."""
+        part = self._core.part(partition)
+        return Fencer(part.elector, self._core.token_of(part.name))
+
+    async def assignment(self) -> dict[str, str | None]:
+        """``{partition: member id or None}`` as Redis says (one round trip, off the loop)."""
+        return await off_loop(self._core.assignment)
+
+    async def members(self) -> list[str]:
+        """The live members of the group (sorted ids), as Redis says (one round trip)."""
+        return await off_loop(self._core.members)
+
+    # -- coroutine callbacks ------------------------------------------------------------------
+
+    def _bridge(self, callback: Callback | None) -> Callback | None:
+        """``callback`` as the run thread calls it: a coroutine it returns runs on the loop."""
+        if callback is None:
+            return None
+
+        def call(*args: Any) -> object:
+            result = callback(*args)
+            if inspect.isawaitable(result):
+                return self._on_loop(result, getattr(callback, "__name__", "callback"))
+            return result
+
+        call.__name__ = getattr(callback, "__name__", "callback")
+        return call
+
+    def _on_loop(self, awaitable: Awaitable[object], what: str) -> object:
+        """Run ``awaitable`` on the member's event loop and wait for it, at most one TTL."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()
+            raise RuntimeError(
+                f"coroutine callback {what} not run: the event loop that started "
+                f"aio.Partitions {self._core.config.name!r} is closed"
+            )
+        future = asyncio.run_coroutine_threadsafe(self._tracked(awaitable), loop)
+        bound = self._core.config.ttl
+        try:
+            return future.result(timeout=bound)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(
+                f"coroutine callback {what} of aio.Partitions {self._core.config.name!r} did not "
+                f"finish within the ttl ({bound:g} s) and was cancelled"
+            ) from None
+
+    def _tracked(self, awaitable: Awaitable[object]) -> Coroutine[Any, Any, object]:
+        async def run() -> object:
+            task = asyncio.current_task()
+            if task is not None:
+                self._callback_tasks.add(task)
+            try:
+                return await awaitable
+            finally:
+                if task is not None:
+                    self._callback_tasks.discard(task)
+
+        return run()
