@@ -2,6 +2,7 @@
 
     python benchmarks/many_leases.py [--quick] [--electors N] [--locks N] [--seconds S]
     python benchmarks/many_leases.py --cluster [--electors N] [--seconds S]
+    python benchmarks/many_leases.py --leases N[,N...] [--cluster]
 
 Each scenario runs against a private redis-server started here and reports,
 from one run, what the issue's targets name:
@@ -23,6 +24,18 @@ tags so that every master holds some, beside the same on one plain server,
 and prints the issue's targets next to what was measured: all leading within
 2 s, at most 4 threads added, renewals on at most one connection per master,
 stop-all within 1 s, none lost.
+
+``--leases 1000,10000,100000`` runs only this, once per size: N token-driven
+native electors on one plain server (and, with ``--cluster``, on the
+3-master cluster): the time until all lead and the time ``stop()`` of all
+takes, each also per lease, threads, server connections and RSS added (and
+KiB per lease), then the issue's targets marked met or not met, held per
+lease at every size (100,000 leading within 10 s is 100 us a lease; stop-all
+within 5 s, 50 us; 10,000 leading on the cluster within 2 s, 200 us; at most
+4 threads added; at most 3 KiB a lease), and one line ``JSON {...}`` with
+every figure. The electors share a handful of connections whatever N is, so
+the server's ``maxclients`` is not what bounds N; the soft open-file limit is
+raised to the hard one all the same, for the server's sake.
 Prints a table; asserts nothing.
 """
 
@@ -32,6 +45,7 @@ import argparse
 import gc
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -136,6 +150,32 @@ def p99_ms(samples: list[float]) -> float:
     return percentile(samples, 99) * 1000 if samples else float("nan")
 
 
+LEAD_BOUND = 120.0
+"""Seconds a scenario waits for all its electors to lead before it reports what it has."""
+
+
+def lead_all(group: list[redlease.Elector]) -> float:
+    """Start every elector token-driven; seconds until all lead (or ``LEAD_BOUND`` passed)."""
+    started = time.monotonic()
+    for e in group:
+        e.start(None)
+    waiting = group
+    while waiting and time.monotonic() - started <= LEAD_BOUND:
+        # Only the ones not yet leading are asked again: each pass gets shorter.
+        waiting = [e for e in waiting if not e.token()]
+        if waiting:
+            time.sleep(0.005)
+    return time.monotonic() - started
+
+
+def stop_all(group: list[redlease.Elector]) -> float:
+    """Seconds ``stop()`` of every elector, one after another, takes."""
+    started = time.monotonic()
+    for e in group:
+        e.stop()
+    return time.monotonic() - started
+
+
 def electors_scenario(port: int, engine: str, count: int, seconds: float) -> Row:
     client = redis.Redis(port=port)
     observer = redis.Redis(port=port)
@@ -146,14 +186,7 @@ def electors_scenario(port: int, engine: str, count: int, seconds: float) -> Row
         redlease.Elector(client, f"e{i}", ttl=TTL, renew_interval=RENEW, engine=engine)
         for i in range(count)
     ]
-    started = time.monotonic()
-    for e in group:
-        e.start(None)
-    while not all(e.token() for e in group):
-        if time.monotonic() - started > 120:
-            break
-        time.sleep(0.005)
-    row = Row(f"{engine} electors", count, to_lead=time.monotonic() - started)
+    row = Row(f"{engine} electors", count, to_lead=lead_all(group))
     row.threads = threads() - base_threads
     row.connections = server_clients(observer) - base_conns
     row.rss = rss_mib() - base_rss
@@ -161,10 +194,7 @@ def electors_scenario(port: int, engine: str, count: int, seconds: float) -> Row
     row.p99_idle, row.p99_gil = windows(keepers, seconds)
     kept = sum(1 for e in group if e.token())
     row.extra["kept through the hog"] = f"{kept}/{count}"
-    started = time.monotonic()
-    for e in group:
-        e.stop()
-    row.stop_all = time.monotonic() - started
+    row.stop_all = stop_all(group)
     client.close()
     observer.close()
     return row
@@ -238,6 +268,15 @@ def named_connections(node: redis.Redis) -> int:
     return sum(1 for c in node.client_list() if c.get("name") == CLUSTER_CLIENT_NAME)
 
 
+def added_thread_names(before: list[str]) -> str:
+    """The names of the threads this process has now and did not have ``before``."""
+    added = thread_names()
+    for name in before:
+        if name in added:
+            added.remove(name)
+    return ", ".join(sorted(added))
+
+
 def cluster_scenario(port: int, count: int, seconds: float) -> Row:
     from redis.cluster import RedisCluster
 
@@ -253,20 +292,9 @@ def cluster_scenario(port: int, count: int, seconds: float) -> Row:
         redlease.Elector(client, f"{{c{i}}}", ttl=TTL, renew_interval=RENEW, engine="native")
         for i in range(count)
     ]
-    started = time.monotonic()
-    for e in group:
-        e.start(None)
-    while not all(e.token() for e in group):
-        if time.monotonic() - started > 120:
-            break
-        time.sleep(0.005)
-    row = Row("native electors, 3-master cluster", count, to_lead=time.monotonic() - started)
+    row = Row("native electors, 3-master cluster", count, to_lead=lead_all(group))
     row.threads = threads() - base_threads
-    added = thread_names()
-    for name in base_names:
-        if name in added:
-            added.remove(name)
-    row.extra["threads"] = ", ".join(sorted(added))
+    row.extra["threads"] = added_thread_names(base_names)
     row.connections = sum(
         named_connections(m) - b for m, b in zip(masters, base_conns, strict=True)
     )
@@ -280,14 +308,220 @@ def cluster_scenario(port: int, count: int, seconds: float) -> Row:
     row.p99_idle, row.p99_gil = windows(keepers, seconds)
     kept = sum(1 for e in group if e.token() == tokens[e.config.name])
     row.extra["kept through the hog"] = f"{kept}/{count}"
-    started = time.monotonic()
-    for e in group:
-        e.stop()
-    row.stop_all = time.monotonic() - started
+    row.stop_all = stop_all(group)
     client.close()
     for m in masters:
         m.close()
     return row
+
+
+PLAIN_LEASES = "native electors, plain server"
+CLUSTER_LEASES = "native electors, 3-master cluster"
+
+
+def leases_scenario(port: int, count: int, cluster: bool) -> Row:
+    """``count`` token-driven native electors: the time to lead and to stop, and what they add.
+
+    On one plain server, or (``cluster``) on the 3-master cluster whose node
+    listens on ``port``, names on distinct hash tags so that every master
+    holds some.
+    """
+    client: redis.Redis | redis.RedisCluster
+    if cluster:
+        on_cluster = redis.RedisCluster(
+            host="127.0.0.1", port=port, socket_timeout=2, client_name=CLUSTER_CLIENT_NAME
+        )
+        masters = [redis.Redis(host=n.host, port=n.port) for n in on_cluster.get_primaries()]
+        client = on_cluster
+    else:
+        client = redis.Redis(port=port)
+        masters = [redis.Redis(port=port)]
+
+    def connections() -> int:
+        if cluster:
+            return sum(named_connections(m) for m in masters)
+        return server_clients(masters[0])
+
+    client.ping()
+    gc.collect()
+    base_threads, base_conns, base_rss = threads(), connections(), rss_mib()
+    base_names = thread_names()
+    group = [
+        redlease.Elector(
+            client, f"{{c{i}}}" if cluster else f"e{i}", ttl=TTL, renew_interval=RENEW,
+            engine="native",
+        )
+        for i in range(count)
+    ]  # fmt: skip
+    row = Row(CLUSTER_LEASES if cluster else PLAIN_LEASES, count, to_lead=lead_all(group))
+    row.threads = threads() - base_threads
+    row.connections = connections() - base_conns
+    row.rss = rss_mib() - base_rss
+    row.extra["leading"] = f"{sum(1 for e in group if e.token())}/{count}"
+    row.extra["threads"] = added_thread_names(base_names)
+    row.stop_all = stop_all(group)
+    client.close()
+    for m in masters:
+        m.close()
+    return row
+
+
+def lease_sizes(text: str) -> list[int]:
+    """``--leases N[,N...]``: whole numbers of leases, each at least 1."""
+    sizes = []
+    for part in text.split(","):
+        try:
+            size = int(part.strip().replace("_", ""))
+        except ValueError:
+            size = 0
+        if size < 1:
+            raise redlease.ConfigError(
+                "--leases takes whole numbers of leases of at least 1, separated by commas "
+                f"(e.g. 1000,10000,100000), got {part.strip()!r} in {text!r}"
+            )
+        sizes.append(size)
+    return sizes
+
+
+def where_of(row: Row) -> str:
+    return "cluster" if row.scenario == CLUSTER_LEASES else "plain"
+
+
+def us_per_lease(seconds: float, count: int) -> float:
+    return seconds / count * 1e6
+
+
+def kib_per_lease(row: Row) -> float:
+    return row.rss * 1024 / row.count
+
+
+# The issue's targets, per lease where it names a size, so that every size
+# is held to the same rate: 100,000 leading within 10 s is 100 us a lease.
+PLAIN_LEAD_US = 100.0
+PLAIN_STOP_US = 50.0
+CLUSTER_LEAD_US = 200.0
+MAX_THREADS = 4
+MAX_KIB = 3.0
+
+
+@dataclass
+class Check:
+    """One target of a ``--leases`` row: ``measured`` against ``bound`` (at most, or at least)."""
+
+    what: str
+    bound: float
+    measured: float
+    unit: str = ""
+    note: str = ""
+    at_least: bool = False
+
+    @property
+    def met(self) -> bool:
+        return self.measured >= self.bound if self.at_least else self.measured <= self.bound
+
+    def text(self, value: float) -> str:
+        number = f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
+        return f"{number} {self.unit}".strip()
+
+
+def lease_targets(row: Row) -> list[Check]:
+    """What the issue asks of one ``--leases`` row."""
+    leading = int(row.extra["leading"].partition("/")[0])
+    lead_us = us_per_lease(row.to_lead, row.count)
+    checks = [
+        Check("all leading", row.count, leading, at_least=True),
+        Check("threads added", MAX_THREADS, row.threads),
+    ]
+    if row.scenario == CLUSTER_LEASES:
+        checks.append(
+            Check("to lead, per lease", CLUSTER_LEAD_US, lead_us, "us", "10,000 in 2 s")
+        )
+        return checks
+    checks += [
+        Check("to lead, per lease", PLAIN_LEAD_US, lead_us, "us", "100,000 in 10 s"),
+        Check(
+            "stop all, per lease",
+            PLAIN_STOP_US,
+            us_per_lease(row.stop_all, row.count),
+            "us",
+            "100,000 in 5 s",
+        ),
+        Check("memory, per lease", MAX_KIB, kib_per_lease(row), "KiB"),
+    ]
+    return checks
+
+
+def print_leases(rows: list[Row]) -> None:
+    """The ``--leases`` table, the spread of the per-lease times, the targets; one JSON line."""
+    print(
+        "| server | leases | all leading | us/lease | stop all | us/lease | threads added "
+        "| server conns added | RSS added | KiB/lease |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        lead_us, stop_us = us_per_lease(r.to_lead, r.count), us_per_lease(r.stop_all, r.count)
+        print(
+            f"| {where_of(r)} | {r.count:,} | {r.to_lead:.2f} s | {lead_us:.1f} "
+            f"| {r.stop_all:.2f} s | {stop_us:.1f} | {r.threads} "
+            f"| {r.connections} | {r.rss:.0f} MiB | {kib_per_lease(r):.2f} |"
+        )
+    for scenario in (PLAIN_LEASES, CLUSTER_LEASES):
+        sized = sorted((r for r in rows if r.scenario == scenario), key=lambda r: r.count)
+        if len(sized) > 1 and sized[0].count < sized[-1].count:
+            small, large = sized[0], sized[-1]
+            lead = (large.to_lead / large.count) / (small.to_lead / small.count)
+            stop = (large.stop_all / large.count) / (small.stop_all / small.count)
+            print(
+                f"\n{scenario}: per lease at {large.count:,} against {small.count:,}: "
+                f"to lead {lead:.2f}x, to stop {stop:.2f}x (flat is 1.00x)"
+            )
+    print("\n| leases | target | bound | measured | met |")
+    print("| --- | --- | ---: | ---: | --- |")
+    targets = []
+    for r in rows:
+        for c in lease_targets(r):
+            bound = f"{'>=' if c.at_least else '<='} {c.text(c.bound)}"
+            bound += f" ({c.note})" if c.note else ""
+            verdict = "met" if c.met else "not met"
+            print(
+                f"| {where_of(r)} {r.count:,} | {c.what} | {bound} | {c.text(c.measured)} "
+                f"| {verdict} |"
+            )
+            targets.append(
+                {"server": where_of(r), "leases": r.count, "target": c.what, "bound": c.bound,
+                 "at_least": c.at_least, "unit": c.unit, "measured": c.measured, "met": c.met}
+            )  # fmt: skip
+    leases = [
+        {
+            "server": where_of(r),
+            "leases": r.count,
+            "leading": int(r.extra["leading"].partition("/")[0]),
+            "to_lead_s": r.to_lead,
+            "stop_all_s": r.stop_all,
+            "us_per_lease_to_lead": us_per_lease(r.to_lead, r.count),
+            "us_per_lease_to_stop": us_per_lease(r.stop_all, r.count),
+            "threads_added": r.threads,
+            "thread_names_added": r.extra["threads"],
+            "server_connections_added": r.connections,
+            "rss_added_mib": r.rss,
+            "kib_per_lease": kib_per_lease(r),
+        }
+        for r in rows
+    ]
+    print("\nJSON " + json.dumps({"leases": leases, "targets": targets}))
+
+
+def raise_open_files() -> None:
+    """Lift this process's soft open-file limit to its hard one (redis-server inherits it).
+
+    The native electors share a handful of connections whatever their number
+    (the table's "server conns added"), so nothing here grows with N; but a
+    server started with ``--maxclients 20000`` wants that many descriptors,
+    and a soft limit of 1024 would make it lower its own maxclients.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def print_targets(row: Row) -> None:
@@ -328,7 +562,7 @@ def print_table(rows: list[Row]) -> None:
 
 
 SCENARIOS = ("native", "python", "locks", "alone-native", "alone-python")
-ALL_SCENARIOS = (*SCENARIOS, "cluster")
+ALL_SCENARIOS = (*SCENARIOS, "cluster", "leases", "leases-cluster")
 
 
 def run_scenario(name: str, port: int, args: argparse.Namespace) -> Row:
@@ -337,6 +571,8 @@ def run_scenario(name: str, port: int, args: argparse.Namespace) -> Row:
         return electors_scenario(port, name, count, args.seconds)
     if name == "cluster":
         return cluster_scenario(port, args.electors, args.seconds)
+    if name in ("leases", "leases-cluster"):
+        return leases_scenario(port, args.electors, name == "leases-cluster")
     if name == "locks":
         return locks_scenario(port, args.locks, args.seconds)
     return single_scenario(port, name.split("-")[1], args.seconds)
@@ -345,6 +581,11 @@ def run_scenario(name: str, port: int, args: argparse.Namespace) -> Row:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small, short run")
+    parser.add_argument(
+        "--leases",
+        metavar="N[,N...]",
+        help="only time N native electors to lead and to stop, and what they add, per N",
+    )
     parser.add_argument("--electors", type=int, default=None)
     parser.add_argument("--python-electors", type=int, default=None)
     parser.add_argument("--locks", type=int, default=None)
@@ -366,12 +607,20 @@ def main() -> int:
         # and RSS are counted from a clean baseline.
         print(json.dumps(asdict(run_scenario(args.scenario, args.port, args))))
         return 0
+    try:
+        sizes = lease_sizes(args.leases) if args.leases is not None else []
+    except redlease.ConfigError as exc:
+        print(f"many_leases.py: {exc}", file=sys.stderr)
+        return 2
     available, why = native_engine_available()
     if not available:
         print(f"the native engine is unavailable: {why}", file=sys.stderr)
         return 1
     rows: list[Row] = []
     passed = [a for a in sys.argv[1:] if a not in ("--quick", "--cluster")]
+    if sizes:
+        leases_rows(sizes, args.cluster, passed)
+        return 0
     if args.quick:
         passed.append("--quick")
     if args.cluster:
@@ -391,6 +640,26 @@ def main() -> int:
             server.client().flushall()
     print_table(rows)
     return 0
+
+
+def leases_rows(sizes: list[int], cluster: bool, passed: list[str]) -> None:
+    """``--leases``: each size on a plain server, then (``cluster``) on the cluster; the table."""
+    raise_open_files()
+    rows: list[Row] = []
+    with RedisServer(args=["--maxclients", "20000"]) as server:
+        for size in sizes:
+            passed_size = [*passed, "--electors", str(size)]
+            rows.append(scenario_row("leases", server.address[1], passed_size))
+            server.client().flushall()
+    if cluster:
+        with ClusterSet() as topology:
+            seed = topology.masters()[0].address[1]
+            for size in sizes:
+                passed_size = [*passed, "--electors", str(size)]
+                rows.append(scenario_row("leases-cluster", seed, passed_size))
+                for master in topology.masters():
+                    master.client().flushall()
+    print_leases(rows)
 
 
 def scenario_row(name: str, port: int, passed: list[str]) -> Row:
