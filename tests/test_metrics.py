@@ -132,8 +132,7 @@ def test_instrumenting_a_running_elector_counts_its_renewals(
         redlease.metrics.instrument(e, registry)
         assert sample(registry, "redlease_leader", name=NAME) == 1
         wait_until(
-            lambda: (sample(registry, "redlease_renew_lateness_seconds_count", name=NAME) or 0)
-            > 3,
+            lambda: (sample(registry, "redlease_renew_lateness_seconds_count", name=NAME) or 0) > 3,
             what="renewals counted",
         )
 
@@ -227,16 +226,13 @@ def test_two_targets_of_one_name_in_one_registry_is_an_error(client: redis.Redis
     redlease.metrics.instrument(first, registry)  # the same target again: a no-op
     with pytest.raises(ValueError, match="already instrumented"):
         redlease.metrics.instrument(make_elector(client, "python"), registry)
-    with pytest.raises(TypeError, match="Elector or RedisLocker"):
+    with pytest.raises(TypeError, match="Elector, RedisLocker or Partitions"):
         redlease.metrics.instrument(object(), registry)
 
 
 def test_without_prometheus_client_the_error_names_the_extra() -> None:
     # A fresh interpreter where prometheus_client cannot be imported.
-    code = (
-        "import sys; sys.modules['prometheus_client'] = None\n"
-        "import redlease.metrics\n"
-    )
+    code = "import sys; sys.modules['prometheus_client'] = None\nimport redlease.metrics\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode != 0
     last = out.stderr.strip().splitlines()[-1]
@@ -303,3 +299,45 @@ def test_locker_metrics_count_each_names_waits_and_contention(
     assert of("redlease_lock_contended_total", "busy") == 2
     assert of("redlease_lock_wait_seconds_count", "pool") == 1
     assert of("redlease_lock_contended_total", "pool") == 1
+
+
+def test_a_partition_member_exports_what_it_owns_and_its_rebalances(
+    client: redis.Redis, engine: str
+) -> None:
+    registry = new_registry()
+    first = redlease.Partitions(client, "mp", 6, member_id="a", ttl=1.0, engine=engine)
+    second = redlease.Partitions(client, "mp", 6, member_id="b", ttl=1.0, engine=engine)
+    assert redlease.metrics.instrument(first, registry) is first
+    try:
+        first.start()
+        wait_until(lambda: len(first.owned()) == 6, 10, what="the lone member owns all")
+        wait_until(
+            lambda: sample(registry, "redlease_partition_rebalance_seconds_count", name="mp") == 1,
+            10,
+            what="its first rebalance counted",
+        )
+        assert sample(registry, "redlease_partitions_owned", name="mp") == 6
+        assert sample(registry, "redlease_partitions_assigned_total", name="mp") == 6
+        second.start()
+        wait_until(lambda: len(first.owned()) == len(second.owned()) == 3, 10, what="balanced")
+        assert sample(registry, "redlease_partitions_owned", name="mp") == 3
+        assert (
+            sample(registry, "redlease_partitions_revoked_total", name="mp", reason="rebalanced")
+            == 3
+        )
+        wait_until(
+            lambda: sample(registry, "redlease_partition_rebalance_seconds_count", name="mp") == 2,
+            10,
+            what="the join's rebalance counted",
+        )
+        took = sample(registry, "redlease_partition_rebalance_seconds_sum", name="mp")
+        assert took is not None and 0 < took < 20
+        second.stop(10)
+        wait_until(lambda: len(first.owned()) == 6, 10, what="the first takes the rest back")
+    finally:
+        second.stop(10)
+        first.stop(10)
+    # The second member stopped first: the first took its three back, then gave all six up.
+    assert sample(registry, "redlease_partitions_owned", name="mp") == 0
+    assert sample(registry, "redlease_partitions_assigned_total", name="mp") == 9
+    assert sample(registry, "redlease_partitions_revoked_total", name="mp", reason="stopped") == 6

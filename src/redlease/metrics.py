@@ -34,6 +34,14 @@ elector's name, or the locker's key prefix):
   acquires that found the lock (or every permit) taken at least once, granted
   in the end or not.
 
+A ``redlease.Partitions`` member (threaded or asyncio) exports, labelled with
+its group's name: ``redlease_partitions_owned`` (gauge: the partitions it
+owns now), ``redlease_partitions_assigned_total`` (counter: tenures begun),
+``redlease_partitions_revoked_total`` (counter, label ``reason``:
+``rebalanced``, ``lost``, ``stopped``) and
+``redlease_partition_rebalance_seconds`` (histogram: how long each rebalance
+took, as the member saw it).
+
 Cost: until ``instrument`` is called the hooks have no listener, and an
 event costs a loop over an empty list. Once instrumented, the events above
 are counted in Python as they happen — a handful per term, one per fenced
@@ -64,6 +72,7 @@ except ImportError:  # pragma: no cover - exercised in a subprocess without the 
     ) from None
 
 from ._election.election import Election
+from ._election.partitions import REBALANCE_BUCKETS, Member
 from ._engine import LATENESS_BUCKETS
 from ._engine.forksafe import ForkSafeLock
 from ._locks.lock import LockerCore
@@ -75,6 +84,7 @@ __all__ = ["instrument"]
 T = TypeVar("T")
 
 _ELECTOR_REASONS = ("lost", "returned", "resigned", "stopped")
+_PARTITION_REASONS = ("rebalanced", "lost", "stopped")
 _LOCK_REASONS = ("released", "lost")
 
 
@@ -263,14 +273,69 @@ class _Target:
         return {h.name: h, c.name: c}
 
 
+class _PartitionsTarget:
+    """One partition group member's series, read from its counters at scrape time."""
+
+    def __init__(self, member: Member) -> None:
+        self.name = member.config.name
+        self._member = weakref.ref(member)
+
+    def families(self) -> dict[str, Metric]:
+        member = self._member()
+        if member is None:
+            return {}
+        name = [self.name]
+        assigned, revoked, rebalances, counts, total = member.stats.snapshot()
+        out: dict[str, Metric] = {}
+        g = GaugeMetricFamily(
+            "redlease_partitions_owned",
+            "Partitions this member owns now (each proven by its lease)",
+            labels=["name"],
+        )
+        g.add_metric(name, len(member.owned()))
+        out[g.name] = g
+        c = CounterMetricFamily(
+            "redlease_partitions_assigned",
+            "Partition tenures this member began",
+            labels=["name"],
+        )
+        c.add_metric(name, assigned)
+        out[c.name] = c
+        c = CounterMetricFamily(
+            "redlease_partitions_revoked",
+            "Partition tenures this member ended, by why",
+            labels=["name", "reason"],
+        )
+        for reason in sorted({*_PARTITION_REASONS, *revoked}):
+            c.add_metric([self.name, reason], revoked.get(reason, 0))
+        out[c.name] = c
+        h = HistogramMetricFamily(
+            "redlease_partition_rebalance_seconds",
+            "How long each rebalance took, as this member saw it: from the first look at the "
+            "group that found it away from its share to the first that found it settled",
+            labels=["name"],
+        )
+        running = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, n in zip(REBALANCE_BUCKETS, counts[:-1], strict=True):
+            running += n
+            buckets.append((repr(float(bound)), running))  # Prometheus' own 'le' format
+        buckets.append(("+Inf", rebalances))
+        h.add_metric(name, buckets, sum_value=total)
+        out[h.name] = h
+        return out
+
+
 class _Collector:
     """Every instrumented target of one registry, as one set of metric families."""
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
-        self._targets: list[tuple[weakref.ref[Any], _Target]] = []
+        self._targets: list[tuple[weakref.ref[Any], _Target | _PartitionsTarget]] = []
 
-    def add(self, owner: object, target: _Target) -> _Target:
+    def add(
+        self, owner: object, target: _Target | _PartitionsTarget
+    ) -> _Target | _PartitionsTarget:
         with self._mutex:
             self._targets = [(ref, t) for ref, t in self._targets if ref() is not None]
             for ref, t in self._targets:
@@ -313,17 +378,18 @@ def _collector(registry: CollectorRegistry) -> _Collector:
         return collector
 
 
-def _core_of(target: object) -> Election | LockerCore | None:
+def _core_of(target: object) -> Election | LockerCore | Member | None:
     """The target's core: every public shell's one documented internal attribute, ``_core``."""
     core = getattr(target, "_core", None)
-    return core if isinstance(core, (Election, LockerCore)) else None
+    return core if isinstance(core, (Election, LockerCore, Member)) else None
 
 
 def instrument(target: T, registry: CollectorRegistry | None = None) -> T:
     """Export ``target``'s metrics (see the module doc) to ``registry``; returns ``target``.
 
     ``target`` is a ``redlease.Elector``, a ``redlease.aio.Elector``, a
-    ``redlease.RedisLocker`` (or ``MemoryLocker``) or an asyncio locker.
+    ``redlease.RedisLocker`` (or ``MemoryLocker``), an asyncio locker, or a
+    ``redlease.Partitions`` member (threaded or asyncio).
     ``registry`` defaults to ``prometheus_client.REGISTRY``. Instrumenting the
     same target twice into one registry is a no-op; two targets of the same
     name in one registry is a ``ValueError`` (their series would collide).
@@ -332,6 +398,9 @@ def instrument(target: T, registry: CollectorRegistry | None = None) -> T:
     """
     registry = REGISTRY if registry is None else registry
     core = _core_of(target)
+    if isinstance(core, Member):
+        _collector(registry).add(target, _PartitionsTarget(core))
+        return target
     election = core if isinstance(core, Election) else None
     events: Events
     if election is not None:
@@ -347,8 +416,8 @@ def instrument(target: T, registry: CollectorRegistry | None = None) -> T:
     else:
         if not isinstance(core, LockerCore):
             raise TypeError(
-                "instrument() takes a redlease Elector or RedisLocker (threaded or asyncio), "
-                f"got {type(target).__name__}"
+                "instrument() takes a redlease Elector, RedisLocker or Partitions (threaded or "
+                f"asyncio), got {type(target).__name__}"
             )
         events = core.events
         instruments = _Target(events.name, _LOCK_REASONS, None, None, False, core.waits)

@@ -127,6 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
                             "who held it and the fencing counter; with --json one object: "
                             "name, evicted, mark)")
 
+    partitions = sub.add_parser(
+        "partitions",
+        help="show who owns each partition of a group, its fencing token and TTL",
+        description=(
+            "Reads NAME:partitions (the group's partition set), NAME:members and each "
+            "partition's lease NAME:p:<partition>:leader with its PTTL and token, in one round "
+            f"trip. --redis defaults to REDIS_URL, else {DEFAULT_STATUS_URL}."
+        ),
+    )
+    partitions.add_argument("name", metavar="NAME", help="the partition group's name")
+    partitions.add_argument("--redis", metavar="URL",
+                            help=f"Redis URL (default: REDIS_URL, else {DEFAULT_STATUS_URL})")
+    partitions.add_argument("--json", action="store_true",
+                            help="print a JSON list of objects: partition, member, token, ttl_ms")
+
     evict = sub.add_parser(
         "evict",
         help="end an elector's term at Redis now: its leader is fenced out at once",
@@ -201,6 +216,12 @@ def run(args: argparse.Namespace) -> int:
         from . import locks as _locks
 
         print(_locks.run(url, args.prefix, args.json))
+        return 0
+    if args.command == "partitions":
+        from . import partitions as _partitions
+
+        url = url_from(args.redis) or DEFAULT_STATUS_URL
+        print(_partitions.run(url, args.name, args.json))
         return 0
     if args.command == "evict":
         from . import evict as _evict

@@ -43,7 +43,7 @@ class Partitions:
     member.
     """
 
-    __slots__ = ("_callback_tasks", "_core", "_loop")
+    __slots__ = ("__weakref__", "_callback_tasks", "_core", "_loop")
 
     def __init__(
         self,

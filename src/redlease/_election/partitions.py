@@ -40,6 +40,7 @@ run out (within one TTL, then one poll).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import random
@@ -284,6 +285,72 @@ def _as_is(callback: Callback | None) -> Callback | None:
     return callback
 
 
+REBALANCE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+"""The bounds (seconds) a member's rebalance durations are counted into (``redlease.metrics``)."""
+
+
+class GroupStats:
+    """What a member counts of its tenures and rebalances, for ``redlease.metrics``.
+
+    A rebalance, as this member sees it, lasts from the first look at the
+    group that finds it away from its share (partitions to hand over, to
+    take, or still free) to the first look that finds it settled.
+    """
+
+    __slots__ = (
+        "_mutex",
+        "_since",
+        "assigned",
+        "rebalance_counts",
+        "rebalance_sum",
+        "rebalances",
+        "revoked",
+    )
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._since: float | None = None
+        self.assigned = 0
+        self.revoked: Counter[str] = Counter()
+        self.rebalances = 0
+        self.rebalance_counts = [0] * (len(REBALANCE_BUCKETS) + 1)
+        self.rebalance_sum = 0.0
+
+    def tenure_began(self) -> None:
+        with self._mutex:
+            self.assigned += 1
+
+    def tenure_ended(self, reason: str) -> None:
+        with self._mutex:
+            self.revoked[reason] += 1
+
+    def looked(self, settled: bool, now: float) -> None:
+        """One look at the group: this member settled at its share, or not."""
+        with self._mutex:
+            if not settled:
+                if self._since is None:
+                    self._since = now
+                return
+            if self._since is None:
+                return
+            took = max(0.0, now - self._since)
+            self._since = None
+            self.rebalances += 1
+            self.rebalance_sum += took
+            self.rebalance_counts[bisect.bisect_left(REBALANCE_BUCKETS, took)] += 1
+
+    def snapshot(self) -> tuple[int, dict[str, int], int, list[int], float]:
+        """``(assigned, revoked by reason, rebalances, their bucket counts, their sum)``."""
+        with self._mutex:
+            return (
+                self.assigned,
+                dict(self.revoked),
+                self.rebalances,
+                list(self.rebalance_counts),
+                self.rebalance_sum,
+            )
+
+
 class Member:
     """One member of a partitioned group: the core the public shells drive.
 
@@ -366,6 +433,7 @@ class Member:
         self.errors_in_row = 0
         self.hurry = 0  # looks in a row at partitions left free (see rebalance)
         self.member_bytes = ident.encode()
+        self.stats = GroupStats()
 
     # -- what callers read ----------------------------------------------------------------
 
@@ -640,6 +708,7 @@ class Member:
             _listed(t.partition for t in lost),
         )
         for tenure in lost:
+            self.stats.tenure_ended("lost")
             self.emit(self.on_revoked, tenure.partition, "lost")
 
     def share(self, live: list[bytes], holders: list[bytes]) -> int:
@@ -672,12 +741,14 @@ class Member:
         if me not in live:
             # The heartbeat lapsed at Redis: take nothing until the member is back
             # (its keeper learns so at its next renewal, and the member joins again).
+            self.stats.looked(False, now)
             return now + min(self.poll, self.config.renew_interval)
         quota = self.share(live, holders)
         with self.mutex:
             mine = list(self.held)
         if len(mine) > quota:
             excess = sorted(mine, key=lambda p: self.parts[p].preference)[: len(mine) - quota]
+            self.stats.looked(False, now)
             self.hand_over(excess, "rebalanced")
             self.hurry = 0
             return next_poll
@@ -693,7 +764,9 @@ class Member:
             wanted = free[: quota - len(mine)]
             taken = self.take(wanted) if wanted else 0
         short = len(mine) + taken < quota
-        if short or sum(1 for holder in holders if not holder) > taken:
+        unsettled = short or sum(1 for holder in holders if not holder) > taken
+        self.stats.looked(not unsettled and not taken, now)
+        if unsettled:
             # Partitions still free, or this member still short of its share:
             # the others are taking or handing over now (and who gets the extra
             # ones may still change), so look again soon, jittered and slowing
@@ -763,6 +836,7 @@ class Member:
             len(self.held),
         )
         for tenure in won:
+            self.stats.tenure_began()
             self.emit(self.on_assigned, tenure.partition, tenure.token)
         return len(won)
 
@@ -772,6 +846,7 @@ class Member:
             tenures = [self.held[p] for p in partitions if p in self.held]
         tenures.sort(key=lambda t: self.parts[t.partition].index)
         for tenure in tenures:
+            self.stats.tenure_ended(reason)
             self.emit(self.on_revoked, tenure.partition, reason)
             # Token cleared before the release: owned() drops it first.
             with self.mutex:
@@ -818,6 +893,7 @@ class Member:
             with self.mutex:
                 tenures = sorted(self.held.values(), key=lambda t: self.parts[t.partition].index)
             for tenure in tenures:
+                self.stats.tenure_ended("stopped")
                 self.emit(self.on_revoked, tenure.partition, "stopped")
                 with self.mutex:
                     self.held.pop(tenure.partition, None)
@@ -934,7 +1010,7 @@ class Partitions:
     partition owns (``fencer(p)``) for anything that must be safe.
     """
 
-    __slots__ = ("_core",)
+    __slots__ = ("__weakref__", "_core")
 
     def __init__(
         self,
