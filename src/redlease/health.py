@@ -32,12 +32,13 @@ import threading
 import urllib.parse
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any
 
 import redlease
 import redlease.aio
 from redlease import ConfigError
+
+from ._engine.closing import StopsOnExit
 
 __all__ = ["READY", "HealthServer", "status"]
 
@@ -85,7 +86,7 @@ def _check_elector(elector: object) -> None:
         )
 
 
-class HealthServer:
+class HealthServer(StopsOnExit):
     """``/livez`` and ``/readyz`` for ``electors`` on ``host``:``port`` (0: a free port).
 
     ``electors`` is a non-empty sequence of ``redlease.Elector`` and
@@ -163,13 +164,6 @@ class HealthServer:
     def __enter__(self) -> HealthServer:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def answer(self, path: str) -> tuple[int, dict[str, Any]]:
         """The status code and JSON body this server gives ``GET path``."""

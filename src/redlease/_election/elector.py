@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from types import TracebackType
 from typing import Any
 
 from .._engine import EncodableT
+from .._engine.closing import StopsOnExit
 from .election import NEVER, LeaderFn, check_leader_fn
 from .fence import Fence, check_token
 from .pipeline import FencedPipeline
@@ -20,7 +20,7 @@ from .shell import ElectorShell
 from .term import Leader
 
 
-class Elector(ElectorShell):
+class Elector(ElectorShell, StopsOnExit):
     """Lease-based leader election on Redis, with a fencing token per term.
 
     One instance at a time holds ``<name>:leader`` with a TTL and runs the
@@ -152,13 +152,6 @@ class Elector(ElectorShell):
             self.start(None)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- fenced writes -----------------------------------------------------------------
 

@@ -57,6 +57,7 @@ from .. import _scripts
 from .._config import Config, Duration, default_instance_id
 from .._engine import ACTIVE, Keeper, call_timeout, is_cluster, run_one
 from .._engine.base import NoticeSubscription
+from .._engine.closing import StopsOnExit
 from .._engine.family import threaded
 from .._engine.notices import NO_NOTICES, ChannelRefusals, sharded_notices
 from .._engine.replies import unexpected_reply
@@ -978,7 +979,7 @@ class _Unraisable:
 # -- the threaded shell ----------------------------------------------------------------------
 
 
-class Partitions:
+class Partitions(StopsOnExit):
     """One member of a group that shares N partitions, each owned by one live member at a time.
 
     ``partitions`` is an int N (names "0" .. "N-1") or a sequence of distinct
@@ -1098,13 +1099,6 @@ class Partitions:
             self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def owned(self) -> dict[str, int]:
         """``{partition: token}`` this member holds now, proven (``{}`` when not running).

@@ -21,12 +21,12 @@ import time
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from types import TracebackType
 from typing import Any, TypeVar
 
 from .._aio import check_abandoned
 from .._config import Duration
 from .._engine import Keeper
+from .._engine.closing import ClosesOnExit
 from .._engine.driver import driver
 from .._engine.timing import renew_interval
 from .._errors import NotAcquired, NotHeld
@@ -481,7 +481,7 @@ class LeaseStore(ABC):
         return contextlib.nullcontext(self._pause)
 
 
-class Locker(LeaseStore):
+class Locker(LeaseStore, ClosesOnExit):
     """What every locker offers: ``acquire``, ``try_acquire`` and ``hold``.
 
     Accept a ``Locker`` where code needs a lock and let the deployment decide
@@ -517,13 +517,6 @@ class Locker(LeaseStore):
     def __enter__(self: _LockerT) -> _LockerT:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     @abstractmethod
     def _holder(self, name: str) -> LockHolder | None:

@@ -26,11 +26,11 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any
 
 import redis
 
+from .._engine.closing import StopsOnExit
 from ._cluster_nodes import SLOTS, NodeInfo, key_slot, parse_nodes
 from ._common import (
     LOOPBACK,
@@ -95,7 +95,7 @@ class SlotMigration:
         self.cluster._wait_owner(self.slot, self.target, timeout)
 
 
-class ClusterSet:
+class ClusterSet(StopsOnExit):
     """``masters`` masters with ``replicas_per_master`` replicas each; see the module docstring."""
 
     def __init__(
@@ -201,13 +201,6 @@ class ClusterSet:
             self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"<ClusterSet {[self._ids.get(n.port or 0, '?')[:8] for n in self.nodes]}>"

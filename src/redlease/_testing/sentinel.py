@@ -33,11 +33,11 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any
 
 import redis
 
+from .._engine.closing import StopsOnExit
 from ._common import (
     LOOPBACK,
     RedisServerError,
@@ -66,7 +66,7 @@ def _pairs(args: list[str]) -> list[tuple[str, str]]:
     return [(args[i].removeprefix("--"), args[i + 1]) for i in range(0, len(args), 2)]
 
 
-class SentinelSet:
+class SentinelSet(StopsOnExit):
     """One master, replicas and sentinels on loopback; see the module docstring."""
 
     def __init__(
@@ -141,13 +141,6 @@ class SentinelSet:
             self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"<SentinelSet {self.service} data={self.data_nodes} sentinels={self.sentinels}>"

@@ -23,11 +23,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import redis
 
+from .._engine.closing import StopsOnExit
 from ._common import (
     LOOPBACK,
     RedisServerError,
@@ -46,7 +46,7 @@ _BIND_ATTEMPTS = 5
 _LOG_TAIL_LINES = 20
 
 
-class RedisServer:
+class RedisServer(StopsOnExit):
     """One private redis-server process on a free loopback port or a unix socket.
 
     ``RedisServer()`` only prepares; ``start()`` (or ``with RedisServer() as
@@ -283,13 +283,6 @@ class RedisServer:
             self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         where = self.unix_path if self._unix else f"{LOOPBACK}:{self._port}"

@@ -29,9 +29,9 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal
 
+from .._engine.closing import StopsOnExit
 from ._common import RedisServerError, redis_server_candidates, register, unregister
 
 __all__ = [
@@ -108,7 +108,7 @@ def tls_unsupported_reason(binary: str | None = None) -> str | None:
     return None
 
 
-class TLSMaterials:
+class TLSMaterials(StopsOnExit):
     """A CA, server and client certificates, and the wrong ones, in a private directory."""
 
     def __init__(self) -> None:
@@ -265,13 +265,6 @@ class TLSMaterials:
     def __enter__(self) -> TLSMaterials:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"<TLSMaterials {self._dir}>"
