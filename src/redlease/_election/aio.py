@@ -8,11 +8,11 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from types import TracebackType
 from typing import Any
 
 from .._aio import off_loop, outlast
 from .._engine import EncodableT
+from .._engine.closing import AwaitsStopOnExit
 from .._engine.family import threaded
 from .election import Run, check_leader_fn
 from .fence import check_token
@@ -77,7 +77,7 @@ class Fencer:
         return f"<redlease.aio.Fencer {self._name!r} token={self.token}>"
 
 
-class Elector(ElectorShell):
+class Elector(ElectorShell, AwaitsStopOnExit):
     """Lease-based leader election with fencing tokens, for asyncio.
 
     Arguments, validation, defaults and semantics are those of
@@ -220,13 +220,6 @@ class Elector(ElectorShell):
             self.start(None)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     # -- fenced writes ----------------------------------------------------------
 

@@ -16,11 +16,11 @@ import asyncio
 import concurrent.futures
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from types import TracebackType
 from typing import Any
 
 from .._aio import off_loop, settled
 from .._config import Duration
+from .._engine.closing import AwaitsStopOnExit
 from .aio import Elector, Fencer
 from .partitions import Callback, Member
 from .term import Observer
@@ -28,7 +28,7 @@ from .term import Observer
 AsyncCallback = Callable[..., "Awaitable[object] | object"]
 
 
-class Partitions:
+class Partitions(AwaitsStopOnExit):
     """One member of a partitioned group, for asyncio (see ``redlease.Partitions``).
 
     Arguments, validation, guarantees and callbacks are those of
@@ -143,13 +143,6 @@ class Partitions:
             await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     # -- what it holds ------------------------------------------------------------------------
 
