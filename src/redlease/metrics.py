@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 try:
@@ -86,6 +86,23 @@ T = TypeVar("T")
 _ELECTOR_REASONS = ("lost", "returned", "resigned", "stopped")
 _PARTITION_REASONS = ("rebalanced", "lost", "stopped")
 _LOCK_REASONS = ("released", "lost")
+
+
+def _buckets(
+    bounds: tuple[float, ...], counts: Sequence[int], total: int
+) -> list[tuple[str, float]]:
+    """Cumulative histogram buckets as Prometheus wants them: one per bound, then ``+Inf``.
+
+    ``counts[i]`` is how many fell at or below ``bounds[i]`` (and above the
+    bound before); ``total`` how many there were in all (the ``+Inf`` bucket).
+    """
+    running = 0
+    out: list[tuple[str, float]] = []
+    for bound, n in zip(bounds, counts, strict=False):
+        running += n
+        out.append((repr(float(bound)), running))  # Prometheus' own 'le' format
+    out.append(("+Inf", total))
+    return out
 
 
 class _Target:
@@ -231,13 +248,7 @@ class _Target:
                 c.add_metric([self.name, result], n)
             out[c.name] = c
         counts, total = self.lateness()
-        buckets: list[tuple[str, float]] = []
-        running = 0
-        for bound, n in zip(LATENESS_BUCKETS, counts[:-1], strict=True):
-            running += n
-            buckets.append((repr(float(bound)), running))  # Prometheus' own 'le' format
-        running += counts[-1]
-        buckets.append(("+Inf", running))
+        buckets = _buckets(LATENESS_BUCKETS, counts[:-1], sum(counts))
         h = HistogramMetricFamily(
             "redlease_renew_lateness_seconds",
             "How late each lease renewal was sent after its scheduled time (keeper-measured)",
@@ -263,11 +274,7 @@ class _Target:
             labels=["name", "lock"],
         )
         for lock, stats in sorted(self._waits.snapshot().items()):
-            running, buckets = 0, []
-            for bound, n in zip(WAIT_BUCKETS, stats.buckets, strict=False):
-                running += n
-                buckets.append((repr(float(bound)), running))
-            buckets.append(("+Inf", stats.acquired))
+            buckets = _buckets(WAIT_BUCKETS, stats.buckets, stats.acquired)
             h.add_metric([self.name, lock], buckets, sum_value=stats.waited)
             c.add_metric([self.name, lock], stats.contended)
         return {h.name: h, c.name: c}
@@ -315,13 +322,7 @@ class _PartitionsTarget:
             "group that found it away from its share to the first that found it settled",
             labels=["name"],
         )
-        running = 0
-        buckets: list[tuple[str, float]] = []
-        for bound, n in zip(REBALANCE_BUCKETS, counts[:-1], strict=True):
-            running += n
-            buckets.append((repr(float(bound)), running))  # Prometheus' own 'le' format
-        buckets.append(("+Inf", rebalances))
-        h.add_metric(name, buckets, sum_value=total)
+        h.add_metric(name, _buckets(REBALANCE_BUCKETS, counts[:-1], rebalances), sum_value=total)
         out[h.name] = h
         return out
 

@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .. import __version__
 from .._keys import ElectionKeys
@@ -58,6 +58,18 @@ def _contenders(text: str) -> int:
     return value
 
 
+def _named_command(
+    sub: Any, command: str, summary: str, description: str, name_help: str, json_help: str
+) -> argparse.ArgumentParser:
+    """A command that reads one name at a Redis URL: ``NAME [--redis URL] [--json]``."""
+    parser: argparse.ArgumentParser = sub.add_parser(command, help=summary, description=description)
+    parser.add_argument("name", metavar="NAME", help=name_help)
+    parser.add_argument("--redis", metavar="URL",
+                        help=f"Redis URL (default: REDIS_URL, else {DEFAULT_STATUS_URL})")
+    parser.add_argument("--json", action="store_true", help=json_help)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``redlease`` command."""
     parser = _Parser(
@@ -93,19 +105,18 @@ def build_parser() -> argparse.ArgumentParser:
                       "completes (default 10)")
 
     keys = ElectionKeys("NAME")
-    status = sub.add_parser(
+    _named_command(
+        sub,
         "status",
-        help="show an elector's leader, lease, fence and the server's correctness boundary",
-        description=(
+        "show an elector's leader, lease, fence and the server's correctness boundary",
+        (
             f"Reads {keys.leader}, its PTTL, {keys.fence} and {keys.applied}, and checks the "
             "server settings under which fencing tokens can go backwards (persistence, "
             f"eviction, replication). --redis defaults to REDIS_URL, else {DEFAULT_STATUS_URL}."
         ),
+        "the elector's name",
+        "print one JSON object",
     )
-    status.add_argument("name", metavar="NAME", help="the elector's name")
-    status.add_argument("--redis", metavar="URL",
-                        help=f"Redis URL (default: REDIS_URL, else {DEFAULT_STATUS_URL})")
-    status.add_argument("--json", action="store_true", help="print one JSON object")
 
     locks = sub.add_parser(
         "locks",
@@ -127,36 +138,31 @@ def build_parser() -> argparse.ArgumentParser:
                             "who held it and the fencing counter; with --json one object: "
                             "name, evicted, mark)")
 
-    partitions = sub.add_parser(
+    _named_command(
+        sub,
         "partitions",
-        help="show who owns each partition of a group, its fencing token and TTL",
-        description=(
+        "show who owns each partition of a group, its fencing token and TTL",
+        (
             "Reads NAME:partitions (the group's partition set), NAME:members and each "
             "partition's lease NAME:p:<partition>:leader with its PTTL and token, in one round "
             f"trip. --redis defaults to REDIS_URL, else {DEFAULT_STATUS_URL}."
         ),
+        "the partition group's name",
+        "print a JSON list of objects: partition, member, token, ttl_ms",
     )
-    partitions.add_argument("name", metavar="NAME", help="the partition group's name")
-    partitions.add_argument("--redis", metavar="URL",
-                            help=f"Redis URL (default: REDIS_URL, else {DEFAULT_STATUS_URL})")
-    partitions.add_argument("--json", action="store_true",
-                            help="print a JSON list of objects: partition, member, token, ttl_ms")
-
-    evict = sub.add_parser(
+    _named_command(
+        sub,
         "evict",
-        help="end an elector's term at Redis now: its leader is fenced out at once",
-        description=(
+        "end an elector's term at Redis now: its leader is fenced out at once",
+        (
             f"Deletes {keys.leader} and raises {keys.applied} above every token granted, in "
             "one script: the evicted leader's fenced writes are rejected from that moment and "
             "its next renewal ends its term; the contenders are told at once. "
             f"--redis defaults to REDIS_URL, else {DEFAULT_STATUS_URL}."
         ),
+        "the elector's name",
+        "print one JSON object: name, evicted, mark",
     )
-    evict.add_argument("name", metavar="NAME", help="the elector's name")
-    evict.add_argument("--redis", metavar="URL",
-                       help=f"Redis URL (default: REDIS_URL, else {DEFAULT_STATUS_URL})")
-    evict.add_argument("--json", action="store_true",
-                       help="print one JSON object: name, evicted, mark")
 
     bench = sub.add_parser(
         "bench",

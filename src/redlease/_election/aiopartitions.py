@@ -22,13 +22,13 @@ from .._aio import off_loop, settled
 from .._config import Duration
 from .._engine.closing import AwaitsStopOnExit
 from .aio import Elector, Fencer
-from .partitions import Callback, Member
+from .partitions import Callback, Member, PartitionsShell
 from .term import Observer
 
 AsyncCallback = Callable[..., "Awaitable[object] | object"]
 
 
-class Partitions(AwaitsStopOnExit):
+class Partitions(PartitionsShell, AwaitsStopOnExit):
     """One member of a partitioned group, for asyncio (see ``redlease.Partitions``).
 
     Arguments, validation, guarantees and callbacks are those of
@@ -43,7 +43,7 @@ class Partitions(AwaitsStopOnExit):
     member.
     """
 
-    __slots__ = ("__weakref__", "_callback_tasks", "_core", "_loop")
+    __slots__ = ("_callback_tasks", "_loop")
 
     def __init__(
         self,
@@ -79,31 +79,6 @@ class Partitions(AwaitsStopOnExit):
             bridge=self._bridge,
             shell="aio.Partitions",
         )
-
-    @property
-    def member_id(self) -> str:
-        """This member's identity: the value of every partition lease it holds."""
-        return self._core.member_id
-
-    @property
-    def name(self) -> str:
-        """The group's name (its keys' prefix)."""
-        return self._core.config.name
-
-    @property
-    def ttl(self) -> float:
-        """Every lease's TTL in seconds (the heartbeat's and each partition's)."""
-        return self._core.config.ttl
-
-    @property
-    def partitions(self) -> tuple[str, ...]:
-        """The partition names, in the order given."""
-        return self._core.names
-
-    @property
-    def engine(self) -> str:
-        """The engine that runs this member: ``"native"`` or ``"python"``."""
-        return str(self._core.engine.name)
 
     def __repr__(self) -> str:
         return (

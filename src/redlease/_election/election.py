@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any, Protocol
 
 from .. import _scripts
@@ -36,7 +34,7 @@ from .._errors import ConfigError
 from .._keys import ElectionKeys, has_hash_tag
 from .._log import Events
 from .fence import Fence
-from .term import Leader, Observer, Once, Term
+from .term import Leader, Observer, Once, Term, tell_on_error
 
 _ACQUIRE = _scripts.load("acquire")
 _RENEW = _scripts.load("renew")
@@ -441,15 +439,7 @@ class Election:
 
     def report(self, exc: Exception) -> None:
         self.events.error(exc)
-        callback = self.observer.on_error
-        if callback is None:
-            return
-        try:
-            callback(exc)
-        except Exception as hook_exc:
-            sys.unraisablehook(
-                _Unraisable(hook_exc, "Exception ignored in redlease Observer.on_error", callback)
-            )
+        tell_on_error(self.observer.on_error, exc)
 
     def emit(self, callback: Callable[..., object] | None, *args: Any) -> None:
         if callback is None:
@@ -497,13 +487,3 @@ def instance_text(value: object) -> str:
         return value.decode("utf-8", "replace")
     return str(value)
 
-
-class _Unraisable:
-    """The shape ``sys.unraisablehook`` expects."""
-
-    def __init__(self, exc: BaseException, message: str, obj: object) -> None:
-        self.exc_type: type[BaseException] = type(exc)
-        self.exc_value: BaseException | None = exc
-        self.exc_traceback: TracebackType | None = exc.__traceback__
-        self.err_msg: str | None = message
-        self.object: object = obj

@@ -44,13 +44,11 @@ import bisect
 import hashlib
 import json
 import random
-import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 from .. import _scripts
@@ -65,7 +63,7 @@ from .._errors import ConfigError
 from .._keys import PartitionKeys, has_hash_tag
 from .._log import Events, logger
 from .elector import Elector, Fencer
-from .term import Observer
+from .term import Observer, tell_on_error
 
 MAX_PARTITIONS = 65536
 """The most partitions one group may have: one reply's element cap (``MAX_REPLY_ELEMENTS``)."""
@@ -928,15 +926,7 @@ class Member:
         self.observe(exc)
 
     def observe(self, exc: Exception) -> None:
-        callback = self.on_error
-        if callback is None:
-            return
-        try:
-            callback(exc)
-        except Exception as hook_exc:
-            sys.unraisablehook(
-                _Unraisable(hook_exc, "Exception ignored in redlease Observer.on_error", callback)
-            )
+        tell_on_error(self.on_error, exc)
 
     def emit(self, callback: Callback | None, partition: str, detail: object) -> None:
         """A user callback, on the run thread; what it raises is logged and observed."""
@@ -965,21 +955,44 @@ def _listed(partitions: Iterable[str], limit: int = 16) -> str:
     return f"[{shown}{', ...' if len(names) > limit else ''}] ({len(names)})"
 
 
-class _Unraisable:
-    """The shape ``sys.unraisablehook`` expects."""
-
-    def __init__(self, exc: BaseException, message: str, obj: object) -> None:
-        self.exc_type: type[BaseException] = type(exc)
-        self.exc_value: BaseException | None = exc
-        self.exc_traceback: TracebackType | None = exc.__traceback__
-        self.err_msg: str | None = message
-        self.object: object = obj
-
 
 # -- the threaded shell ----------------------------------------------------------------------
 
 
-class Partitions(StopsOnExit):
+class PartitionsShell:
+    """What the threaded and the asyncio ``Partitions`` share: their core and its identity."""
+
+    __slots__ = ("__weakref__", "_core")
+
+    _core: Member
+
+    @property
+    def member_id(self) -> str:
+        """This member's identity: the value of every partition lease it holds."""
+        return self._core.member_id
+
+    @property
+    def name(self) -> str:
+        """The group's name (its keys' prefix)."""
+        return self._core.config.name
+
+    @property
+    def ttl(self) -> float:
+        """Every lease's TTL in seconds (the heartbeat's and each partition's)."""
+        return self._core.config.ttl
+
+    @property
+    def partitions(self) -> tuple[str, ...]:
+        """The partition names, in the order given."""
+        return self._core.names
+
+    @property
+    def engine(self) -> str:
+        """The engine that runs this member: ``"native"`` or ``"python"``."""
+        return str(self._core.engine.name)
+
+
+class Partitions(PartitionsShell, StopsOnExit):
     """One member of a group that shares N partitions, each owned by one live member at a time.
 
     ``partitions`` is an int N (names "0" .. "N-1") or a sequence of distinct
@@ -1011,7 +1024,7 @@ class Partitions(StopsOnExit):
     partition owns (``fencer(p)``) for anything that must be safe.
     """
 
-    __slots__ = ("__weakref__", "_core")
+    __slots__ = ()
 
     def __init__(
         self,
@@ -1041,31 +1054,6 @@ class Partitions(StopsOnExit):
             engine=engine,
             make_elector=make,
         )
-
-    @property
-    def member_id(self) -> str:
-        """This member's identity: the value of every partition lease it holds."""
-        return self._core.member_id
-
-    @property
-    def name(self) -> str:
-        """The group's name (its keys' prefix)."""
-        return self._core.config.name
-
-    @property
-    def ttl(self) -> float:
-        """Every lease's TTL in seconds (the heartbeat's and each partition's)."""
-        return self._core.config.ttl
-
-    @property
-    def partitions(self) -> tuple[str, ...]:
-        """The partition names, in the order given."""
-        return self._core.names
-
-    @property
-    def engine(self) -> str:
-        """The engine that runs this member: ``"native"`` or ``"python"``."""
-        return str(self._core.engine.name)
 
     def __repr__(self) -> str:
         return (

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Literal
 
 Reason = Literal["lost", "returned", "resigned", "stopped"]
@@ -150,3 +152,27 @@ def end_term(term: Term, reason: Reason) -> None:
 def when_ended(term: Term, callback: Callable[[], object]) -> None:
     """Call ``callback`` once ``term`` ends (at once, here, if it already has)."""
     term._on_end(callback)
+
+
+def tell_on_error(callback: Callable[[Exception], object] | None, exc: Exception) -> None:
+    """Hand ``exc`` to an ``Observer.on_error`` callback; what that raises goes to
+    ``sys.unraisablehook`` (an error handler's error has nowhere else to go)."""
+    if callback is None:
+        return
+    try:
+        callback(exc)
+    except Exception as hook_exc:
+        sys.unraisablehook(
+            _Unraisable(hook_exc, "Exception ignored in redlease Observer.on_error", callback)
+        )
+
+
+class _Unraisable:
+    """The shape ``sys.unraisablehook`` expects."""
+
+    def __init__(self, exc: BaseException, message: str, obj: object) -> None:
+        self.exc_type: type[BaseException] = type(exc)
+        self.exc_value: BaseException | None = exc
+        self.exc_traceback: TracebackType | None = exc.__traceback__
+        self.err_msg: str | None = message
+        self.object: object = obj
