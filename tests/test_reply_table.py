@@ -107,9 +107,7 @@ def _fencer(client: Any, engine: str) -> redlease.Fencer:
     return redlease.Fencer(redlease.Elector(client, NAME, ttl=TTL, engine=engine), 1)
 
 
-def fenced_set(
-    fake: FakeRedis, client: Any, engine: str, r: Reply | None
-) -> tuple[object, object]:
+def fenced_set(fake: FakeRedis, client: Any, engine: str, r: Reply | None) -> tuple[object, object]:
     _queue(fake, "fence_set", r)
     return outcome(lambda: _fencer(client, engine).set("k", "v")), fake.runs("fence_set")
 
@@ -130,9 +128,7 @@ def fenced_eval(
     return outcome(lambda: _fencer(client, engine).eval(body, ["k"], ["v"])), fake.runs("<eval>")
 
 
-def pipeline(
-    fake: FakeRedis, client: Any, engine: str, r: Reply | None
-) -> tuple[object, object]:
+def pipeline(fake: FakeRedis, client: Any, engine: str, r: Reply | None) -> tuple[object, object]:
     _queue(fake, "fence_set", r, 2)
     pipe = _fencer(client, engine).pipeline().set("a", "1").set("b", "2")
     return outcome(pipe.execute), _pipelined_runs(fake, "fence_set", 2)
@@ -228,9 +224,7 @@ def elector_acquire(
     _queue(fake, "acquire", r)
     fake.script("acquire", won(1))
     events, terms = Events(), Terms()
-    elector = redlease.Elector(
-        client, NAME, ttl=TTL, engine=engine, observer=events.observer()
-    )
+    elector = redlease.Elector(client, NAME, ttl=TTL, engine=engine, observer=events.observer())
     run = RunThread(elector, terms)
     try:
         wait_until(lambda: terms.terms, 15, what="an election")
@@ -249,9 +243,7 @@ def renewal(fake: FakeRedis, client: Any, engine: str, r: Reply | None) -> tuple
     fake.script("acquire", won(1))
     _queue(fake, "renew", r)
     events, terms = Events(), Terms()
-    elector = redlease.Elector(
-        client, NAME, ttl=TTL, engine=engine, observer=events.observer()
-    )
+    elector = redlease.Elector(client, NAME, ttl=TTL, engine=engine, observer=events.observer())
     run = RunThread(elector, terms)
     try:
         wait_until(lambda: terms.terms, 15, what="an election")
@@ -283,8 +275,10 @@ SITES: dict[str, Site] = {
 
 
 def test_every_site_of_the_table_is_driven() -> None:
-    driven = {name.replace("fenced hset", "fenced write").replace("fenced eval", "fenced write")
-              for name in SITES}
+    driven = {
+        name.replace("fenced hset", "fenced write").replace("fenced eval", "fenced write")
+        for name in SITES
+    }
     assert set(replytable.SITES) <= driven
 
 
@@ -294,12 +288,19 @@ def native_built() -> Iterator[None]:
     yield
 
 
+# Every site on redis-py's clients; the threaded sites on valkey-py's too (the asyncio
+# sites take a redis.asyncio client: valkey's asyncio face is tests/test_valkey.py's).
+_SITE_FAMILIES = [(site, "redis") for site in SITES] + [
+    (site, "valkey") for site in SITES if not site.startswith("asyncio")
+]
+
+
 @pytest.mark.parametrize("reply", list(REPLIES))
-@pytest.mark.parametrize("site", list(SITES))
-def test_both_engines_end_the_same(native_built: None, site: str, reply: str) -> None:
+@pytest.mark.parametrize(("site", "family"), _SITE_FAMILIES)
+def test_both_engines_end_the_same(native_built: None, site: str, reply: str, family: str) -> None:
     got: dict[str, tuple[object, object]] = {}
     for engine in ("python", "native"):
-        with FakeRedis() as fake, client_of(fake, 1.0) as client:
+        with FakeRedis() as fake, client_of(fake, 1.0, family) as client:
             got[engine] = SITES[site](fake, client, engine, REPLIES[reply])
     assert got["python"] == got["native"], f"{site} answered {reply}: {got}"
 
