@@ -683,3 +683,24 @@ def test_every_partition_is_renewed_by_the_engines_one_renewer(
     # Two run threads, the renewer, the notice listener: never a thread per partition.
     assert _threads() - before <= 2 + 4
     assert all(plain.pttl(f"{NAME}:p:{p}:leader") > 0 for p in range(64))
+
+
+def test_a_fenced_write_answered_readonly_ends_that_tenure_at_once(
+    redis_server: RedisServer, engine: str, started: Callable[[Partitions], Partitions]
+) -> None:
+    # As an elector's term does: a partition whose fenced write finds the server turned
+    # replica is dropped from owned() now, not at its lease's end (ttl 30 s here).
+    client = redis_server.client(socket_timeout=5)
+    member = started(make(client, engine, "solo", 4, ttl=30.0))
+    wait_until(lambda: len(member.owned()) == 4, 10, what="the lone member owns all")
+    fencer = member.fencer("0")
+    assert fencer.set("ro:k", "before") is True
+    with RedisServer() as master:
+        client.replicaof("127.0.0.1", master.port)
+        try:
+            with pytest.raises(redis.exceptions.ResponseError, match=r"READONLY|read only"):
+                fencer.set("ro:k", "refused")
+            assert "0" not in member.owned()
+        finally:
+            client.replicaof("no", "one")
+    client.close()

@@ -212,6 +212,7 @@ class Election:
         "run",
         "sharded_notice",
         "started",
+        "tenure_failover",
     )
 
     def __init__(
@@ -272,6 +273,9 @@ class Election:
         # The run a shell started in the background (``Elector.start()``),
         # kept until its end is collected by ``stop()``.
         self.started: Run | None = None
+        # Told a failover reply to a fenced write when no run of this election holds the
+        # token: a partition's lease is kept by its group member, not by a run.
+        self.tenure_failover: Callable[[int, Exception], object] | None = None
         _live_elections.add(self)
 
     @property
@@ -403,6 +407,8 @@ class Election:
         run = self.run
         if run is not None and token and run.keeper.token == token:
             run.keeper.lose(exc)
+        elif self.tenure_failover is not None:
+            self.tenure_failover(token, exc)
 
     def poll_delay(self, pttl_ms: int) -> float:
         delay = self.jittered(self.config.acquire_interval)

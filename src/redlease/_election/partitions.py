@@ -41,6 +41,7 @@ run out (within one TTL, then one poll).
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import json
 import random
@@ -404,6 +405,8 @@ class Member:
             p: _Part(p, i, make_elector(keys.lease(p), cfg.ttl, ident, engine), ident)
             for i, p in enumerate(self.names)
         }
+        for part in self.parts.values():
+            part.election.tenure_failover = functools.partial(self.failover_seen, part.name)
         first = self.parts[self.names[0]].election
         self.engine = first.engine
         self.client = first.client
@@ -470,6 +473,15 @@ class Member:
                 f"({describe_set(self.names)}){hint}"
             )
         return found
+
+    def failover_seen(self, partition: str, token: int, exc: Exception) -> None:
+        """A fenced write with ``partition``'s ``token`` was answered READONLY / MASTERDOWN /
+        NOREPLICAS: that tenure ends now (``owned()`` drops it; the next step reports it
+        ``"lost"``), not at its renewal deadline, as an elector's term does."""
+        with self.mutex:
+            tenure = self.held.get(partition)
+        if tenure is not None and token and tenure.token == token:
+            tenure.keeper.lose(exc)
 
     def token_of(self, partition: str) -> int:
         """The token of ``partition`` while this member holds it for sure, else 0."""
