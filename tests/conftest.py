@@ -8,8 +8,12 @@ that refuses connections.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -64,17 +68,37 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return WORKERS_PER_CPU * max(cpus, 1)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep each module that shares a Sentinel or Cluster set on one worker (``--dist loadgroup``).
+_SHARES_TOPOLOGY = re.compile(r"\b(" + "|".join(sorted(SHARED_TOPOLOGIES)) + r")\b")
+
+
+@functools.cache
+def _shares_topology(path: str) -> bool:
+    """Whether the test module at ``path`` names one of the shared, module-scoped sets."""
+    try:
+        return bool(_SHARES_TOPOLOGY.search(Path(path).read_text(encoding="utf-8")))
+    except OSError:
+        return False
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Keep each module that shares a Sentinel or Cluster set on one worker.
 
     Spread over the workers, such a module would build its set once per
     worker; grouped, it builds it once, while every other test goes to
-    whichever worker is free.
+    whichever worker is free. (The controller sees node ids, not fixtures:
+    a module is grouped when its source names a shared set. xdist's own
+    ``xdist_group`` marks are not honoured by every pytest and xdist pair.)
     """
-    for item in items:
-        if SHARED_TOPOLOGIES.intersection(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    from xdist.scheduler import LoadScopeScheduling
+
+    root = str(config.rootpath)
+
+    class SharedTopologies(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if _shares_topology(os.path.join(root, module)) else nodeid
+
+    return SharedTopologies(config, log)
 
 
 def pytest_report_header() -> list[str]:
