@@ -52,8 +52,8 @@ FENCE_HSET = _scripts.fenced_file("fence_hset")
 FenceRequest = tuple["Script", tuple["str | bytes", ...], tuple[EncodableT, ...]]
 """What one fenced write sends: the script, its keys and its args."""
 
-_KEY_TYPES = frozenset((str, bytes))
-_VALUE_TYPES = frozenset((str, bytes, int, float))
+KEY_TYPES = frozenset((str, bytes))
+VALUE_TYPES = frozenset((str, bytes, int, float))
 """The exact types of keys and values that need no further check (bool is not an int here)."""
 
 
@@ -113,6 +113,7 @@ class Fence:
         "_name",
         "_on_failover",
         "_slot",
+        "_wait",
     )
 
     def __init__(
@@ -128,6 +129,8 @@ class Fence:
     ) -> None:
         self._engine = engine
         self._guard = guard or ReplicationGuard()
+        # What run() takes as ``wait`` (the guard is frozen): None when it is off.
+        self._wait = self._guard.wait
         # Told when a write with a token is answered READONLY / MASTERDOWN /
         # NOREPLICAS, so the term holding that token can end at once.
         self._on_failover = on_failover
@@ -148,11 +151,13 @@ class Fence:
         if (
             type(token) is int
             and 0 < token < MAX_TOKEN
-            and type(key) in _KEY_TYPES
-            and type(value) in _VALUE_TYPES
+            and type(key) in KEY_TYPES
+            and type(value) in VALUE_TYPES
+            and self._slot is None
         ):
-            # Exact types and a live token (the common case): nothing to check one by one.
-            return self.bind(str(token), FENCE_SET, (key,), (value,))  # type: ignore[arg-type]
+            # Exact types, a live token, no slot to check (the common case): the
+            # request as bind() makes it, nothing to check one by one.
+            return FENCE_SET, (self._applied_key, key), (token, value)  # type: ignore[return-value]
         return self._request(token, FENCE_SET, (check_key(key),), (check_value(value),))
 
     def hset_request(
@@ -195,7 +200,7 @@ class Fence:
         if request is None:
             return False
         try:
-            reply, acked = run_one(self._engine, request, wait=self._guard.wait)
+            reply, acked = run_one(self._engine, request, wait=self._wait)
         except RedisError as exc:
             self._failed(request, exc)
             raise
@@ -232,11 +237,14 @@ class Fence:
         return writer
 
     def _outcome(self, reply: object, acked: int) -> bool:
+        """A single write's ``applied``, counted; with the guard on, its replicas required."""
         # The engine checked the reply: 0 or 1.
-        applied = reply == 1
-        self._events.fenced(applied)
-        if applied and self._guard.enabled:
-            self._guard.require(
+        applied: bool = reply == 1
+        if self._events.sinks:
+            self._events.fenced(applied)
+        wait = self._wait
+        if applied and wait is not None:
+            wait.require(
                 acked,
                 f"fenced write on {self._name!r} was applied on the master but",
                 "a failover now could lose it",
@@ -270,12 +278,12 @@ class Fence:
             raise
 
     def _write_batch(self, batch: list[FenceRequest]) -> list[bool]:
-        guard = self._guard
+        wait = self._wait
         # With the guard, one WAIT follows the batch on its connection.
-        replies, acked = self._engine.run(batch, wait=guard.wait)
+        replies, acked = self._engine.run(batch, wait=wait)
         applied = self._results(replies)
-        if guard.enabled and any(applied):
-            guard.require(
+        if wait is not None and any(applied):
+            wait.require(
                 acked,
                 f"fenced pipeline on {self._name!r}: {sum(applied)} of {len(applied)} writes "
                 "applied on the master but",
@@ -334,11 +342,14 @@ class Fence:
         The engine checked every reply: 0, 1, or an exception in its place
         (an error reply, or a reply the script cannot give).
         """
-        applied = [reply == 1 for reply in replies]
-        failures = [reply for reply in replies if isinstance(reply, Exception)]
-        if not failures:
+        n = len(replies)
+        ones = replies.count(1)  # no exception equals 0 or 1
+        if ones == n or ones + replies.count(0) == n:
+            applied = [True] * n if ones == n else [reply == 1 for reply in replies]
             self._report(applied)
             return applied
+        applied = [reply == 1 for reply in replies]
+        failures = [reply for reply in replies if isinstance(reply, Exception)]
         # Writes that met an error reply raised: they were neither applied nor rejected.
         ran = zip(applied, replies, strict=True)
         self._report([done for done, reply in ran if not isinstance(reply, Exception)])
@@ -373,22 +384,34 @@ class Fence:
         checked = check_token(token)
         if checked < 1:
             return None  # the inert and non-positive tokens never write
-        return self.bind(str(checked), script, keys, args)
+        return self.bind(checked, script, keys, args)
+
+    def direct(self, token: int | None) -> tuple[str, int] | None:
+        """``(mark key, token)`` that ``bind`` puts first, when it would check nothing else.
+
+        None for the inert tokens (``token`` None) and on a cluster, where
+        every key's slot is checked: those requests go through ``bind``.
+        """
+        if token is None or self._slot is not None:
+            return None
+        return self._applied_key, token
 
     def bind(
         self,
-        token_arg: str,
+        token: int,
         script: Script,
         keys: tuple[str | bytes, ...],
         args: tuple[EncodableT, ...],
     ) -> FenceRequest:
-        """The request of a validated write with a positive token (``token_arg``, its decimal).
+        """The request of a validated write with a positive ``token``.
 
-        On a cluster, a key outside the name's slot raises here.
+        The token goes as an int: both engines send an int as its decimal,
+        the bytes a ``str(token)`` would be. On a cluster, a key outside the
+        name's slot raises here.
         """
         if self._slot is not None:
             self._check_slots(keys)
-        return script, (self._applied_key, *keys), (token_arg, *args)
+        return script, (self._applied_key, *keys), (token, *args)
 
     def _check_slots(self, keys: tuple[str | bytes, ...]) -> None:
         """Refuse, before anything is sent, a cluster write with a key outside the name's slot.

@@ -12,7 +12,17 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from .._engine import EncodableT
-from .fence import FENCE_HSET, FENCE_SET, Fence, FenceRequest, check_key, check_token, check_value
+from .fence import (
+    FENCE_HSET,
+    FENCE_SET,
+    KEY_TYPES,
+    VALUE_TYPES,
+    Fence,
+    FenceRequest,
+    check_key,
+    check_token,
+    check_value,
+)
 
 if TYPE_CHECKING:
     from .._scripts import Script
@@ -28,17 +38,26 @@ class _PipelineWrites:
     costs only its own arguments' checks (a pipeline is for many writes).
     """
 
-    __slots__ = ("_fence", "_requests", "_token_arg", "token")
+    __slots__ = ("_direct", "_fence", "_requests", "_token_arg", "token")
 
     def __init__(self, fence: Fence, token: object) -> None:
         self._fence = fence
         self.token = check_token(token)
         # None: the inert and non-positive tokens never write, nor send.
-        self._token_arg = str(self.token) if self.token >= 1 else None
+        self._token_arg = self.token if self.token >= 1 else None
+        # (mark key, token): what every request of a live token begins its keys
+        # and args with, where no key needs a slot check; else None.
+        self._direct = fence.direct(self._token_arg)
         self._requests: list[FenceRequest | None] = []
 
     def set(self: _P, key: str | bytes, value: EncodableT) -> _P:
         """Queue a fenced ``SET key value``; bad arguments raise here, before anything is sent."""
+        direct = self._direct
+        if direct is not None and type(key) in KEY_TYPES and type(value) in VALUE_TYPES:
+            # Exact types, a live token, no slot to check: the request as bind() makes it,
+            # built here (a pipeline of many writes pays no call per write for it).
+            self._requests.append((FENCE_SET, (direct[0], key), (direct[1], value)))
+            return self
         self._add(FENCE_SET, (check_key(key),), (check_value(value),))
         return self
 

@@ -127,13 +127,17 @@ class NativeEngine(Pools):
             except ResponseError as exc:
                 return [exc], 0
             return [check(script, reply)], acked
-        refs_batch = [(refs.get(s.sha) or self._ref(s), k, a) for s, k, a in batch]
+        requests = batch if type(batch) is list else list(batch)
         if wait is None:
-            replies, acked = _native.execute_many(pool, refs_batch, bound), 0
+            replies, acked, flags = _native.execute_scripts(pool, requests, refs, self._ref, bound)
         else:
-            replies, acked = _native.execute_many(
-                pool, refs_batch, bound, wait.min_replicas, wait.timeout_ms
+            replies, acked, flags = _native.execute_scripts(
+                pool, requests, refs, self._ref, bound, wait.min_replicas, wait.timeout_ms
             )
+        if flags and batch[0][0].reply == "flag":
+            # One script for the whole batch, whose replies are 0 or 1, and the
+            # core saw only 0s and 1s: every reply is one it can give.
+            return replies, acked
         return [check(s, r) for (s, _k, _a), r in zip(batch, replies, strict=True)], acked
 
     def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:

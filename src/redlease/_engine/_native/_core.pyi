@@ -174,6 +174,22 @@ def execute_many(
     that leaves replies unread raises ConnectionError / TimeoutError.
     """
 
+def execute_scripts(
+    pool: Pool,
+    requests: list[tuple[Script, Sequence[str | bytes], Sequence[_Encodable]]],
+    refs: dict[str, ScriptRef],
+    make_ref: Callable[[Script], ScriptRef],
+    timeout: float,
+    replicas: int = 0,
+    wait_ms: int = 0,
+) -> tuple[list[Any], int, bool]:
+    """``execute_many`` of scripts by their ``Script``: ``(replies, acknowledged, flags)``.
+
+    Each script's ScriptRef comes from ``refs`` (``make_ref`` the first
+    time). ``flags``: every request names the first one's script and every
+    reply is an integer 0 or 1.
+    """
+
 class Renewer:
     """One native thread renewing every ``Lease`` made from it.
 

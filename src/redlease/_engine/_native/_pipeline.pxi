@@ -283,6 +283,132 @@ cdef int batch_encode(rl_batch* b, list requests) except -1:
     return 0
 
 
+cdef inline bint immutable_arg(object arg) noexcept:
+    """An argument whose encoding cannot change between two reads (exact str, bytes or int)."""
+    return type(arg) is str or type(arg) is bytes or type(arg) is int
+
+
+cdef bint batch_encode_scripts(rl_batch* b, list requests, dict refs, object make_ref,
+                               list keep) except -1:
+    """Each ``(Script, keys, args)`` as an EVALSHA appended to ``b.w``, with no copy between.
+
+    A script's ScriptRef is looked up (``refs``, else ``make_ref``) once per
+    run of requests naming the same script, and kept alive in ``keep``. A
+    request that repeats the previous one's script, arity and first key
+    (the fence's mark key, in a fenced pipeline) copies that encoded
+    prefix instead of encoding it again, and one whose first arg is the
+    previous one's (the token) copies its encoding. True when every request
+    names the first one's script.
+    """
+    cdef Py_ssize_t n = len(requests)
+    cdef Py_ssize_t i, j, nkeys = 0, nargs = 0
+    cdef Py_ssize_t prev_nkeys = -1, prev_nargs = -1
+    cdef object request, script, found
+    cdef object prev_script = None
+    cdef object prev_first = None
+    cdef object prev_arg = None
+    cdef size_t astart = 0, alen = 0
+    cdef tuple keys, args
+    cdef ScriptRef ref = None
+    cdef size_t start, pstart = 0, plen = 0, phead = 0, ptail = 0
+    cdef bint same = True
+    cdef rl_bcmd* out
+    cdef char num[24]
+    cdef int k
+    # Not zeroed: every field is set below, or by the reply it is read from.
+    b.cmds = <rl_bcmd*>realloc(NULL, (<size_t>n if n else 1) * sizeof(rl_bcmd))
+    if b.cmds == NULL:
+        raise MemoryError()
+    for i in range(n):
+        request = requests[i]
+        if type(request) is tuple and len(<tuple>request) == 3:
+            script = (<tuple>request)[0]
+            keys = (<tuple>request)[1] if type((<tuple>request)[1]) is tuple \
+                else tuple((<tuple>request)[1])
+            args = (<tuple>request)[2] if type((<tuple>request)[2]) is tuple \
+                else tuple((<tuple>request)[2])
+        else:
+            script, keys_seq, args_seq = request
+            keys = tuple(keys_seq)
+            args = tuple(args_seq)
+        if script is not prev_script:
+            same = i == 0
+            found = refs.get(script.sha)
+            ref = <ScriptRef>(found if found is not None else make_ref(script))
+            keep.append(ref)
+            prev_script = script
+            prev_first = None
+        nkeys = len(keys)
+        nargs = len(args)
+        start = b.w.len
+        out = &b.cmds[i]
+        if (prev_first is not None and nkeys == prev_nkeys and nargs == prev_nargs
+                and keys[0] is prev_first):
+            # The same script, arity and first key as the previous request: the
+            # same bytes up to and with that key.
+            if buf_put_copy(&b.w, pstart, plen) < 0:
+                raise MemoryError()
+            out.head = start + phead
+            out.tail = start + ptail
+        else:
+            if buf_put_prefix(&b.w, c'*', 3 + nkeys + nargs) < 0:
+                raise MemoryError()
+            out.head = b.w.len
+            if (buf_put(&b.w, b"$7\r\nEVALSHA\r\n", 13) < 0
+                    or buf_put_bulk(&b.w, PyBytes_AS_STRING(ref.sha),
+                                    <size_t>PyBytes_GET_SIZE(ref.sha)) < 0):
+                raise MemoryError()
+            out.tail = b.w.len
+            k = fmt_ll(num, nkeys)
+            if buf_put_bulk(&b.w, num, <size_t>k) < 0:
+                raise MemoryError()
+            prev_first = None
+            if nkeys > 0:
+                put_arg(&b.w, keys[0])
+                if immutable_arg(keys[0]):
+                    prev_first = keys[0]
+                    prev_nkeys = nkeys
+                    prev_nargs = nargs
+                    pstart = start
+                    plen = b.w.len - start
+                    phead = out.head - start
+                    ptail = out.tail - start
+        for j in range(1, nkeys):
+            put_arg(&b.w, keys[j])
+        if nargs > 0:
+            if prev_arg is not None and args[0] is prev_arg:
+                if buf_put_copy(&b.w, astart, alen) < 0:
+                    raise MemoryError()
+            else:
+                astart = b.w.len
+                put_arg(&b.w, args[0])
+                alen = b.w.len - astart
+                prev_arg = args[0] if immutable_arg(args[0]) else None
+        for j in range(1, nargs):
+            put_arg(&b.w, args[j])
+        out.start = start
+        out.end = b.w.len
+        out.src = PyBytes_AS_STRING(ref.source)
+        out.srclen = <size_t>PyBytes_GET_SIZE(ref.source)
+        out.kind = 0
+        out.what = REPLY_DONE
+        out.noscript = False
+        out.ival = 0
+        out.off = 0
+        out.len = 0
+        b.n = <size_t>(i + 1)
+    return same
+
+
+cdef bint batch_all_flags(rl_batch* b) noexcept:
+    """Every reply of the batch an integer 0 or 1."""
+    cdef size_t i
+    for i in range(b.n):
+        if b.cmds[i].kind != c':' or (b.cmds[i].ival != 0 and b.cmds[i].ival != 1):
+            return False
+    return True
+
+
 cdef list batch_replies(rl_batch* b):
     """Every reply as redis-py gives it, error replies as exception objects (not raised)."""
     cdef list replies = []
@@ -313,6 +439,42 @@ cdef list batch_replies(rl_batch* b):
     return replies
 
 
+cdef object batch_execute(Pool pool, rl_batch* b, object first_keys, int64_t deadline,
+                          int replicas, int wait_ms, object wait_cmd):
+    """Run the encoded batch on one of ``pool``'s connections (WAIT after it with
+    ``replicas``); the number of replicas that acknowledged (0 without)."""
+    cdef rl_slot* slot
+    cdef rl_conn* c
+    cdef int64_t wait_deadline
+    cdef int rc
+    acked = 0
+    slot = pool.grab(deadline)
+    c = &slot.conn
+    try:
+        c.slot = disco_slot_for(c.disco, first_keys)
+        with nogil:
+            rc = batch_run(c, b, deadline)
+        if rc < 0:
+            raise conn_exception(c)
+        if replicas > 0:
+            if c.fd < 0:
+                # Never WAIT on a new connection: it would count another server's replicas.
+                raise _RedisConnectionError("Connection closed before WAIT")
+            c.w.len = 0
+            put_command(&c.w, wait_cmd)
+            wait_deadline = rl_now_ns()
+            wait_deadline = (deadline if deadline > wait_deadline else wait_deadline) + \
+                <int64_t>wait_ms * 1000000
+            with nogil:
+                rc = conn_run_command(c, wait_deadline)
+            if rc < 0:
+                raise conn_exception(c)
+            acked = take_reply(c)
+    finally:
+        release_slot(slot)
+    return acked
+
+
 def execute_many(Pool pool not None, list requests not None, double timeout,
                  int replicas=0, int wait_ms=0):
     """Run ``[(ScriptRef, keys, args), ...]`` in one round trip on one of ``pool``'s connections.
@@ -329,12 +491,7 @@ def execute_many(Pool pool not None, list requests not None, double timeout,
     acknowledged)``; the WAIT gets ``wait_ms`` beyond the batch's deadline.
     """
     cdef int64_t deadline = deadline_after(timeout)
-    cdef int64_t wait_deadline
     cdef rl_batch b
-    cdef rl_slot* slot
-    cdef rl_conn* c
-    cdef int rc
-    acked = 0
     # Checked before anything is sent (WAIT 0 would block forever).
     wait_cmd = _timing.wait_command(replicas, wait_ms) if replicas > 0 else None
     if not requests:
@@ -342,32 +499,38 @@ def execute_many(Pool pool not None, list requests not None, double timeout,
     memset(&b, 0, sizeof(b))
     try:
         batch_encode(&b, requests)
-        slot = pool.grab(deadline)
-        c = &slot.conn
-        try:
-            c.slot = disco_slot_for(c.disco, (<tuple>requests[0])[1])
-            with nogil:
-                rc = batch_run(c, &b, deadline)
-            if rc < 0:
-                raise conn_exception(c)
-            if replicas > 0:
-                if c.fd < 0:
-                    # Never WAIT on a new connection: it would count another server's replicas.
-                    raise _RedisConnectionError("Connection closed before WAIT")
-                c.w.len = 0
-                put_command(&c.w, wait_cmd)
-                wait_deadline = rl_now_ns()
-                wait_deadline = (deadline if deadline > wait_deadline else wait_deadline) + \
-                    <int64_t>wait_ms * 1000000
-                with nogil:
-                    rc = conn_run_command(c, wait_deadline)
-                if rc < 0:
-                    raise conn_exception(c)
-                acked = take_reply(c)
-        finally:
-            release_slot(slot)
+        acked = batch_execute(pool, &b, requests[0][1], deadline, replicas, wait_ms,
+                              wait_cmd)
         if replicas > 0:
             return batch_replies(&b), acked
         return batch_replies(&b)
+    finally:
+        batch_free(&b)
+
+
+def execute_scripts(Pool pool not None, list requests not None, dict refs not None,
+                    make_ref not None, double timeout, int replicas=0, int wait_ms=0):
+    """``execute_many`` of ``[(Script, keys, args), ...]``: ``(replies, acknowledged, flags)``.
+
+    Each ``Script``'s ScriptRef comes from ``refs`` (made by ``make_ref`` the
+    first time), looked up once per run of requests naming the same script.
+    ``flags`` is True when every request names the first one's script and
+    every reply is an integer 0 or 1: then a script whose replies are flags
+    needs no reply checked one by one. ``acknowledged`` is 0 without
+    ``replicas``.
+    """
+    cdef int64_t deadline = deadline_after(timeout)
+    cdef rl_batch b
+    cdef bint same
+    cdef list keep = []
+    wait_cmd = _timing.wait_command(replicas, wait_ms) if replicas > 0 else None
+    if not requests:
+        return [], 0, False
+    memset(&b, 0, sizeof(b))
+    try:
+        same = batch_encode_scripts(&b, requests, refs, make_ref, keep)
+        acked = batch_execute(pool, &b, requests[0][1], deadline, replicas, wait_ms,
+                              wait_cmd)
+        return batch_replies(&b), acked, same and batch_all_flags(&b)
     finally:
         batch_free(&b)

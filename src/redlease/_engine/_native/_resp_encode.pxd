@@ -15,6 +15,7 @@ cdef struct rl_script_cmd:
 cdef int buf_reserve(rl_buf* b, size_t extra) noexcept nogil
 cdef void buf_free(rl_buf* b) noexcept nogil
 cdef int buf_put(rl_buf* b, const char* p, size_t n) noexcept nogil
+cdef int buf_put_copy(rl_buf* b, size_t off, size_t n) noexcept nogil
 cdef int buf_put_prefix(rl_buf* b, char kind, long long n) noexcept nogil
 cdef int buf_put_bulk(rl_buf* b, const char* p, size_t n) noexcept nogil
 cdef int put_command(rl_buf* b, object args) except -1

@@ -62,11 +62,45 @@ cdef int buf_put(rl_buf* b, const char* p, size_t n) noexcept nogil:
     return 0
 
 
+cdef int buf_put_copy(rl_buf* b, size_t off, size_t n) noexcept nogil:
+    """Append ``n`` of ``b``'s own bytes from ``off`` (read after it grows: they may move)."""
+    if buf_reserve(b, n) < 0:
+        return -1
+    memcpy(b.data + b.len, b.data + off, n)
+    b.len += n
+    return 0
+
+
+cdef inline size_t put_header(char* out, char kind, size_t n) noexcept nogil:
+    """Write ``<kind><n>\r\n`` at ``out`` (24 bytes of room); its length.
+
+    Lengths and counts of one or two digits, nearly every one a command
+    has, are written without the general conversion.
+    """
+    cdef size_t k
+    out[0] = kind
+    if n < 10:
+        out[1] = <char>(c'0' + <int>n)
+        k = 1
+    elif n < 100:
+        out[1] = <char>(c'0' + <int>(n // 10))
+        out[2] = <char>(c'0' + <int>(n % 10))
+        k = 2
+    else:
+        k = <size_t>fmt_ll(out + 1, <long long>n)
+    out[1 + k] = c'\r'
+    out[2 + k] = c'\n'
+    return k + 3
+
+
 cdef int buf_put_prefix(rl_buf* b, char kind, long long n) noexcept nogil:
     """Append ``*<n>\\r\\n`` or ``$<n>\\r\\n``."""
     cdef int k
     if buf_reserve(b, 24) < 0:
         return -1
+    if n >= 0:
+        b.len += put_header(b.data + b.len, kind, <size_t>n)
+        return 0
     b.data[b.len] = kind
     k = fmt_ll(b.data + b.len + 1, n)
     b.data[b.len + 1 + k] = c'\r'
@@ -78,7 +112,7 @@ cdef int buf_put_prefix(rl_buf* b, char kind, long long n) noexcept nogil:
 cdef int buf_put_bulk(rl_buf* b, const char* p, size_t n) noexcept nogil:
     if buf_reserve(b, n + 26) < 0:
         return -1
-    buf_put_prefix(b, c'$', <long long>n)
+    b.len += put_header(b.data + b.len, c'$', n)
     memcpy(b.data + b.len, p, n)
     b.data[b.len + n] = c'\r'
     b.data[b.len + n + 1] = c'\n'
