@@ -57,6 +57,7 @@ def busy(load: str) -> Iterator[None]:
     stop = threading.Event()
     spinners: list[subprocess.Popen[bytes]] = []
     thread: threading.Thread | None = None
+    switch = sys.getswitchinterval()
     if load == "gil":
 
         def spin() -> None:
@@ -64,6 +65,11 @@ def busy(load: str) -> Iterator[None]:
             while not stop.is_set():
                 n += 1
 
+        # The GIL changes hands every 1 ms, not 5: on the Python engine the renewer
+        # that keeps the places is a Python thread too, and with a dozen threads
+        # taking 5 ms turns on a loaded 2-core host it can wait past a place's
+        # 100 ms life (the native engine's renewer never waits for the GIL).
+        sys.setswitchinterval(0.001)
         thread = threading.Thread(target=spin, daemon=True)
         thread.start()
     if load == "cpu":
@@ -78,6 +84,7 @@ def busy(load: str) -> Iterator[None]:
             spinner.wait()
         if thread is not None:
             thread.join(10)
+        sys.setswitchinterval(switch)
 
 
 def serve_in_turn(locker: Locker, kind: str, interval: float, load: str) -> list[int]:
