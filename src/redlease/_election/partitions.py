@@ -77,7 +77,7 @@ _SHOWN_NAMES = 8
 
 
 _JOIN = _scripts.load("partition_join")  # the reply shapes are checked here (_check_*)
-_HEARTBEAT = _scripts.load("partition_heartbeat")  # 0 or 1, like a renewal
+_HEARTBEAT = _scripts.load("sem_refresh")  # a member's lease in the group's sorted set
 _VIEW = _scripts.load("partition_view")
 _RELEASE = _scripts.load("partition_release")
 _LEAVE = _scripts.load("partition_leave")
