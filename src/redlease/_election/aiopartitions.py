@@ -22,7 +22,7 @@ from .._aio import off_loop, settled
 from .._config import Duration
 from .._engine.closing import AwaitsStopOnExit
 from .aio import Elector, Fencer
-from .partitions import Callback, Member, PartitionsShell
+from .partitions import Callback, PartitionsShell
 from .term import Observer
 
 AsyncCallback = Callable[..., "Awaitable[object] | object"]
@@ -45,6 +45,9 @@ class Partitions(PartitionsShell, AwaitsStopOnExit):
 
     __slots__ = ("_callback_tasks", "_loop")
 
+    _face = "aio.Partitions"
+    _elector = Elector
+
     def __init__(
         self,
         client: Any,
@@ -61,29 +64,9 @@ class Partitions(PartitionsShell, AwaitsStopOnExit):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._callback_tasks: set[asyncio.Task[Any]] = set()
 
-        def make(pname: str, pttl: float, ident: str, engine_name: str | None) -> Elector:
-            return Elector(client, pname, ttl=pttl, instance_id=ident, engine=engine_name)
-
-        self._core = Member(
-            client,
-            name,
-            partitions,
-            ttl=ttl,
-            member_id=member_id,
-            on_assigned=on_assigned,
-            on_revoked=on_revoked,
-            observer=observer,
-            engine=engine,
-            make_elector=make,
-            asyncio=True,
+        self._core = self._join(
+            client, name, partitions, ttl, member_id, on_assigned, on_revoked, observer, engine,
             bridge=self._bridge,
-            shell="aio.Partitions",
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"<redlease.aio.Partitions {self._core.config.name!r} member={self.member_id!r} "
-            f"owned={len(self._core.owned())}/{len(self._core.names)}>"
         )
 
     # -- running ------------------------------------------------------------------------------

@@ -64,6 +64,7 @@ from .._errors import ConfigError
 from .._keys import PartitionKeys, has_hash_tag
 from .._log import Events, logger
 from .elector import Elector, Fencer
+from .shell import ElectorShell
 from .term import Observer, tell_on_error
 
 MAX_PARTITIONS = 65536
@@ -977,6 +978,47 @@ class PartitionsShell:
     __slots__ = ("__weakref__", "_core")
 
     _core: Member
+    _face = "Partitions"  # how the face names itself (repr, errors)
+    _elector: type[ElectorShell] = Elector  # what a partition's fencer belongs to
+
+    def _join(
+        self,
+        client: Any,
+        name: str,
+        partitions: object,
+        *settings: Any,
+        bridge: Bridge = _as_is,
+    ) -> Member:
+        """The member core, from the face's arguments: ``ttl, member_id, on_assigned,
+        on_revoked, observer, engine`` as given (the face's signature is the record)."""
+        ttl, member_id, on_assigned, on_revoked, observer, engine = settings
+        elector = self._elector
+
+        def make(pname: str, pttl: float, ident: str, engine_name: str | None) -> Any:
+            return elector(client, pname, ttl=pttl, instance_id=ident, engine=engine_name)
+
+        return Member(
+            client,
+            name,
+            partitions,
+            ttl=ttl,
+            member_id=member_id,
+            on_assigned=on_assigned,
+            on_revoked=on_revoked,
+            observer=observer,
+            engine=engine,
+            make_elector=make,
+            asyncio=bridge is not _as_is,
+            bridge=bridge,
+            shell=self._face,
+        )
+
+    def __repr__(self) -> str:
+        core = self._core
+        return (
+            f"<redlease.{self._face} {core.config.name!r} member={self.member_id!r} "
+            f"owned={len(core.owned())}/{len(core.names)}>"
+        )
 
     @property
     def member_id(self) -> str:
@@ -1051,26 +1093,8 @@ class Partitions(PartitionsShell, StopsOnExit):
         observer: Observer | None = None,
         engine: str | None = "auto",
     ) -> None:
-        def make(pname: str, pttl: float, ident: str, engine_name: str | None) -> Elector:
-            return Elector(client, pname, ttl=pttl, instance_id=ident, engine=engine_name)
-
-        self._core = Member(
-            client,
-            name,
-            partitions,
-            ttl=ttl,
-            member_id=member_id,
-            on_assigned=on_assigned,
-            on_revoked=on_revoked,
-            observer=observer,
-            engine=engine,
-            make_elector=make,
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"<redlease.Partitions {self._core.config.name!r} member={self.member_id!r} "
-            f"owned={len(self._core.owned())}/{len(self._core.names)}>"
+        self._core = self._join(
+            client, name, partitions, ttl, member_id, on_assigned, on_revoked, observer, engine
         )
 
     def start(self) -> Partitions:

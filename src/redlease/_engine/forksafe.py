@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from types import TracebackType
 
 
 class ForkSafeLock:
@@ -30,12 +29,8 @@ class ForkSafeLock:
     def __enter__(self) -> bool:
         return self._lock.acquire()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
+        # Released on every way out; the exception, if any, is not the lock's to judge.
         self._lock.release()
 
     def locked(self) -> bool:
