@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import _scripts
 from .._keys import ElectionKeys, LockKeys
-from .redisurl import CliError, connect_any, errors, one_line, redact, unreachable_as_cli_error
+from .redisurl import CliError, on_redis, redact
 
 
 def _is_cluster(client: Any) -> bool:
@@ -22,16 +22,12 @@ def _is_cluster(client: Any) -> bool:
 
 def _run_script(url: str, name: str, script: str, keys: tuple[str, ...]) -> dict[str, Any]:
     """Run ``script`` on ``keys`` at ``url``: ``{"name", "evicted", "mark"}``."""
-    client = connect_any(url)
-    try:
-        source = _scripts.load(script).source
-        sharded = "1" if _is_cluster(client) else "0"
-        with unreachable_as_cli_error(url):
-            reply = client.eval(source, len(keys), *keys, sharded)
-    except errors("ResponseError") as exc:
-        raise CliError(f"Redis at {redact(url)} answered with an error: {one_line(exc)}") from None
-    finally:
-        client.close()
+    source = _scripts.load(script).source
+
+    def run(client: Any) -> Any:
+        return client.eval(source, len(keys), *keys, "1" if _is_cluster(client) else "0")
+
+    reply = on_redis(url, repr(name), run)
     if not (
         isinstance(reply, list)
         and len(reply) == 2

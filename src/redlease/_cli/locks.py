@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import ConfigError, RedisLocker
-from .redisurl import CliError, connect_any, errors, one_line, redact, unreachable_as_cli_error
+from .. import RedisLocker
+from .redisurl import CliError, on_redis, redact
 
 
 def collect(client: Any, prefix: str) -> list[dict[str, Any]]:
@@ -31,18 +31,7 @@ def run(url: str, prefix: str, as_json: bool) -> str:
     """The text ``redlease locks`` prints (CliError when Redis cannot be read)."""
     if not prefix:
         raise CliError("the prefix must not be empty (the default is redlease:lock:)")
-    client = connect_any(url)
-    try:
-        with unreachable_as_cli_error(url):
-            rows = collect(client, prefix)
-    except ConfigError as exc:
-        raise CliError(str(exc)) from None
-    except errors("ResponseError") as exc:
-        raise CliError(f"Redis at {redact(url)} answered with an error: {one_line(exc)}") from None
-    except errors("RedisError") as exc:
-        raise CliError(f"reading the locks at {redact(url)} failed: {one_line(exc)}") from None
-    finally:
-        client.close()
+    rows = on_redis(url, "the locks", lambda client: collect(client, prefix))
     if as_json:
         return json.dumps(rows)
     return render(rows, prefix, redact(url))

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from .._keys import ElectionKeys, PartitionKeys
-from .redisurl import CliError, connect_any, errors, one_line, redact, unreachable_as_cli_error
+from .redisurl import CliError, on_redis, redact
 
 
 def _natural(name: str) -> tuple[int, int, str]:
@@ -62,14 +62,7 @@ def run(url: str, name: str, as_json: bool) -> str:
     """The text ``redlease partitions`` prints (CliError when Redis cannot be read)."""
     if not name:
         raise CliError("the group name must not be empty")
-    client = connect_any(url)
-    try:
-        with unreachable_as_cli_error(url):
-            rows, members = collect(client, name)
-    except errors("ResponseError") as exc:
-        raise CliError(f"Redis at {redact(url)} answered with an error: {one_line(exc)}") from None
-    finally:
-        client.close()
+    rows, members = on_redis(url, f"group {name!r}", lambda client: collect(client, name))
     if as_json:
         return json.dumps(rows)
     return render(rows, members, name, redact(url))

@@ -10,10 +10,10 @@ import importlib
 import os
 import sys
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
@@ -202,16 +202,45 @@ def unreachable_as_cli_error(url: str) -> Iterator[None]:
         raise CliError(f"cannot reach Redis at {redact(url)}: {one_line(exc)}") from None
 
 
-def ping(url: str) -> None:
-    """Raise CliError unless the server at ``url`` answers PING."""
-    client = connect(url)
+T = TypeVar("T")
+
+
+def on_redis(url: str, what: str, work: Callable[[Any], T], *, cluster: bool = True) -> T:
+    """``work(client)`` on a client for ``url``, closed afterwards; each failure one CliError line.
+
+    The client is ``connect_any``'s (a cluster client where the server is a
+    Cluster node), or ``connect``'s with ``cluster=False``. ``what`` names
+    what the command reads ("the locks", "elector 'jobs'") in the messages:
+    unreachable servers and refused credentials (``unreachable_as_cli_error``),
+    a MOVED to a plain client (point ``--redis`` at the node it names), any
+    other error reply, any other client failure, and a ``ConfigError`` the
+    library raised about what was asked.
+    """
+    from .. import ConfigError  # the public face; imported late, as the command line starts
+
+    client = connect_any(url) if cluster else connect(url)
+    where = redact(url)
     try:
         with unreachable_as_cli_error(url):
-            client.ping()
+            return work(client)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    except errors("MovedError") as exc:
+        raise CliError(
+            f"Redis at {where} is a cluster node that does not own the slot of {what} "
+            f"({one_line(exc)}); point --redis at the node named there"
+        ) from None
     except errors("ResponseError") as exc:
-        raise CliError(f"Redis at {redact(url)} answered PING with an error: {exc}") from None
+        raise CliError(f"Redis at {where} answered with an error: {one_line(exc)}") from None
+    except errors("RedisError") as exc:
+        raise CliError(f"reading {what} at {where} failed: {one_line(exc)}") from None
     finally:
         client.close()
+
+
+def ping(url: str) -> None:
+    """Raise CliError unless the server at ``url`` answers PING."""
+    on_redis(url, "PING", lambda client: client.ping(), cluster=False)
 
 
 def reply_text(value: object) -> str | None:

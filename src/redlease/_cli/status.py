@@ -10,12 +10,11 @@ import redis
 from .._keys import ElectionKeys
 from .redisurl import (
     CliError,
-    connect,
     errors,
+    on_redis,
     one_line,
     redact,
     reply_text,
-    unreachable_as_cli_error,
 )
 
 
@@ -133,19 +132,9 @@ def run(url: str, name: str, as_json: bool) -> str:
     """The text ``redlease status`` prints (CliError when Redis cannot be read)."""
     if not name:
         raise CliError("the elector name must not be empty")
-    client = connect(url)
-    try:
-        with unreachable_as_cli_error(url):
-            report = collect(client, name, url)
-    except errors("ResponseError") as exc:
-        if isinstance(exc, errors("MovedError")):
-            raise CliError(
-                f"Redis at {redact(url)} is a cluster node that does not own {name!r}'s slot "
-                f"({one_line(exc)}); point --redis at the node named there"
-            ) from None
-        raise CliError(f"Redis at {redact(url)} answered with an error: {one_line(exc)}") from None
-    finally:
-        client.close()
+    report = on_redis(
+        url, f"elector {name!r}", lambda client: collect(client, name, url), cluster=False
+    )
     if as_json:
         return json.dumps(report, sort_keys=True)
     return render(report)

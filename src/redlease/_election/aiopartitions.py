@@ -15,20 +15,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from .._aio import off_loop, settled
-from .._config import Duration
 from .._engine.closing import AwaitsStopOnExit
 from .aio import Elector, Fencer
 from .partitions import Callback, PartitionsShell
-from .term import Observer
 
 AsyncCallback = Callable[..., "Awaitable[object] | object"]
 
 
-class Partitions(PartitionsShell, AwaitsStopOnExit):
+class Partitions(PartitionsShell[AsyncCallback, AsyncCallback], AwaitsStopOnExit):
     """One member of a partitioned group, for asyncio (see ``redlease.Partitions``).
 
     Arguments, validation, guarantees and callbacks are those of
@@ -46,28 +44,12 @@ class Partitions(PartitionsShell, AwaitsStopOnExit):
     __slots__ = ("_callback_tasks", "_loop")
 
     _face = "aio.Partitions"
+    _asyncio = True
     _elector = Elector
 
-    def __init__(
-        self,
-        client: Any,
-        name: str,
-        partitions: int | Sequence[str],
-        *,
-        ttl: Duration | None = None,
-        member_id: str | None = None,
-        on_assigned: AsyncCallback | None = None,
-        on_revoked: AsyncCallback | None = None,
-        observer: Observer | None = None,
-        engine: str | None = "auto",
-    ) -> None:
+    def _shell_init(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._callback_tasks: set[asyncio.Task[Any]] = set()
-
-        self._core = self._join(
-            client, name, partitions, ttl, member_id, on_assigned, on_revoked, observer, engine,
-            bridge=self._bridge,
-        )
 
     # -- running ------------------------------------------------------------------------------
 

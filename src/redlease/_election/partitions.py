@@ -50,7 +50,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .. import _scripts
 from .._config import Config, Duration, default_instance_id
@@ -969,35 +969,48 @@ def _listed(partitions: Iterable[str], limit: int = 16) -> str:
 
 
 
-# -- the threaded shell ----------------------------------------------------------------------
+# -- the shells --------------------------------------------------------------------------------
 
 
-class PartitionsShell:
-    """What the threaded and the asyncio ``Partitions`` share: their core and its identity."""
+Assigned = TypeVar("Assigned", bound=Callable[..., object])
+Revoked = TypeVar("Revoked", bound=Callable[..., object])
+
+
+class PartitionsShell(Generic[Assigned, Revoked]):
+    """What the threaded and the asyncio ``Partitions`` share: their signature, core and identity.
+
+    The arguments of a member are written here once; each face says how it
+    names itself (``_face``), whose fencers its partitions hand out
+    (``_elector``), how its callbacks run (``_bridge``) and what else it
+    keeps (``_shell_init``). The type parameters are the callbacks' types.
+    """
 
     __slots__ = ("__weakref__", "_core")
 
-    _core: Member
     _face = "Partitions"  # how the face names itself (repr, errors)
+    _asyncio = False  # whether its callbacks may be coroutine functions
     _elector: type[ElectorShell] = Elector  # what a partition's fencer belongs to
 
-    def _join(
+    def __init__(
         self,
         client: Any,
         name: str,
-        partitions: object,
-        *settings: Any,
-        bridge: Bridge = _as_is,
-    ) -> Member:
-        """The member core, from the face's arguments: ``ttl, member_id, on_assigned,
-        on_revoked, observer, engine`` as given (the face's signature is the record)."""
-        ttl, member_id, on_assigned, on_revoked, observer, engine = settings
+        partitions: int | Sequence[str],
+        *,
+        ttl: Duration | None = None,
+        member_id: str | None = None,
+        on_assigned: Assigned | None = None,
+        on_revoked: Revoked | None = None,
+        observer: Observer | None = None,
+        engine: str | None = "auto",
+    ) -> None:
+        self._shell_init()
         elector = self._elector
 
         def make(pname: str, pttl: float, ident: str, engine_name: str | None) -> Any:
             return elector(client, pname, ttl=pttl, instance_id=ident, engine=engine_name)
 
-        return Member(
+        self._core = Member(
             client,
             name,
             partitions,
@@ -1008,10 +1021,17 @@ class PartitionsShell:
             observer=observer,
             engine=engine,
             make_elector=make,
-            asyncio=bridge is not _as_is,
-            bridge=bridge,
+            asyncio=self._asyncio,
+            bridge=self._bridge,
             shell=self._face,
         )
+
+    def _bridge(self, callback: Callback | None) -> Callback | None:
+        """How the run thread calls a callback: as it is (the asyncio face: on its loop)."""
+        return callback
+
+    def _shell_init(self) -> None:
+        """What the face keeps besides its core, set before the core is made."""
 
     def __repr__(self) -> str:
         core = self._core
@@ -1046,7 +1066,9 @@ class PartitionsShell:
         return str(self._core.engine.name)
 
 
-class Partitions(PartitionsShell, StopsOnExit):
+class Partitions(
+    PartitionsShell[Callable[[str, int], object], Callable[[str, str], object]], StopsOnExit
+):
     """One member of a group that shares N partitions, each owned by one live member at a time.
 
     ``partitions`` is an int N (names "0" .. "N-1") or a sequence of distinct
@@ -1079,23 +1101,6 @@ class Partitions(PartitionsShell, StopsOnExit):
     """
 
     __slots__ = ()
-
-    def __init__(
-        self,
-        client: Any,
-        name: str,
-        partitions: int | Sequence[str],
-        *,
-        ttl: Duration | None = None,
-        member_id: str | None = None,
-        on_assigned: Callable[[str, int], object] | None = None,
-        on_revoked: Callable[[str, str], object] | None = None,
-        observer: Observer | None = None,
-        engine: str | None = "auto",
-    ) -> None:
-        self._core = self._join(
-            client, name, partitions, ttl, member_id, on_assigned, on_revoked, observer, engine
-        )
 
     def start(self) -> Partitions:
         """Join the group and start the member's run thread; returns this member.
