@@ -13,6 +13,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import pytest
+
 import redlease
 import redlease.aio
 import redlease.lock
@@ -284,3 +286,32 @@ def test_the_pin_sees_a_changed_default() -> None:
 
     assert bare(acquire) == "(name, *, ttl=30.0)"
     assert bare(acquire) != bare(acquire_changed)
+
+
+def test_lock_faces_are_what_they_say_they_are() -> None:
+    """The lock faces take their parameters from one list each, and stay what users detect:
+    the asyncio ones coroutine functions (``hold``: a context manager), named as written."""
+    import redlease.aio
+
+    for face in (redlease.aio.RedisLocker, redlease.aio.MemoryLocker):
+        assert inspect.iscoroutinefunction(face.acquire)
+        assert inspect.iscoroutinefunction(face.try_acquire)
+        assert not inspect.iscoroutinefunction(face.hold)
+    for sem in (redlease.aio.Semaphore.acquire, redlease.aio.Semaphore.try_acquire):
+        assert inspect.iscoroutinefunction(sem)
+    for face in (redlease.RedisLocker, redlease.MemoryLocker, redlease.Semaphore):
+        assert not inspect.iscoroutinefunction(face.acquire)
+        assert face.acquire.__name__ == "acquire"
+        assert "fair" in (face.acquire.__doc__ or "")
+
+
+def test_a_misspelled_lock_argument_is_a_type_error_and_takes_nothing() -> None:
+    locker = redlease.MemoryLocker()
+    with pytest.raises(TypeError, match=r"^acquire\(\) got an unexpected keyword argument 'tll'"):
+        locker.acquire("job", tll=5)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="tll"), locker.hold("job", tll=5):  # type: ignore[call-arg]
+        pass
+    with pytest.raises(TypeError, match=r"^try_acquire\(\) .* 'fair'"):
+        locker.try_acquire("job", fair=True)  # type: ignore[call-arg]
+    assert locker.holder("job") is None
+    locker.acquire(name="job", ttl=5).release()  # the name by keyword, as before

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -29,7 +28,16 @@ from .._aio import off_loop, settled
 from .._config import Duration
 from .._engine.family import threaded
 from .._errors import NotHeld
-from .args import AcquireOptions, acquire_options, check_name
+from .args import (
+    AcquireOptions,
+    Options,
+    acquire_options,
+    attempt_options,
+    check_name,
+    hold_options,
+    takes,
+    takes_unnamed,
+)
 from .holders import LockHolder
 from .lock import (
     DEFAULT_RETRY_INTERVAL,
@@ -120,16 +128,8 @@ class _AsyncStore:
         """Which engine serves the locker: ``"native"``, ``"python"`` or ``"memory"``."""
         return self._inner.engine
 
-    async def acquire(
-        self,
-        name: str,
-        *,
-        ttl: Duration = DEFAULT_TTL,
-        wait: Duration = DEFAULT_WAIT,
-        retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
-        auto_renew: bool = False,
-        fair: bool = False,
-    ) -> Lock:
+    @takes(acquire_options)
+    async def acquire(self, name: str, options: Options) -> Lock:
         """Take the lock ``name``, retrying for up to ``wait``; see ``redlease.Locker.acquire``.
 
         Cancelling it never leaks a lock, and ``CancelledError`` always
@@ -138,34 +138,22 @@ class _AsyncStore:
         stops at its next attempt (within ``retry_interval``) and a fair one
         leaves its queue. Once it has raised, nothing is held for it.
         """
-        return await self._take(
-            check_name(name),
-            acquire_options(
-                ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew, fair=fair
-            ),
-        )
+        return await self._take(check_name(name), options())
 
     async def _take(self, name: str, options: AcquireOptions) -> Lock:
         """One acquisition with checked arguments, on the executor: every async face's path."""
         return Lock(await settled(self._inner._take, name, options, give_back=_give_back))
 
-    async def try_acquire(
-        self, name: str, *, ttl: Duration = DEFAULT_TTL, auto_renew: bool = False
-    ) -> Lock:
+    @takes(attempt_options)
+    async def try_acquire(self, name: str, options: Options) -> Lock:
         """One attempt at the lock ``name``; ``NotAcquired`` when someone else holds it.
 
         Cancelled, it leaks no lock (as ``acquire``).
         """
-        return await self._take(check_name(name), acquire_options(ttl=ttl, auto_renew=auto_renew))
+        return await self._take(check_name(name), options())
 
-    def hold(
-        self,
-        name: str,
-        ttl: Duration = DEFAULT_TTL,
-        wait: Duration = DEFAULT_WAIT,
-        retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
-        auto_renew: bool = True,
-    ) -> _Hold:
+    @takes(hold_options)
+    def hold(self, name: str, options: Options) -> _Hold:
         """``async with locker.hold(name) as held:`` — auto-renewed, released on every path.
 
         If the lease is lost, the task running the block is cancelled (as
@@ -177,10 +165,6 @@ class _AsyncStore:
         releasing), the task gets its ``CancelledError`` and nothing is left
         held: the release is completed before the error propagates.
         """
-        options = functools.partial(
-            acquire_options, ttl=ttl, wait=wait, retry_interval=retry_interval,
-            auto_renew=auto_renew,
-        )
         return _Hold(self, name, options)
 
 
@@ -240,44 +224,22 @@ class Semaphore:
         """How many holders it admits at once."""
         return self._inner.permits
 
-    async def acquire(
-        self,
-        *,
-        ttl: Duration = DEFAULT_TTL,
-        wait: Duration = DEFAULT_WAIT,
-        retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
-        auto_renew: bool = False,
-        fair: bool = False,
-    ) -> Lock:
+    @takes_unnamed(acquire_options)
+    async def acquire(self, options: Options) -> Lock:
         """Take a permit, waiting up to ``wait``; cancelling it leaks no permit (as ``acquire``)."""
-        return await self._permits._take(
-            self.name,
-            acquire_options(
-                ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew, fair=fair
-            ),
-        )
+        return await self._permits._take(self.name, options())
 
-    async def try_acquire(
-        self, *, ttl: Duration = DEFAULT_TTL, auto_renew: bool = False
-    ) -> Lock:
+    @takes_unnamed(attempt_options)
+    async def try_acquire(self, options: Options) -> Lock:
         """One attempt at a permit; ``NotAcquired`` when all are taken. Cancel-safe."""
-        return await self._permits._take(self.name, acquire_options(ttl=ttl, auto_renew=auto_renew))
+        return await self._permits._take(self.name, options())
 
-    def hold(
-        self,
-        ttl: Duration = DEFAULT_TTL,
-        wait: Duration = DEFAULT_WAIT,
-        retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
-        auto_renew: bool = True,
-    ) -> _Hold:
+    @takes_unnamed(hold_options)
+    def hold(self, options: Options) -> _Hold:
         """``async with sem.hold() as permit:`` — auto-renewed, released on every path.
 
         Cancelled anywhere, it leaves no permit held (as ``RedisLocker.hold``).
         """
-        options = functools.partial(
-            acquire_options, ttl=ttl, wait=wait, retry_interval=retry_interval,
-            auto_renew=auto_renew,
-        )
         return _Hold(self._permits, self.name, options)
 
     async def holders(self) -> list[LockHolder]:

@@ -2,15 +2,25 @@
 
 Each rule broken is a ``ConfigError`` (or ``AutoRenewTTLTooShort``) naming
 the rule and the value; nothing is sent.
+
+The parameter lists of taking a lock are written here once, as the three
+functions that check them (``acquire_options``, ``attempt_options``,
+``hold_options``). Every face (locker, semaphore, threaded, asyncio,
+``with_lock``) takes its list from one of them (``takes``): its signature,
+its defaults and its types, for people, ``help()`` and type checkers alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from .._config import to_seconds, whole_ms
+from .._config import Duration, to_seconds, whole_ms
 from .._errors import AutoRenewTTLTooShort, ConfigError
 
 DEFAULT_TTL = 30.0
@@ -89,14 +99,131 @@ class AcquireOptions:
 
 def acquire_options(
     *,
-    ttl: object = DEFAULT_TTL,
-    wait: object = DEFAULT_WAIT,
-    retry_interval: object = DEFAULT_RETRY_INTERVAL,
-    auto_renew: object = False,
-    fair: object = False,
+    ttl: Duration = DEFAULT_TTL,
+    wait: Duration = DEFAULT_WAIT,
+    retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
+    auto_renew: bool = False,
+    fair: bool = False,
 ) -> AcquireOptions:
     """The one place an acquisition's arguments are checked (lock, semaphore, both shells)."""
     ttl_ms = check_ttl(ttl, auto_renew)
     window = check_wait(wait)
     interval = to_seconds(retry_interval, "retry_interval")
     return AcquireOptions(ttl_ms, window, interval, bool(auto_renew), check_flag(fair, "fair"))
+
+
+def attempt_options(*, ttl: Duration = DEFAULT_TTL, auto_renew: bool = False) -> AcquireOptions:
+    """``try_acquire``'s arguments: one attempt, no wait."""
+    return acquire_options(ttl=ttl, auto_renew=auto_renew)
+
+
+def hold_options(
+    ttl: Duration = DEFAULT_TTL,
+    wait: Duration = DEFAULT_WAIT,
+    retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
+    auto_renew: bool = True,
+) -> AcquireOptions:
+    """``hold``'s and ``with_lock``'s arguments: auto-renewed unless told otherwise."""
+    return acquire_options(
+        ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew
+    )
+
+
+Options = Callable[[], AcquireOptions]
+"""An acquisition's arguments as given, checked when called (where the face checks them)."""
+
+P = ParamSpec("P")
+R = TypeVar("R")
+S = TypeVar("S")
+
+
+def takes(
+    spec: Callable[P, AcquireOptions],
+) -> Callable[[Callable[[S, str, Options], R]], Callable[Concatenate[S, str, P], R]]:
+    """A lock face's parameter list is ``spec``'s, after ``self`` and the lock's ``name``.
+
+    The face is written ``face(self, name, options)``: ``options()`` checks
+    the arguments given for ``spec``'s parameters and returns them as
+    ``AcquireOptions``, so the face decides when they are checked (a
+    ``hold`` on entry). Its public signature (``inspect.signature``,
+    ``help()``, type checkers) is ``(self, name, <spec's parameters>)``.
+    """
+
+    def wrap(face: Callable[[S, str, Options], R]) -> Callable[Concatenate[S, str, P], R]:
+        if inspect.iscoroutinefunction(face):
+
+            async def call_async(self: S, name: str, *args: Any, **kwargs: Any) -> Any:
+                return await face(self, name, _Given(spec, face, args, kwargs))
+
+            return _signed(call_async, face, spec)
+
+        def call(self: S, name: str, *args: Any, **kwargs: Any) -> R:
+            return face(self, name, _Given(spec, face, args, kwargs))
+
+        return _signed(call, face, spec)
+
+    return wrap
+
+
+def takes_unnamed(
+    spec: Callable[P, AcquireOptions],
+) -> Callable[[Callable[[S, Options], R]], Callable[Concatenate[S, P], R]]:
+    """``takes`` for a face with no ``name`` parameter: a semaphore's, whose name is its own."""
+
+    def wrap(face: Callable[[S, Options], R]) -> Callable[Concatenate[S, P], R]:
+        if inspect.iscoroutinefunction(face):
+
+            async def call_async(self: S, *args: Any, **kwargs: Any) -> Any:
+                return await face(self, _Given(spec, face, args, kwargs))
+
+            return _signed(call_async, face, spec)
+
+        def call(self: S, *args: Any, **kwargs: Any) -> R:
+            return face(self, _Given(spec, face, args, kwargs))
+
+        return _signed(call, face, spec)
+
+    return wrap
+
+
+class _Given:
+    """The arguments a face was given for ``spec``; calling it checks them (``Options``).
+
+    A call that does not fit the parameter list is the ``TypeError`` Python
+    gives, naming the face the caller called rather than ``spec``.
+    """
+
+    __slots__ = ("_args", "_face", "_kwargs", "_spec")
+
+    def __init__(
+        self,
+        spec: Callable[..., AcquireOptions],
+        face: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        self._spec, self._face, self._args, self._kwargs = spec, face, args, kwargs
+
+    def __call__(self) -> AcquireOptions:
+        try:
+            return self._spec(*self._args, **self._kwargs)
+        except TypeError as exc:
+            said = str(exc).replace(f"{self._spec.__name__}()", f"{self._face.__name__}()", 1)
+            raise TypeError(said) from None
+
+
+def _signed(
+    call: Callable[..., Any], face: Callable[..., Any], spec: Callable[..., Any]
+) -> Callable[..., Any]:
+    """``call`` named and documented as ``face``, with the signature ``face``'s leading
+    parameters (all but its last, ``options``) followed by ``spec``'s."""
+    functools.update_wrapper(call, face)
+    del call.__wrapped__  # type: ignore[attr-defined]  # the signature below is the record
+    own = inspect.signature(face)
+    call.__signature__ = own.replace(  # type: ignore[attr-defined]
+        parameters=[
+            *list(own.parameters.values())[:-1],
+            *inspect.signature(spec).parameters.values(),
+        ]
+    )
+    return call

@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from .._aio import check_abandoned
-from .._config import Duration
 from .._engine import Keeper
 from .._engine.closing import ClosesOnExit
 from .._engine.driver import driver
@@ -36,8 +35,12 @@ from .args import (
     DEFAULT_TTL,
     DEFAULT_WAIT,
     AcquireOptions,
+    Options,
     acquire_options,
+    attempt_options,
     check_name,
+    hold_options,
+    takes,
 )
 from .fair import PlaceKeeping, place_ms
 from .holders import LockHolder
@@ -266,16 +269,8 @@ class LeaseStore(ABC):
         """The store's core, the one internal attribute its shells and metrics use."""
         return LockerCore(Events("locker", getattr(self, "prefix", type(self).__name__)))
 
-    def acquire(
-        self,
-        name: str,
-        *,
-        ttl: Duration = DEFAULT_TTL,
-        wait: Duration = DEFAULT_WAIT,
-        retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
-        auto_renew: bool = False,
-        fair: bool = False,
-    ) -> Lock:
+    @takes(acquire_options)
+    def acquire(self, name: str, options: Options) -> Lock:
         """Take the lock ``name``, retrying for up to ``wait`` seconds.
 
         Tries at once, then every ``retry_interval`` (a little earlier, at
@@ -297,36 +292,20 @@ class LeaseStore(ABC):
         place, one that gives up leaves at once, one that dies within max(3 x
         ``retry_interval``, 100 ms). Acquirers without ``fair`` do not queue.
         """
-        return self._take(
-            check_name(name),
-            acquire_options(
-                ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew, fair=fair
-            ),
-        )
+        return self._take(check_name(name), options())
 
-    def try_acquire(
-        self,
-        name: str,
-        *,
-        ttl: Duration = DEFAULT_TTL,
-        auto_renew: bool = False,
-    ) -> Lock:
+    @takes(attempt_options)
+    def try_acquire(self, name: str, options: Options) -> Lock:
         """One attempt at the lock ``name``; ``NotAcquired`` when someone else holds it.
 
         For work where "another replica is already doing it" is a normal
         outcome (a cron tick). Otherwise as ``acquire`` with no wait.
         """
-        return self._take(check_name(name), acquire_options(ttl=ttl, auto_renew=auto_renew))
+        return self._take(check_name(name), options())
 
+    @takes(hold_options)
     @contextlib.contextmanager
-    def hold(
-        self,
-        name: str,
-        ttl: Duration = DEFAULT_TTL,
-        wait: Duration = DEFAULT_WAIT,
-        retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
-        auto_renew: bool = True,
-    ) -> Iterator[Lock]:
+    def hold(self, name: str, options: Options) -> Iterator[Lock]:
         """Hold the lock ``name`` for the body of a ``with`` block; the recommended form.
 
         Acquires as ``acquire`` does, with auto-renewal on unless
@@ -342,10 +321,7 @@ class LeaseStore(ABC):
         expires on its own within one TTL).
         """
         name = check_name(name)
-        options = acquire_options(
-            ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew
-        )
-        with self._holding(name, options) as held:
+        with self._holding(name, options()) as held:
             yield held
 
     def _take(self, name: str, options: AcquireOptions) -> Lock:

@@ -19,11 +19,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-from .._config import Duration
 from .._errors import ConfigError
-from .args import acquire_options
+from .args import Options, acquire_options, attempt_options, hold_options, takes_unnamed
 from .holders import LockHolder
-from .lock import DEFAULT_RETRY_INTERVAL, DEFAULT_TTL, DEFAULT_WAIT, LeaseStore, Lock
+from .lock import LeaseStore, Lock
 
 
 def check_permits(permits: object) -> int:
@@ -83,15 +82,8 @@ class Semaphore:
         """How many holders it admits at once."""
         return self._permits
 
-    def acquire(
-        self,
-        *,
-        ttl: Duration = DEFAULT_TTL,
-        wait: Duration = DEFAULT_WAIT,
-        retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
-        auto_renew: bool = False,
-        fair: bool = False,
-    ) -> Lock:
+    @takes_unnamed(acquire_options)
+    def acquire(self, options: Options) -> Lock:
         """Take a permit, waiting up to ``wait`` for one to free; see ``Locker.acquire``.
 
         ``NotAcquired`` when all ``permits`` are still taken at the end.
@@ -99,30 +91,18 @@ class Semaphore:
         the lock's rule (a place lives max(3 x ``retry_interval``, 100 ms), kept
         by the renewer too; see ``Locker.acquire``).
         """
-        return self._store._take(
-            self._name,
-            acquire_options(
-                ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew, fair=fair
-            ),
-        )
+        return self._store._take(self._name, options())
 
-    def try_acquire(self, *, ttl: Duration = DEFAULT_TTL, auto_renew: bool = False) -> Lock:
+    @takes_unnamed(attempt_options)
+    def try_acquire(self, options: Options) -> Lock:
         """One attempt at a permit; ``NotAcquired`` when all are taken."""
-        return self._store._take(self._name, acquire_options(ttl=ttl, auto_renew=auto_renew))
+        return self._store._take(self._name, options())
 
+    @takes_unnamed(hold_options)
     @contextlib.contextmanager
-    def hold(
-        self,
-        ttl: Duration = DEFAULT_TTL,
-        wait: Duration = DEFAULT_WAIT,
-        retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
-        auto_renew: bool = True,
-    ) -> Iterator[Lock]:
+    def hold(self, options: Options) -> Iterator[Lock]:
         """Hold a permit for a ``with`` block: auto-renewed, released on every way out."""
-        options = acquire_options(
-            ttl=ttl, wait=wait, retry_interval=retry_interval, auto_renew=auto_renew
-        )
-        with self._store._holding(self._name, options) as permit:
+        with self._store._holding(self._name, options()) as permit:
             yield permit
 
     def holders(self) -> list[LockHolder]:
