@@ -63,21 +63,33 @@ def default_instance_id() -> str:
     return f"{socket.gethostname()}-{os.urandom(8).hex()}"
 
 
+def whole_number(value: object, what: str, least: int, meaning: str) -> int:
+    """``value`` as an int of at least ``least``: a ConfigError naming the rule and the value.
+
+    ``meaning`` says what the number counts, for the message. A bool is not a
+    number here (``True`` is an int to Python, never to a person).
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(
+            f"{what} must be a whole number (int) of at least {least} ({meaning}), "
+            f"got {type(value).__name__} {value!r}"
+        )
+    if value < least:
+        raise ConfigError(f"{what} must be at least {least} ({meaning}), got {value!r}")
+    return value
+
+
 def replication_guard(min_replicas: object = 0, replica_timeout: object = None) -> ReplicationGuard:
     """Validate the replication guard's settings: ConfigError naming the rule and the value."""
-    if isinstance(min_replicas, bool) or not isinstance(min_replicas, int):
-        raise ConfigError(
-            f"min_replicas must be an int (replicas that must confirm each acquire and "
-            f"fenced write), got {type(min_replicas).__name__} {min_replicas!r}"
-        )
-    if min_replicas < 0:
-        raise ConfigError(f"min_replicas must be 0 or more, got {min_replicas!r}")
+    replicas = whole_number(
+        min_replicas, "min_replicas", 0, "replicas that must confirm each acquire and fenced write"
+    )
     timeout = (
         DEFAULT_REPLICA_TIMEOUT
         if replica_timeout is None
         else to_seconds(replica_timeout, "replica_timeout")
     )
-    return ReplicationGuard(min_replicas, timeout)
+    return ReplicationGuard(replicas, timeout)
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ def _senders(kind: str, server: Server) -> tuple[list[Callable[[int], Any]], Cal
     client = server.client()
     py = _Pool(client, 2)
     return [
-        lambda ms: py.eval_script(INCR, ["k"], [], 2.0, wait=(1, ms)),
+        lambda ms: py.eval_script((INCR, ["k"], []), 2.0, wait=(1, ms)),
         lambda ms: py.eval_many_wait([(INCR, ["k"], [])], 2.0, 1, ms),
     ], client.close
 

@@ -24,7 +24,6 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from .._scripts import Script
 from .base import EncodableT, ScriptRequest, remaining
 from .client import is_cluster, refresh_slot_map
 from .connect import connection_factory
@@ -160,9 +159,7 @@ class BoundedConnection:
 
     def eval_script(
         self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
+        request: ScriptRequest,
         timeout: float,
         asking: bool = False,
         wait: tuple[int, int] | None = None,
@@ -179,6 +176,7 @@ class BoundedConnection:
         ran, so the caller may send again.
         """
         deadline = time.monotonic() + timeout
+        script, keys, args = request
         wait_cmd = None if wait is None else wait_command(*wait)  # checked before sending
         try:
             try:
@@ -192,9 +190,7 @@ class BoundedConnection:
                 raise
             target = BoundedConnection(self._client, self._key, exc.node_addr)
             try:
-                return target.eval_script(
-                    script, keys, args, remaining(deadline), asking=True, wait=wait
-                )
+                return target.eval_script(request, remaining(deadline), asking=True, wait=wait)
             finally:
                 target.drop()
         if wait_cmd is None:

@@ -15,7 +15,7 @@ import asyncio
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from redis.exceptions import (
@@ -71,6 +71,27 @@ def _send_again(reply: object, topology: int, sends: int, deadline: float) -> bo
     return True
 
 
+class _Attempt:
+    """One send of a call or batch: a pooled connection taken on entry, given back on exit."""
+
+    __slots__ = ("_conn", "_deadline", "_generation", "_key", "_pool", "_route", "keep", "sends")
+
+    def __init__(self, pool: _Pool, key: str | bytes | None, deadline: float, sends: int) -> None:
+        self._pool, self._key, self._deadline = pool, key, deadline
+        self.sends = sends  # this send's number, from 1
+        self.keep = True  # give the connection back (False: its stream can't be trusted)
+
+    def __enter__(self) -> BoundedConnection:
+        pool, key = self._pool, self._key
+        # Looked up on every send: a MOVED or a failover changes the route.
+        self._route = pool._client.get_node_from_key(key).name if key is not None else None
+        self._conn, self._generation = pool._take(self._route, key, self._deadline)
+        return self._conn
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._pool._give(self._route, self._conn, self._generation, self.keep)
+
+
 class _Pool:
     """A few bounded connections, opened on demand, shared by threads.
 
@@ -93,38 +114,29 @@ class _Pool:
         self.served: tuple[str, int] | None = None
 
     def eval_script(
-        self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
-        timeout: float,
-        wait: tuple[int, int] | None = None,
+        self, request: ScriptRequest, timeout: float, wait: tuple[int, int] | None = None
     ) -> Any:
+        """``BoundedConnection.eval_script`` on one pooled connection (see ``eval_many``)."""
         deadline = time.monotonic() + timeout
-        key = keys[0] if keys and self._cluster else None
-        sends = 0
-        while True:
-            route = self._client.get_node_from_key(key).name if key is not None else None
-            conn, generation = self._take(route, key, deadline)
-            keep = True
-            sends += 1
-            try:
-                reply = conn.eval_script(script, keys, args, remaining(deadline), wait=wait)
-                self.served = conn.address
-                got = check(script, reply[0] if wait is not None else reply)
-                if isinstance(got, UnexpectedReply):
-                    # Whatever else the server sent is still on the wire.
-                    keep = False
-                    raise got
-                return reply
-            except ResponseError as exc:
-                # Nothing ran when the table says to send again (the route was
-                # looked up again): send to the new owner or master.
-                keep = False
-                if not _send_again(exc, self.topology, sends, deadline):
-                    raise
-            finally:
-                self._give(route, conn, generation, keep)
+        script, keys, _ = request
+        for attempt in self._attempts(keys[0] if keys and self._cluster else None, deadline):
+            with attempt as conn:
+                try:
+                    reply = conn.eval_script(request, remaining(deadline), wait=wait)
+                    self.served = conn.address
+                    got = check(script, reply[0] if wait is not None else reply)
+                    if isinstance(got, UnexpectedReply):
+                        # Whatever else the server sent is still on the wire.
+                        attempt.keep = False
+                        raise got
+                    return reply
+                except ResponseError as exc:
+                    # Nothing ran when the table says to send again (the route was
+                    # looked up again): send to the new owner or master.
+                    attempt.keep = False
+                    if not _send_again(exc, self.topology, attempt.sends, deadline):
+                        raise
+        raise AssertionError("unreachable: the attempts never end")  # pragma: no cover
 
     def eval_many_wait(
         self, requests: Sequence[ScriptRequest], timeout: float, replicas: int, wait_ms: int
@@ -154,19 +166,13 @@ class _Pool:
         """
         deadline = time.monotonic() + timeout
         key = requests[0][1][0] if self._cluster and requests[0][1] else None
-        replies: list[Any] = []
-        sends = 0
-        while True:
-            route = self._client.get_node_from_key(key).name if key is not None else None
-            conn, generation = self._take(route, key, deadline)
-            keep = True
-            sends += 1
-            try:
+        for attempt in self._attempts(key, deadline):
+            with attempt as conn:
                 replies = conn.eval_many(requests, remaining(deadline))
                 replies = [check(r[0], reply) for r, reply in zip(requests, replies, strict=True)]
                 if not any(isinstance(reply, Exception) for reply in replies):
                     return _then_wait(conn, replies, wait, deadline)
-                keep = False
+                attempt.keep = False
                 if self._cluster and all(classify(reply) == ASK for reply in replies):
                     # The slot is migrating and the keys have left: every write,
                     # none of which ran, goes once to the node named.
@@ -183,10 +189,21 @@ class _Pool:
                     return _then_wait(conn, replies, wait, deadline)
                 if classify(replies[0]) == MOVED:
                     conn.reroute()
-                if not _send_again(replies[0], self.topology, sends, deadline):
+                if not _send_again(replies[0], self.topology, attempt.sends, deadline):
                     return replies
-            finally:
-                self._give(route, conn, generation, keep)
+        raise AssertionError("unreachable: the attempts never end")  # pragma: no cover
+
+    def _attempts(self, key: str | bytes | None, deadline: float) -> Iterator[_Attempt]:
+        """Sends of one call or batch, each on a connection to ``key``'s route as it is then.
+
+        The caller ends the loop (a result, or an error it raises); each
+        attempt, used as a context manager, gives its connection back, or
+        drops it when the attempt said ``keep = False``.
+        """
+        sends = 0
+        while True:
+            sends += 1
+            yield _Attempt(self, key, deadline, sends)
 
     def _give(self, route: object, conn: BoundedConnection, generation: int, keep: bool) -> None:
         with self._cond:
@@ -291,12 +308,11 @@ class PythonEngine(Pools):
         pool: _Pool
         pool, bound = self.pool_for(timeout)
         if len(batch) == 1:
-            script, keys, args = batch[0]
             try:
                 if wait is None:
-                    return [pool.eval_script(script, keys, args, bound)], 0
+                    return [pool.eval_script(batch[0], bound)], 0
                 reply, acked = pool.eval_script(
-                    script, keys, args, bound, wait=(wait.min_replicas, wait.timeout_ms)
+                    batch[0], bound, wait=(wait.min_replicas, wait.timeout_ms)
                 )
             except ResponseError as exc:
                 return [exc], 0
@@ -335,6 +351,7 @@ class PythonEngine(Pools):
         the connection (its stream can no longer be trusted).
         """
         keys, args = tuple(keys), tuple(args)
+        request = (script, keys, args)
         on_close: Callable[[], object] | None = None
         if self._cluster:
             conn = BoundedConnection(self._client, keys[0] if keys else None)
@@ -344,7 +361,7 @@ class PythonEngine(Pools):
             conn = self._renew_conn
 
         def renew(timeout: float) -> Any:
-            reply = conn.eval_script(script, keys, args, timeout)
+            reply = conn.eval_script(request, timeout)
             if not fits("flag", reply):
                 conn.drop()
             return reply

@@ -28,16 +28,8 @@ from .._aio import off_loop, settled
 from .._config import Duration
 from .._engine.family import threaded
 from .._errors import NotHeld
-from .args import (
-    AcquireOptions,
-    Options,
-    acquire_options,
-    attempt_options,
-    check_name,
-    hold_options,
-    takes,
-    takes_unnamed,
-)
+from . import args
+from .args import AcquireOptions, Options, check_name, takes, takes_unnamed
 from .holders import LockHolder
 from .lock import (
     DEFAULT_RETRY_INTERVAL,
@@ -128,7 +120,7 @@ class _AsyncStore:
         """Which engine serves the locker: ``"native"``, ``"python"`` or ``"memory"``."""
         return self._inner.engine
 
-    @takes(acquire_options)
+    @takes(args.acquire_options)
     async def acquire(self, name: str, options: Options) -> Lock:
         """Take the lock ``name``, retrying for up to ``wait``; see ``redlease.Locker.acquire``.
 
@@ -144,7 +136,7 @@ class _AsyncStore:
         """One acquisition with checked arguments, on the executor: every async face's path."""
         return Lock(await settled(self._inner._take, name, options, give_back=_give_back))
 
-    @takes(attempt_options)
+    @takes(args.attempt_options)
     async def try_acquire(self, name: str, options: Options) -> Lock:
         """One attempt at the lock ``name``; ``NotAcquired`` when someone else holds it.
 
@@ -152,7 +144,7 @@ class _AsyncStore:
         """
         return await self._take(check_name(name), options())
 
-    @takes(hold_options)
+    @takes(args.hold_options)
     def hold(self, name: str, options: Options) -> _Hold:
         """``async with locker.hold(name) as held:`` — auto-renewed, released on every path.
 
@@ -224,17 +216,17 @@ class Semaphore:
         """How many holders it admits at once."""
         return self._inner.permits
 
-    @takes_unnamed(acquire_options)
+    @takes_unnamed(args.acquire_options)
     async def acquire(self, options: Options) -> Lock:
         """Take a permit, waiting up to ``wait``; cancelling it leaks no permit (as ``acquire``)."""
         return await self._permits._take(self.name, options())
 
-    @takes_unnamed(attempt_options)
+    @takes_unnamed(args.attempt_options)
     async def try_acquire(self, options: Options) -> Lock:
         """One attempt at a permit; ``NotAcquired`` when all are taken. Cancel-safe."""
         return await self._permits._take(self.name, options())
 
-    @takes_unnamed(hold_options)
+    @takes_unnamed(args.hold_options)
     def hold(self, options: Options) -> _Hold:
         """``async with sem.hold() as permit:`` — auto-renewed, released on every path.
 

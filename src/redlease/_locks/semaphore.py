@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
+from .._config import whole_number
 from .._errors import ConfigError
 from .args import Options, acquire_options, attempt_options, hold_options, takes_unnamed
 from .holders import LockHolder
@@ -27,14 +28,7 @@ from .lock import LeaseStore, Lock
 
 def check_permits(permits: object) -> int:
     """A semaphore's ``permits`` argument, checked: a whole number of at least 1."""
-    if isinstance(permits, bool) or not isinstance(permits, int):
-        raise ConfigError(
-            f"permits must be a whole number (int) of at least 1, "
-            f"got {type(permits).__name__} {permits!r}"
-        )
-    if permits < 1:
-        raise ConfigError(f"permits must be at least 1, got {permits}")
-    return permits
+    return whole_number(permits, "permits", 1, "how many may hold it at once")
 
 
 def mismatch(name: str, asked: int, live: int) -> ConfigError:
