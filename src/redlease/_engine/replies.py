@@ -24,6 +24,7 @@ replies it reads without the GIL.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import (
@@ -196,71 +197,51 @@ def released(reply: int) -> tuple[bool, bool]:
     return reply != 0, reply == RELEASED_UNANNOUNCED
 
 
-def _acquire(reply: object) -> bool:
-    # {token, pttl, holder}
-    return (
-        type(reply) is list
-        and len(reply) == 3
-        and _is_int(reply[0], 0, MAX_TOKEN)
-        and type(reply[1]) is int
-        and type(reply[2]) is bytes
-    )
+Check = Callable[[object], bool]
 
 
-def _evict(reply: object) -> bool:
-    # {mark, holder or ""}
-    return (
-        type(reply) is list
-        and len(reply) == 2
-        and _is_int(reply[0], 0, MAX_TOKEN)
-        and type(reply[1]) is bytes
-    )
+def _array(*elements: Check) -> Check:
+    """An array of exactly ``len(elements)`` elements, each one what its check accepts."""
+
+    def fits(reply: object) -> bool:
+        return (
+            type(reply) is list
+            and len(reply) == len(elements)
+            and all(check(value) for check, value in zip(elements, reply, strict=True))
+        )
+
+    return fits
 
 
-def _lock_acquire(reply: object) -> bool:
-    # {fencing token, pttl}
-    return (
-        type(reply) is list
-        and len(reply) == 2
-        and _is_int(reply[0], 0, MAX_TOKEN)
-        and type(reply[1]) is int
-    )
+def _or_nil(shape: Check) -> Check:
+    return lambda reply: reply is None or shape(reply)
 
 
-def _leader(reply: object) -> bool:
-    # nil, or {holder, pttl}
-    return reply is None or (
-        type(reply) is list
-        and len(reply) == 2
-        and type(reply[0]) is bytes
-        and type(reply[1]) is int
-    )
+def _token(value: object) -> bool:
+    return _is_int(value, 0, MAX_TOKEN)
 
 
-def _lock_holder(reply: object) -> bool:
-    # nil, or {holder label, fencing token, pttl}
-    return reply is None or (
-        type(reply) is list
-        and len(reply) == 3
-        and type(reply[0]) is bytes
-        and _is_int(reply[1], 0, MAX_TOKEN)
-        and type(reply[2]) is int
-    )
+def _integer(value: object) -> bool:
+    return type(value) is int
 
 
-def _sem_acquire(reply: object) -> bool:
-    # {fencing token, ttl}, {0, ms until a permit frees} or {-1, the permits the name has}
-    return (
-        type(reply) is list
-        and len(reply) == 2
-        and _is_int(reply[0], -1, MAX_TOKEN)
-        and type(reply[1]) is int
-    )
+def _bulk(value: object) -> bool:
+    return type(value) is bytes
+
+
+_acquire = _array(_token, _integer, _bulk)  # {token, pttl, holder}
+_evict = _array(_token, _bulk)  # {mark, holder or ""}
+_lock_acquire = _array(_token, _integer)  # {fencing token, pttl}
+_leader = _or_nil(_array(_bulk, _integer))  # nil, or {holder, pttl}
+_holder_entry = _array(_bulk, _token, _integer)  # {holder label, fencing token, pttl}
+_lock_holder = _or_nil(_holder_entry)
+# {fencing token, ttl}, {0, ms until a permit frees} or {-1, the permits the name has}
+_sem_acquire = _array(lambda value: _is_int(value, -1, MAX_TOKEN), _integer)
 
 
 def _sem_holders(reply: object) -> bool:
     # an array of {holder label, fencing token, pttl}
-    return type(reply) is list and all(_lock_holder(each) and each is not None for each in reply)
+    return type(reply) is list and all(_holder_entry(each) for each in reply)
 
 
 _SHAPES = {
