@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 try:
@@ -205,48 +205,33 @@ class _Target:
         leader = self._leader() if self._leader is not None else max(terms - ended, 0)
         token = self._token() if self._token is not None else last_token
         out: dict[str, Metric] = {}
-        g = GaugeMetricFamily(
+        _add(out, GaugeMetricFamily(
             "redlease_leader",
             "1 while this instance leads (a locker: how many of its locks are held)",
             labels=["name"],
-        )
-        g.add_metric(name, leader)
-        out[g.name] = g
-        g = GaugeMetricFamily(
+        ), [(name, leader)])
+        _add(out, GaugeMetricFamily(
             "redlease_term_token",
             "Fencing token of the current term, 0 while not leading (a locker: the last granted)",
             labels=["name"],
-        )
-        g.add_metric(name, token)
-        out[g.name] = g
-        c = CounterMetricFamily(
+        ), [(name, token)])
+        _add(out, CounterMetricFamily(
             "redlease_terms", "Terms won (a locker: locks acquired)", labels=["name"]
-        )
-        c.add_metric(name, terms)
-        out[c.name] = c
-        c = CounterMetricFamily(
+        ), [(name, terms)])
+        _add(out, CounterMetricFamily(
             "redlease_stepdowns", "Terms ended, by reason", labels=["name", "reason"]
-        )
-        for reason, n in stepdowns.items():
-            c.add_metric([self.name, reason], n)
-        out[c.name] = c
-        c = CounterMetricFamily(
+        ), [([self.name, reason], n) for reason, n in stepdowns.items()])
+        _add(out, CounterMetricFamily(
             "redlease_errors",
             "Redis errors handled by the elector or a lock watchdog (retried or stepped down)",
             labels=["name", "error"],
-        )
-        for kind, n in errors.items():
-            c.add_metric([self.name, kind], n)
-        out[c.name] = c
+        ), [([self.name, kind], n) for kind, n in errors.items()])
         if self._has_fence:
-            c = CounterMetricFamily(
+            _add(out, CounterMetricFamily(
                 "redlease_fenced_writes",
                 "Fenced writes answered by Redis, by result",
                 labels=["name", "result"],
-            )
-            for result, n in fenced.items():
-                c.add_metric([self.name, result], n)
-            out[c.name] = c
+            ), [([self.name, result], n) for result, n in fenced.items()])
         counts, total = self.lateness()
         buckets = _buckets(LATENESS_BUCKETS, counts[:-1], sum(counts))
         h = HistogramMetricFamily(
@@ -280,6 +265,13 @@ class _Target:
         return {h.name: h, c.name: c}
 
 
+def _add(out: dict[str, Metric], family: Any, samples: Iterable[tuple[list[str], float]]) -> None:
+    """``family`` with a sample per ``(label values, value)``, into ``out`` under its name."""
+    for labels, value in samples:
+        family.add_metric(labels, value)
+    out[family.name] = family
+
+
 class _PartitionsTarget:
     """One partition group member's series, read from its counters at scrape time."""
 
@@ -294,28 +286,22 @@ class _PartitionsTarget:
         name = [self.name]
         assigned, revoked, rebalances, counts, total = member.stats.snapshot()
         out: dict[str, Metric] = {}
-        g = GaugeMetricFamily(
+        _add(out, GaugeMetricFamily(
             "redlease_partitions_owned",
             "Partitions this member owns now (each proven by its lease)",
             labels=["name"],
-        )
-        g.add_metric(name, len(member.owned()))
-        out[g.name] = g
-        c = CounterMetricFamily(
-            "redlease_partitions_assigned",
-            "Partition tenures this member began",
-            labels=["name"],
-        )
-        c.add_metric(name, assigned)
-        out[c.name] = c
-        c = CounterMetricFamily(
+        ), [(name, len(member.owned()))])
+        _add(out, CounterMetricFamily(
+            "redlease_partitions_assigned", "Partition tenures this member began", labels=["name"]
+        ), [(name, assigned)])
+        _add(out, CounterMetricFamily(
             "redlease_partitions_revoked",
             "Partition tenures this member ended, by why",
             labels=["name", "reason"],
-        )
-        for reason in sorted({*_PARTITION_REASONS, *revoked}):
-            c.add_metric([self.name, reason], revoked.get(reason, 0))
-        out[c.name] = c
+        ), [
+            ([self.name, reason], revoked.get(reason, 0))
+            for reason in sorted({*_PARTITION_REASONS, *revoked})
+        ])
         h = HistogramMetricFamily(
             "redlease_partition_rebalance_seconds",
             "How long each rebalance took, as this member saw it: from the first look at the "
