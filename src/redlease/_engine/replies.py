@@ -64,25 +64,26 @@ _SENTINEL_DEMOTED = "The previous master is now a slave"
 """What redis-py's Sentinel connections make of a READONLY reply."""
 
 
+_BY_CLASS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = (
+    (NoScriptError, NOSCRIPT),
+    ((ReadOnlyError, MasterDownError), FAILOVER),
+    (MovedError, MOVED),
+    (AskError, ASK),
+    (TryAgainError, TRYAGAIN),
+    ((BusyLoadingError, ClusterDownError), RETRY),
+)
+"""The kinds redis-py's own exception classes stand for, looked at before any code (redis-py
+strips the codes of these). In order: MasterDownError is a ClusterDownError, MovedError an
+AskError, BusyLoadingError a ConnectionError."""
+
+
 def kind_and_wrapped(reply: object) -> tuple[int, bool]:
     """The kind of ``reply`` (``replytable``), and whether its code came in a script error."""
     if not isinstance(reply, Exception):
         return DONE, False
-    # Classes first (redis-py strips their codes); MasterDownError is a
-    # ClusterDownError, MovedError an AskError, BusyLoadingError a
-    # ConnectionError: the order matters.
-    if isinstance(reply, NoScriptError):
-        return NOSCRIPT, False
-    if isinstance(reply, (ReadOnlyError, MasterDownError)):
-        return FAILOVER, False
-    if isinstance(reply, MovedError):
-        return MOVED, False
-    if isinstance(reply, AskError):
-        return ASK, False
-    if isinstance(reply, TryAgainError):
-        return TRYAGAIN, False
-    if isinstance(reply, (BusyLoadingError, ClusterDownError)):
-        return RETRY, False
+    for classes, kind in _BY_CLASS:
+        if isinstance(reply, classes):
+            return kind, False
     if isinstance(reply, ResponseError):
         text = str(reply).lstrip()
         for code, kind, wraps in CODES:
