@@ -15,16 +15,15 @@ from .._engine import EncodableT
 from .._engine.closing import AwaitsStopOnExit
 from .._engine.family import threaded
 from .election import Run, check_leader_fn
-from .fence import check_token
 from .pipeline import AsyncFencedPipeline as FencedPipeline
 from .runloop import RunLoop
-from .shell import ElectorShell
+from .shell import ElectorShell, FencerShell
 from .term import Leader, Term, when_ended
 
 LeaderCoroutine = Callable[[Term, "Fencer"], Awaitable[object]]
 
 
-class Fencer:
+class Fencer(FencerShell):
     """A term's fencing token bound to its ``aio.Elector``; writes are coroutines.
 
     Same guarantees as ``redlease.Fencer``: each write applies only when the
@@ -37,14 +36,8 @@ class Fencer:
     reply).
     """
 
-    __slots__ = ("_fence", "_name", "token")
-
-    def __init__(self, elector: Elector, token: int) -> None:
-        if not isinstance(elector, Elector):
-            raise TypeError(f"elector must be a redlease.aio.Elector, got {type(elector).__name__}")
-        self._fence = elector._fence
-        self._name = elector.config.name
-        self.token = check_token(token)
+    __slots__ = ()
+    _face = "aio.Fencer"
 
     async def set(self, key: str | bytes, value: EncodableT) -> bool:
         """Fenced ``SET``; see ``Elector.fence_set``."""
@@ -70,11 +63,6 @@ class Fencer:
         """A pipeline of fenced writes with this token; ``await pipe.execute()`` sends it."""
         return FencedPipeline(self._fence, self.token)
 
-    def __bool__(self) -> bool:
-        return self.token > 0
-
-    def __repr__(self) -> str:
-        return f"<redlease.aio.Fencer {self._name!r} token={self.token}>"
 
 
 class Elector(ElectorShell, AwaitsStopOnExit):
@@ -259,6 +247,9 @@ class Elector(ElectorShell, AwaitsStopOnExit):
         one round trip.
         """
         return FencedPipeline(self._fence, token)
+
+
+Fencer._elector = Elector  # a Fencer binds to this face's electors only
 
 
 class _LeaderBridge:

@@ -13,10 +13,9 @@ from typing import Any
 from .._engine import EncodableT
 from .._engine.closing import StopsOnExit
 from .election import NEVER, LeaderFn, check_leader_fn
-from .fence import Fence, check_token
 from .pipeline import FencedPipeline
 from .runloop import RunLoop, run_here
-from .shell import ElectorShell
+from .shell import ElectorShell, FencerShell
 from .term import Leader
 
 
@@ -203,7 +202,7 @@ class Elector(ElectorShell, StopsOnExit):
         return FencedPipeline(self._fence, token)
 
 
-class Fencer:
+class Fencer(FencerShell):
     """A term's fencing token bound to its Elector's fence.
 
     Every write applies only when the token is at least the fence high-water
@@ -213,14 +212,8 @@ class Fencer:
     0 is inert: falsy, and every write is rejected.
     """
 
-    __slots__ = ("_fence", "_name", "token")
-
-    def __init__(self, elector: Elector, token: int) -> None:
-        if not isinstance(elector, Elector):
-            raise TypeError(f"elector must be a redlease.Elector, got {type(elector).__name__}")
-        self._fence: Fence = elector._fence
-        self._name = elector.config.name
-        self.token = check_token(token)
+    __slots__ = ()
+    _elector = Elector
 
     def set(self, key: str | bytes, value: EncodableT) -> bool:
         """Fenced ``SET key value``; see ``Elector.fence_set``."""
@@ -246,8 +239,3 @@ class Fencer:
         """A pipeline of fenced writes with this token; see ``Elector.fence_pipeline``."""
         return FencedPipeline(self._fence, self.token)
 
-    def __bool__(self) -> bool:
-        return self.token > 0
-
-    def __repr__(self) -> str:
-        return f"<redlease.Fencer {self._name!r} token={self.token}>"

@@ -13,6 +13,7 @@ from typing import Any
 
 from .._config import Config, Duration
 from .election import Election
+from .fence import Fence, check_token
 from .term import Observer
 
 
@@ -115,3 +116,33 @@ class ElectorShell:
         recent samples only (tens of thousands).
         """
         return self._core.renew_lateness()
+
+
+class FencerShell:
+    """What the threaded and the asyncio ``Fencer`` share: a term's token bound to a fence.
+
+    Each face says which electors it binds to (``_elector``, checked) and how
+    it names itself (``_face``); its writes are its own (plain calls or
+    coroutines).
+    """
+
+    __slots__ = ("_fence", "_name", "token")
+
+    _face = "Fencer"
+    _elector: type[ElectorShell] = ElectorShell
+
+    def __init__(self, elector: ElectorShell, token: int) -> None:
+        if not isinstance(elector, self._elector):
+            raise TypeError(
+                f"elector must be a redlease.{self._face.replace('Fencer', 'Elector')}, "
+                f"got {type(elector).__name__}"
+            )
+        self._fence: Fence = elector._fence
+        self._name = elector.config.name
+        self.token = check_token(token)
+
+    def __bool__(self) -> bool:
+        return self.token > 0
+
+    def __repr__(self) -> str:
+        return f"<redlease.{self._face} {self._name!r} token={self.token}>"
