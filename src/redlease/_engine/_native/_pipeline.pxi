@@ -250,39 +250,6 @@ cdef int batch_run(rl_conn* c, rl_batch* b, int64_t deadline) noexcept nogil:
     return 0
 
 
-cdef int batch_encode(rl_batch* b, list requests) except -1:
-    """Each ``(ScriptRef, keys, args)`` as an EVALSHA appended to ``b.w``."""
-    cdef rl_buf one
-    cdef rl_script_cmd cmd
-    cdef rl_bcmd* out
-    cdef ScriptRef ref
-    cdef size_t i = 0
-    cdef size_t base
-    b.cmds = <rl_bcmd*>calloc(<size_t>len(requests), sizeof(rl_bcmd))
-    if b.cmds == NULL:
-        raise MemoryError()
-    memset(&one, 0, sizeof(one))
-    try:
-        for request in requests:
-            ref, keys, args = request
-            put_evalsha(&one, ref.sha, ref.source, keys, args, &cmd)
-            base = b.w.len
-            if buf_put(&b.w, one.data, one.len) < 0:
-                raise MemoryError()
-            out = &b.cmds[i]
-            out.start = base
-            out.head = base + cmd.head
-            out.tail = base + cmd.tail
-            out.end = b.w.len
-            out.src = cmd.src
-            out.srclen = cmd.srclen
-            i += 1
-            b.n = i
-    finally:
-        buf_free(&one)
-    return 0
-
-
 cdef inline bint immutable_arg(object arg) noexcept:
     """An argument whose encoding cannot change between two reads (exact str, bytes or int)."""
     return type(arg) is str or type(arg) is bytes or type(arg) is int
@@ -475,9 +442,10 @@ cdef object batch_execute(Pool pool, rl_batch* b, object first_keys, int64_t dea
     return acked
 
 
-def execute_many(Pool pool not None, list requests not None, double timeout,
-                 int replicas=0, int wait_ms=0):
-    """Run ``[(ScriptRef, keys, args), ...]`` in one round trip on one of ``pool``'s connections.
+def execute_scripts(Pool pool not None, list requests not None, dict refs not None,
+                    make_ref not None, double timeout, int replicas=0, int wait_ms=0):
+    """Run ``[(Script, keys, args), ...]`` in one round trip on one of ``pool``'s
+    connections: ``(replies, acknowledged, flags)``.
 
     The replies come back in order as redis-py gives them; an error reply is
     an exception object in the list, not raised, so every reply is read
@@ -485,39 +453,16 @@ def execute_many(Pool pool not None, list requests not None, double timeout,
     connection broke, the deadline passed) raises redis-py's ConnectionError
     or TimeoutError: those commands may or may not have run, and none is sent
     again. ``timeout`` bounds the whole batch, the NOSCRIPT resend included.
-
-    With ``replicas`` > 0 the batch is followed by ``WAIT replicas wait_ms`` on
-    the same connection (GIL released) and the result is ``(replies,
-    acknowledged)``; the WAIT gets ``wait_ms`` beyond the batch's deadline.
-    """
-    cdef int64_t deadline = deadline_after(timeout)
-    cdef rl_batch b
-    # Checked before anything is sent (WAIT 0 would block forever).
-    wait_cmd = _timing.wait_command(replicas, wait_ms) if replicas > 0 else None
-    if not requests:
-        return ([], 0) if replicas > 0 else []
-    memset(&b, 0, sizeof(b))
-    try:
-        batch_encode(&b, requests)
-        acked = batch_execute(pool, &b, requests[0][1], deadline, replicas, wait_ms,
-                              wait_cmd)
-        if replicas > 0:
-            return batch_replies(&b), acked
-        return batch_replies(&b)
-    finally:
-        batch_free(&b)
-
-
-def execute_scripts(Pool pool not None, list requests not None, dict refs not None,
-                    make_ref not None, double timeout, int replicas=0, int wait_ms=0):
-    """``execute_many`` of ``[(Script, keys, args), ...]``: ``(replies, acknowledged, flags)``.
+    An argument that cannot be encoded raises before the connection is used.
 
     Each ``Script``'s ScriptRef comes from ``refs`` (made by ``make_ref`` the
     first time), looked up once per run of requests naming the same script.
+    With ``replicas`` > 0 the batch is followed by ``WAIT replicas wait_ms`` on
+    the same connection (GIL released; ``wait_ms`` beyond the batch's
+    deadline) and ``acknowledged`` is the replicas it counted; 0 without.
     ``flags`` is True when every request names the first one's script and
     every reply is an integer 0 or 1: then a script whose replies are flags
-    needs no reply checked one by one. ``acknowledged`` is 0 without
-    ``replicas``.
+    needs no reply checked one by one.
     """
     cdef int64_t deadline = deadline_after(timeout)
     cdef rl_batch b
