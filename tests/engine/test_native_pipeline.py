@@ -10,6 +10,7 @@ import redis.exceptions as rex
 
 from engine_helpers import Server, run_batch
 from helpers import require_native
+from redlease._engine.base import ScriptRun, flatten
 from redlease._scripts import Script
 
 native = require_native()
@@ -116,3 +117,29 @@ def test_flags_says_one_script_answered_only_0s_and_1s(
 
 def _ref(script: Script) -> Any:
     return native.ScriptRef(script.sha, script.source)
+
+
+def test_a_script_run_is_sent_as_the_calls_it_stands_for(pool: Any, rc: redis.Redis) -> None:
+    log = lua(
+        "redis.call('rpush', 'log', table.concat(KEYS, ',') .. '|' .. table.concat(ARGV, ','))"
+        " return 1"
+    )
+    batch: list[Any] = [
+        ScriptRun(log, ("m",), ("t",), ["a", b"b"], ["1", 2], True),
+        (log, ("m",), ("x",)),
+        ScriptRun(log, ("m", "h"), ("t",), ["f", 7], [3.5, b"v"], False),
+        ScriptRun(log, ("m",), ("t",), [], [], True),
+    ]
+    assert run_batch(pool, batch, 2.0) == [1] * 5
+    sent = rc.lrange("log", 0, -1)
+    assert sent == [b"m,a|t,1", b"m,b|t,2", b"m|x", b"m,h|t,f,3.5", b"m,h|t,7,v"]
+    rc.delete("log")
+    assert run_batch(pool, list(flatten(batch)), 2.0) == [1] * 5
+    assert rc.lrange("log", 0, -1) == sent, "the calls flatten() makes are the same"
+
+
+def test_a_batch_of_empty_runs_sends_nothing(server: Server) -> None:
+    pool = native.Pool(server.target(), 1)
+    empty = ScriptRun(lua("return 1"), ("m",), ("t",), [], [], True)
+    assert run_batch(pool, [empty], 1.0) == []
+    assert pool.connections == 0

@@ -4,6 +4,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Protocol, TypeAlias
 
+from redlease._engine.base import BatchItem
 from redlease._scripts import Script
 
 _Encodable: TypeAlias = str | bytes | bytearray | memoryview | int | float
@@ -156,7 +157,7 @@ class LoopConn:
 
 def execute_scripts(
     pool: Pool,
-    requests: list[tuple[Script, Sequence[str | bytes], Sequence[_Encodable]]],
+    requests: list[BatchItem],
     refs: dict[str, ScriptRef],
     make_ref: Callable[[Script], ScriptRef],
     timeout: float,
@@ -171,7 +172,8 @@ def execute_scripts(
     script's ScriptRef comes from ``refs`` (``make_ref`` the first time).
     ``acknowledged``: the replicas a ``WAIT replicas wait_ms`` after the
     batch counted (0 without ``replicas``). ``flags``: every request names
-    the first one's script and every reply is an integer 0 or 1.
+    the first one's script and every reply is an integer 0 or 1. A
+    ``ScriptRun`` is a request per call of it, encoded from its lists.
     """
 
 class Renewer:
