@@ -4,8 +4,10 @@ in one call, each fenced on its own, exactly as a loop of ``set`` / ``hset`` wou
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import pytest
 import redis
@@ -343,3 +345,37 @@ def test_bulk_writes_on_a_cluster_refuse_a_key_outside_the_names_slot_before_que
     assert client.get("{bulk-slot}:fine") is None
     assert client.get("other-key") is None
     client.close()
+
+
+def test_any_mapping_and_any_pairs_are_taken_as_a_loop_of_set_would_take_them(
+    client: redis.Redis, engine: str
+) -> None:
+    class Key(str):
+        pass
+
+    class Pair(NamedTuple):
+        key: str
+        value: str
+
+    e = make_elector(client, engine)
+    pipe = e.fence_pipeline(1).set_many(MappingProxyType({Key("a"): "1"}))
+    pipe.set_many([Pair("b", "2")]).set_many(OrderedDict([("c", 3)])).hset_many("h", {Key("f"): 4})
+    assert pipe.execute() == [True] * 4
+    assert client.mget("a", "b", "c") == [b"1", b"2", b"3"]
+    assert client.hget("h", "f") == b"4"
+
+
+def test_without_the_extension_the_items_are_checked_and_split_the_same_way(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import redlease._engine.encodable as encodable
+
+    monkeypatch.setattr(encodable, "_split", None)
+    monkeypatch.setattr(encodable, "_looked", True)
+    e = make_elector(client, "python")
+    pipe = e.fence_pipeline(1).set_many({"a": 1, b"b": 2.5}).set_many([("c", "x"), ["d", b"y"]])
+    assert pipe.hset_many("h", {3: "z"}).execute() == [True] * 5
+    assert client.mget("a", "b", "c", "d") == [b"1", b"2.5", b"x", b"y"]
+    assert client.hget("h", "3") == b"z"
+    with pytest.raises(TypeError, match="set_many: the value of item 1 must be str"):
+        e.fence_pipeline(1).set_many([("k", "v"), ("j", True)])

@@ -143,3 +143,23 @@ def test_a_batch_of_empty_runs_sends_nothing(server: Server) -> None:
     empty = ScriptRun(lua("return 1"), ("m",), ("t",), [], [], True)
     assert run_batch(pool, [empty], 1.0) == []
     assert pool.connections == 0
+
+
+def test_split_pairs_splits_plainly_good_items_and_leaves_the_rest_to_the_caller() -> None:
+    assert native.split_pairs({"a": 1, b"b": 2.5}, True) == (["a", b"b"], [1, 2.5])
+    assert native.split_pairs([("a", "x"), [b"b", b"y"]], True) == (["a", b"b"], ["x", b"y"])
+    assert native.split_pairs(((1, 2.0),), False) == ([1], [2.0]), "a field may be a number"
+    assert native.split_pairs([], True) == ([], [])
+    for odd in (
+        {1: "v"},
+        {"k": True},
+        {"k": None},
+        [("k",)],
+        [("k", "v", "x")],
+        ["kv"],
+        "kv",
+        iter([("k", "v")]),
+        [("k", bytearray(b"x"))],
+        [(True, "v")],
+    ):
+        assert native.split_pairs(odd, odd != [(True, "v")]) is None, odd

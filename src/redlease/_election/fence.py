@@ -33,6 +33,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from .. import _scripts
 from .._engine import EncodableT, Engine, ScriptRun, flatten, is_failover_reply, run_one
+from .._engine.encodable import split_pairs
 from .._engine.replication import ReplicationGuard
 from .._errors import TooManyEvalBodies
 from .._log import Events
@@ -100,9 +101,13 @@ def check_pairs(
 
     The lists are a snapshot: changing ``items`` afterwards changes nothing.
     A bad item raises TypeError naming the rule, the item's place and its
-    value. Exact types are checked for the whole list at once; the first
-    bad one is then looked for item by item.
+    value. A dict or list of plainly good items is split in one C call
+    (``split_pairs``); otherwise exact types are checked for the whole list
+    at once, and the first bad one is then looked for item by item.
     """
+    plain = split_pairs(items, first_types is KEY_TYPES)
+    if plain is not None:
+        return plain
     if isinstance(items, Mapping):
         firsts: list[Any] = list(items)
         seconds: list[Any] = list(items.values())
