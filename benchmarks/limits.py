@@ -22,8 +22,8 @@ a share of it:
   and this process's CPU per write (``time.process_time()`` over as many
   writes as a round does, divided by their number; user and kernel time of
   every thread);
-- pipelines of 100 fenced SETs, one thread (the contenders' rounds taken in
-  turn, so that load from elsewhere falls on all of them alike): the 100
+- pipelines of 100 fenced SETs, one thread (the contenders taking turns of
+  0.1 s, so that load from elsewhere falls on all of them alike): the 100
   EVALSHAs encoded once, sent in one ``sendall`` and their replies counted
   (``raw pipelined socket``), against ``Elector.fence_pipeline(token)`` on
   each engine and redis-py's ``pipeline(transaction=False)`` of the same
@@ -275,19 +275,28 @@ def pipeline_figures(
     return rates, set_rates
 
 
+SLICE = 0.1
+"""Seconds of one turn of a contender in ``interleaved_rates``."""
+
+
 def interleaved_rates(
     ops: dict[str, Callable[[], object]], per_call: int, seconds: float, rounds: int
 ) -> dict[str, float]:
-    """``best_rate`` of each op, their rounds taken in turn (round 1 of each, then round 2...).
+    """The best rate of each op over ``rounds`` x ``seconds``, the ops taking turns of ``SLICE``.
 
-    A burst of load from elsewhere on a shared host then slows one round of
-    every contender alike instead of all the rounds of one of them, so
-    their ratios keep meaning something.
+    Every op runs as long as ``best_rate`` would run it, but in turns of
+    about 0.1 s (a few hundred pipelines), each op's turn after the
+    other's, and its figure is its best turn. A burst of load from
+    elsewhere on a shared host then slows a turn of every contender alike
+    instead of all the rounds of one of them, so their ratios keep meaning
+    something; and the more turns, the likelier each contender meets a
+    quiet one (load only ever makes a turn slower).
     """
+    turns = max(1, round(seconds / SLICE))
     best = dict.fromkeys(ops, 0.0)
-    for _ in range(rounds):
+    for _ in range(rounds * turns):
         for name, op in ops.items():
-            best[name] = max(best[name], best_rate(op, per_call, seconds, 1))
+            best[name] = max(best[name], best_rate(op, per_call, seconds / turns, 1))
     return best
 
 
