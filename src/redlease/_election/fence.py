@@ -62,6 +62,9 @@ _PAIR_TYPES = frozenset((tuple, list))
 _PAIR_LENGTHS = frozenset((2,))
 
 
+_running_loop = asyncio.get_running_loop
+
+
 def _no_loop() -> asyncio.AbstractEventLoop | None:
     """The loop of a Fence's cached loop writer before any loop wrote: none."""
     return None
@@ -272,8 +275,10 @@ class Fence:
         """
         if request is None:
             return False
-        loop = asyncio.get_running_loop()
-        writer = self._writer(loop)
+        loop = _running_loop()
+        loop_ref, writer = self._loop_writer  # this loop's, when it wrote last
+        if loop_ref() is not loop:
+            writer = self._writer(loop)
         if writer is None:
             return await loop.run_in_executor(None, self.write, request)
         try:
@@ -281,10 +286,18 @@ class Fence:
         except RedisError as exc:
             self._failed(request, exc)
             raise
-        return self._outcome(reply, 0)
+        # ``_outcome`` without the guard, which never writes here (see ``_writer``).
+        applied: bool = reply == 1
+        if self._events.sinks:
+            self._events.fenced(applied)
+        return applied
 
     def _writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
-        """The engine's loop writer for ``loop``; None where writes go through ``run``."""
+        """The engine's loop writer for ``loop``; None where writes go through ``run``.
+
+        Remembered for the loop that asked last, but never with the guard on,
+        so that a write finds it without a call.
+        """
         if self._guard.enabled:
             return None
         loop_ref, writer = self._loop_writer
