@@ -32,7 +32,10 @@ if TYPE_CHECKING:
 _P = TypeVar("_P", bound="_PipelineWrites")
 
 Pairs = Mapping[str | bytes, EncodableT] | Iterable[tuple[str | bytes, EncodableT]]
-"""What ``set_many`` and ``hset_many`` take: a mapping, or an iterable of 2-item pairs."""
+"""What ``set_many`` takes: a mapping of keys to values, or an iterable of 2-item pairs."""
+
+FieldPairs = Mapping[EncodableT, EncodableT] | Iterable[tuple[EncodableT, EncodableT]]
+"""What ``hset_many`` takes: a mapping of fields to values, or an iterable of pairs."""
 
 
 class _PipelineWrites:
@@ -91,7 +94,7 @@ class _PipelineWrites:
         self._add_run(FENCE_SET, (), keys, values, True)
         return self
 
-    def hset_many(self: _P, key: str | bytes, mapping: Pairs) -> _P:
+    def hset_many(self: _P, key: str | bytes, mapping: FieldPairs) -> _P:
         """Queue a fenced ``HSET key field value`` for each ``(field, value)`` of ``mapping``.
 
         ``mapping`` is a mapping (``{field: value}``) or an iterable of
