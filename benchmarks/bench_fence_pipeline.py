@@ -8,7 +8,8 @@ where the kernel's share of a round trip is much smaller). Three tables:
 
 1. Pipelines of ``--batch`` fenced SETs (default 100), built and executed
    back to back from one thread through the public API
-   (``Elector.fence_pipeline(token).set(...)...execute()``) on each engine,
+   (``Elector.fence_pipeline(token).set(...)...execute()``, and again with
+   the writes queued by one ``set_many``) on each engine,
    against redis-py's own pipeline (``transaction=False``) of the same
    EVALSHAs of the same script, hiredis parser when installed. Fenced
    writes per second (batches/s x batch size) and the ratio to redis-py;
@@ -66,6 +67,16 @@ def pipeline_op(e: redlease.Elector, batch: int) -> Callable[[], object]:
         for key in keys:
             pipe.set(key, "value")
         return pipe.execute()
+
+    return op
+
+
+def pipeline_many_op(e: redlease.Elector, batch: int) -> Callable[[], object]:
+    """``pipeline_op`` through the bulk method: ``set_many`` of the same writes."""
+    items = {f"{NAME}:value:{i}": "value" for i in range(batch)}
+
+    def op() -> object:
+        return e.fence_pipeline(TOKEN).set_many(items).execute()
 
     return op
 
@@ -243,6 +254,8 @@ def main() -> None:
         for name, e in electors.items():
             op = pipeline_op(e, opts.batch)
             rates[name] = best_rate(op, opts.batch, opts.seconds, opts.rounds)
+            op = pipeline_many_op(e, opts.batch)
+            rates[f"{name} set_many"] = best_rate(op, opts.batch, opts.seconds, opts.rounds)
         rates["redis-py"] = best_rate(
             redis_py_pipeline_op(client, opts.batch), opts.batch, opts.seconds, opts.rounds
         )
@@ -275,11 +288,11 @@ def main() -> None:
     print(f"pipelines of {opts.batch} fenced SETs, one thread, {transport}")
     print(f"redis-py with {parser_name}")
     print(f"best of {opts.rounds} rounds x {opts.seconds:g} s\n")
-    header = f"{'contender':<12}{'fenced writes/s':>17}{'vs redis-py':>13}"
+    header = f"{'contender':<18}{'fenced writes/s':>17}{'vs redis-py':>13}"
     print(header)
     print("-" * len(header))
     for name, rate in rates.items():
-        print(f"{name:<12}{rate:>17,.0f}{rate / rates['redis-py']:>12.2f}x")
+        print(f"{name:<18}{rate:>17,.0f}{rate / rates['redis-py']:>12.2f}x")
     print(f"\nasyncio, one task: await pipe.execute() of {opts.batch} fenced SETs\n")
     header = f"{'contender':<14}{'fenced writes/s':>17}{'vs redis.asyncio':>18}"
     print(header)

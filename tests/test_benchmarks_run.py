@@ -25,6 +25,7 @@ FIGURES = {
     "sync_writes_per_s",
     "sync_cpu_us_per_write",
     "pipeline_writes_per_s",
+    "pipeline_set_writes_per_s",
     "asyncio_1_task_writes_per_s",
     "asyncio_64_tasks_writes_per_s",
     "threads_8_writes_per_s",
@@ -33,6 +34,7 @@ WITH_A_LIMIT = {
     "sync_writes_per_s",
     "sync_cpu_us_per_write",
     "pipeline_writes_per_s",
+    "pipeline_set_writes_per_s",
     "asyncio_1_task_writes_per_s",
 }
 TARGETS = {"pipeline_writes_per_s", "sync_cpu_us_per_write", "asyncio_1_task_writes_per_s"}

@@ -220,6 +220,19 @@ def test_fenced_pipeline_unconfirmed_raises_not_replicated_after_one_wait(
     assert replicated.client.mget("a", "b") == [b"1", b"2"]
 
 
+def test_fenced_set_many_confirmed_or_not_is_one_wait_after_the_batch(
+    replicated: Replicated, engine: str
+) -> None:
+    e = make_elector(replicated.client, engine, min_replicas=1, replica_timeout=0.05)
+    pipe = e.fence_pipeline(2).set_many({"a": "1", "b": "2"}).hset_many("h", {"f": "v"})
+    assert pipe.execute() == [True, True, True]
+    replicated.replica.pause()
+    with pytest.raises(redlease.NotReplicated) as caught:
+        e.fence_pipeline(3).set_many([("a", "3"), ("b", "4")]).execute()
+    assert caught.value.applied is True
+    assert replicated.client.mget("a", "b") == [b"3", b"4"]
+
+
 def test_aio_fenced_write_unconfirmed_raises_not_replicated(
     replicated: Replicated, engine: str
 ) -> None:
@@ -314,6 +327,24 @@ def test_readonly_on_a_fenced_pipeline_ends_the_term_before_the_next_renewal(
         with pytest.raises(redis.exceptions.ResponseError):
             pipe.execute()
         assert term.wait(1.0), "the term outlived a READONLY fenced pipeline"
+        assert term.reason == "lost"
+    finally:
+        client.execute_command("REPLICAOF", "NO", "ONE")
+        e.stop()
+
+
+def test_readonly_on_a_set_many_pipeline_ends_the_term_before_the_next_renewal(
+    client: redis.Redis, engine: str, closed_port: ClosedPort
+) -> None:
+    e, terms, _ = lead(client, engine, ttl=9.0, renew_interval=3.0)
+    try:
+        term = terms.terms[0]
+        time.sleep(0.1)  # past the first renewal, sent at once on election
+        client.execute_command("REPLICAOF", LOOPBACK, str(closed_port.port))
+        pipe = terms.fencers[0].pipeline().set_many({"k1": "v", "k2": "v"})
+        with pytest.raises(redis.exceptions.ResponseError):
+            pipe.execute()
+        assert term.wait(1.0), "the term outlived a READONLY set_many"
         assert term.reason == "lost"
     finally:
         client.execute_command("REPLICAOF", "NO", "ONE")

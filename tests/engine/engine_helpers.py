@@ -206,6 +206,21 @@ def lua(body: str) -> Any:
     return native_ref(Script("test", body))
 
 
+def run_batch(
+    pool: Any,
+    batch: list[tuple[Script, list[Any], list[Any]]],
+    timeout: float,
+    replicas: int = 0,
+    wait_ms: int = 0,
+) -> Any:
+    """The native core's ``execute_scripts`` of ``batch`` on ``pool``, with refs made on
+    first use: the replies, or ``(replies, acknowledged)`` with ``replicas``."""
+    replies, acked, _flags = require_native().execute_scripts(
+        pool, batch, {}, native_ref, timeout, replicas, wait_ms
+    )
+    return (replies, acked) if replicas > 0 else replies
+
+
 def wait_state(keeper: Any, state: int, timeout: float) -> float | None:
     """The monotonic time ``keeper`` was seen in ``state``, or None on timeout."""
     deadline = time.monotonic() + timeout

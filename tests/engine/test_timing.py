@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 
-from engine_helpers import KEEPER_KINDS, Server, native_ref
+from engine_helpers import KEEPER_KINDS, Server, native_ref, run_batch
 from helpers import require_native
 from redlease._engine import timing as _timing
 from redlease._engine.python import _Pool
@@ -74,7 +74,7 @@ def _senders(kind: str, server: Server) -> tuple[list[Callable[[int], Any]], Cal
         ref = native_ref(INCR)
         return [
             lambda ms: pool.execute_wait(ref, ["k"], [], 2.0, 1, ms),
-            lambda ms: core.execute_many(pool, [(ref, ["k"], [])], 2.0, 1, ms),
+            lambda ms: run_batch(pool, [(INCR, ["k"], [])], 2.0, 1, ms),
         ], pool.close
     client = server.client()
     py = _Pool(client, 2)

@@ -24,14 +24,16 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import chain
 from typing import TYPE_CHECKING, Any, cast
 
 from redis.crc import key_slot
 from redis.exceptions import RedisError, ResponseError
 
 from .. import _scripts
-from .._engine import EncodableT, Engine, is_failover_reply, run_one
+from .._engine import EncodableT, Engine, ScriptRun, flatten, is_failover_reply, run_one
+from .._engine.encodable import split_pairs
 from .._engine.replication import ReplicationGuard
 from .._errors import TooManyEvalBodies
 from .._log import Events
@@ -55,6 +57,12 @@ FenceRequest = tuple["Script", tuple["str | bytes", ...], tuple[EncodableT, ...]
 KEY_TYPES = frozenset((str, bytes))
 VALUE_TYPES = frozenset((str, bytes, int, float))
 """The exact types of keys and values that need no further check (bool is not an int here)."""
+
+_PAIR_TYPES = frozenset((tuple, list))
+_PAIR_LENGTHS = frozenset((2,))
+
+
+_running_loop = asyncio.get_running_loop
 
 
 def _no_loop() -> asyncio.AbstractEventLoop | None:
@@ -86,6 +94,58 @@ def check_value(value: object, what: str = "value") -> EncodableT:
             f"{what} must be str, bytes, int or float, got {type(value).__name__} {value!r}"
         )
     return value
+
+
+def check_pairs(
+    items: object, what: str, first: str, first_types: frozenset[type]
+) -> tuple[list[Any], list[EncodableT]]:
+    """``items`` (a mapping, or an iterable of 2-item pairs) as two lists: every pair's
+    first (checked as a ``first``: a key, or a field) and every pair's value.
+
+    The lists are a snapshot: changing ``items`` afterwards changes nothing.
+    A bad item raises TypeError naming the rule, the item's place and its
+    value. A dict or list of plainly good items is split in one C call
+    (``split_pairs``); otherwise exact types are checked for the whole list
+    at once, and the first bad one is then looked for item by item.
+    """
+    plain = split_pairs(items, first_types is KEY_TYPES)
+    if plain is not None:
+        return plain
+    if isinstance(items, Mapping):
+        firsts: list[Any] = list(items)
+        seconds: list[Any] = list(items.values())
+    elif isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise TypeError(
+            f"{what} takes a mapping or an iterable of ({first}, value) pairs, "
+            f"got {type(items).__name__} {items!r}"
+        )
+    else:
+        rows = items if type(items) is list else list(items)
+        if _PAIR_TYPES.issuperset(map(type, rows)) and _PAIR_LENGTHS.issuperset(map(len, rows)):
+            flat = list(chain.from_iterable(rows))
+            firsts, seconds = flat[0::2], flat[1::2]
+        else:
+            firsts, seconds = [], []
+            for i, row in enumerate(rows):
+                if (
+                    isinstance(row, (str, bytes))
+                    or not isinstance(row, Sequence)
+                    or len(row) != 2
+                ):
+                    raise TypeError(
+                        f"{what}: item {i} must be a ({first}, value) pair, "
+                        f"got {type(row).__name__} {row!r}"
+                    )
+                firsts.append(row[0])
+                seconds.append(row[1])
+    if not first_types.issuperset(map(type, firsts)):
+        check = check_key if first_types is KEY_TYPES else check_value
+        for i, one in enumerate(firsts):
+            check(one, f"{what}: the {first} of item {i}")
+    if not VALUE_TYPES.issuperset(map(type, seconds)):
+        for i, value in enumerate(seconds):
+            check_value(value, f"{what}: the value of item {i}")
+    return firsts, seconds
 
 
 def _check_sequence(value: object, what: str, of: str) -> Sequence[object]:
@@ -215,8 +275,10 @@ class Fence:
         """
         if request is None:
             return False
-        loop = asyncio.get_running_loop()
-        writer = self._writer(loop)
+        loop = _running_loop()
+        loop_ref, writer = self._loop_writer  # this loop's, when it wrote last
+        if loop_ref() is not loop:
+            writer = self._writer(loop)
         if writer is None:
             return await loop.run_in_executor(None, self.write, request)
         try:
@@ -224,10 +286,18 @@ class Fence:
         except RedisError as exc:
             self._failed(request, exc)
             raise
-        return self._outcome(reply, 0)
+        # ``_outcome`` without the guard, which never writes here (see ``_writer``).
+        applied: bool = reply == 1
+        if self._events.sinks:
+            self._events.fenced(applied)
+        return applied
 
     def _writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
-        """The engine's loop writer for ``loop``; None where writes go through ``run``."""
+        """The engine's loop writer for ``loop``; None where writes go through ``run``.
+
+        Remembered for the loop that asked last, but never with the guard on,
+        so that a write finds it without a call.
+        """
         if self._guard.enabled:
             return None
         loop_ref, writer = self._loop_writer
@@ -251,24 +321,26 @@ class Fence:
             )
         return applied
 
-    def _failed(self, request: FenceRequest, exc: RedisError) -> None:
+    def _failed(self, request: FenceRequest | ScriptRun, exc: RedisError) -> None:
         """A write raised ``exc``: made the client family's, and a failover reply reported."""
         self._events.adopt(exc)
         if self._on_failover is not None and is_failover_reply(exc):
-            self._on_failover(int(request[2][0]), exc)
+            args = request.args if type(request) is ScriptRun else request[2]  # type: ignore[index]
+            self._on_failover(int(args[0]), exc)
 
-    def write_many(self, requests: Sequence[FenceRequest | None]) -> list[bool]:
-        """Send ``requests`` in one round trip, in order; one ``applied`` per request.
+    def write_many(self, requests: Sequence[FenceRequest | ScriptRun | None]) -> list[bool]:
+        """Send ``requests`` in one round trip, in order; one ``applied`` per write
+        (a ``ScriptRun`` of a ``set_many`` is one write per call of it).
 
         An empty batch sends nothing, nor does one of the inert token (its
-        requests are None). The first error reply is raised once every
-        reply was read.
+        requests are None, one per write). The first error reply is raised
+        once every reply was read.
         """
         if not requests:
             return []
         if requests[0] is None:
             return self._rejected(len(requests))
-        batch = cast(list[FenceRequest], requests)
+        batch = cast(list[FenceRequest | ScriptRun], requests)
         try:
             return self._write_batch(batch)
         except RedisError as exc:
@@ -277,7 +349,7 @@ class Fence:
             self._failed(batch[0], exc)
             raise
 
-    def _write_batch(self, batch: list[FenceRequest]) -> list[bool]:
+    def _write_batch(self, batch: list[FenceRequest | ScriptRun]) -> list[bool]:
         wait = self._wait
         # With the guard, one WAIT follows the batch on its connection.
         replies, acked = self._engine.run(batch, wait=wait)
@@ -291,7 +363,9 @@ class Fence:
             )
         return applied
 
-    async def write_many_async(self, requests: Sequence[FenceRequest | None]) -> list[bool]:
+    async def write_many_async(
+        self, requests: Sequence[FenceRequest | ScriptRun | None]
+    ) -> list[bool]:
         """``write_many`` for a coroutine: pipelined on the engine's connection for this loop.
 
         Every write of the batch is queued on the loop writer at once, in
@@ -306,8 +380,8 @@ class Fence:
         writer = self._writer(loop)
         if writer is None:
             return await loop.run_in_executor(None, self.write_many, requests)
-        batch = cast(list[FenceRequest], requests)
-        futures = [writer.write(*request) for request in batch]
+        batch = cast(list[FenceRequest | ScriptRun], requests)
+        futures = [writer.write(*request) for request in flatten(batch)]
         replies: list[Any] = []
         lost: BaseException | None = None
         try:
@@ -412,6 +486,28 @@ class Fence:
         if self._slot is not None:
             self._check_slots(keys)
         return script, (self._applied_key, *keys), (token, *args)
+
+    def bind_run(
+        self,
+        token: int,
+        script: Script,
+        keys: tuple[str | bytes, ...],
+        firsts: list[Any],
+        seconds: list[EncodableT],
+        first_is_key: bool,
+    ) -> ScriptRun:
+        """``bind`` for many writes of one script at once, as one ``ScriptRun``.
+
+        Write ``i`` is what ``bind(token, script, keys + (firsts[i],),
+        (seconds[i],))`` makes when ``first_is_key`` (a ``set_many``), else
+        ``bind(token, script, keys, (firsts[i], seconds[i]))`` (an
+        ``hset_many``). On a cluster every key's slot is checked here.
+        """
+        if self._slot is not None:
+            self._check_slots((*keys, *firsts) if first_is_key else keys)
+        return ScriptRun(
+            script, (self._applied_key, *keys), (token,), firsts, seconds, first_is_key
+        )
 
     def _check_slots(self, keys: tuple[str | bytes, ...]) -> None:
         """Refuse, before anything is sent, a cluster write with a key outside the name's slot.

@@ -35,6 +35,83 @@ if TYPE_CHECKING:
 ScriptRequest = tuple[Script, Sequence["str | bytes"], Sequence[EncodableT]]
 """One script to run: the script, its keys and its args."""
 
+
+class ScriptRun:
+    """Many calls of one script in a batch, held as two lists instead of a request per call.
+
+    Call ``i`` runs ``script`` with the keys ``keys`` and the args ``args``,
+    then ``firsts[i]`` (as one more key when ``first_is_key``, else as one
+    more arg) and ``seconds[i]`` as the last arg. A fenced pipeline's
+    ``set_many`` is ``ScriptRun(FENCE_SET, (mark,), (token,), keys, values,
+    True)``: call ``i`` is ``FENCE_SET`` with keys ``(mark, keys[i])`` and
+    args ``(token, values[i])``. The lists hold validated arguments and
+    are never changed once made. The native engine encodes a run without
+    making its calls; ``calls()`` makes them, for the Python engine.
+    """
+
+    __slots__ = ("args", "first_is_key", "firsts", "keys", "script", "seconds")
+
+    def __init__(
+        self,
+        script: Script,
+        keys: tuple[str | bytes, ...],
+        args: tuple[EncodableT, ...],
+        firsts: list[Any],
+        seconds: list[EncodableT],
+        first_is_key: bool,
+    ) -> None:
+        if len(firsts) != len(seconds):
+            raise ValueError(
+                f"a run needs as many firsts as seconds: {len(firsts)} != {len(seconds)}"
+            )
+        self.script = script
+        self.keys = keys
+        self.args = args
+        self.firsts = firsts
+        self.seconds = seconds
+        self.first_is_key = first_is_key
+
+    def __len__(self) -> int:
+        return len(self.firsts)
+
+    def __repr__(self) -> str:
+        return f"<ScriptRun {self.script.name} x{len(self)}>"
+
+    def calls(self) -> list[ScriptRequest]:
+        """Every call of the run, in order, as the request it stands for."""
+        script, keys, args = self.script, self.keys, self.args
+        if self.first_is_key:
+            return [
+                (script, (*keys, first), (*args, second))
+                for first, second in zip(self.firsts, self.seconds, strict=True)
+            ]
+        return [
+            (script, keys, (*args, first, second))
+            for first, second in zip(self.firsts, self.seconds, strict=True)
+        ]
+
+
+BatchItem = ScriptRequest | ScriptRun
+"""What a batch holds: one call, or a run of calls of one script."""
+
+
+def flatten(batch: Sequence[BatchItem]) -> Sequence[ScriptRequest]:
+    """``batch`` with every run replaced by its calls (``batch`` itself when it has none)."""
+    if not any(type(item) is ScriptRun for item in batch):
+        return batch  # type: ignore[return-value]
+    calls: list[ScriptRequest] = []
+    for item in batch:
+        if type(item) is ScriptRun:
+            calls.extend(item.calls())
+        else:
+            calls.append(item)  # type: ignore[arg-type]
+    return calls
+
+
+def batch_size(batch: Sequence[BatchItem]) -> int:
+    """How many calls ``batch`` makes (a run counts each of its calls)."""
+    return sum(len(item) if type(item) is ScriptRun else 1 for item in batch)
+
 MIN_STEP = 0.002
 """The shortest wait a round-trip step gets, even past its deadline (seconds).
 
@@ -267,14 +344,15 @@ class Engine(Protocol):
 
     def run(
         self,
-        batch: Sequence[ScriptRequest],
+        batch: Sequence[BatchItem],
         *,
         timeout: float | None = None,
         wait: ReplicationGuard | None = None,
     ) -> tuple[list[Any], int]:
         """Run ``batch`` in one round trip on one of the engine's own connections, in order.
 
-        ``(replies, acknowledged)``. Each reply is what its script answered,
+        ``(replies, acknowledged)``, one reply per call (a ``ScriptRun``
+        gives one per call of it, in its place). Each reply is what its script answered,
         checked against the script's reply shape (``replies.check``): an
         error reply, or a reply the script cannot give (``UnexpectedReply``),
         stands in its place as the exception object, not raised, so every

@@ -13,7 +13,7 @@ import asyncio
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from redis.exceptions import ResponseError
 
@@ -24,10 +24,13 @@ from .base import (
     CALL_CONNECTIONS,
     DEFAULT_WRITE_TIMEOUT,
     WRITE_CONNECTIONS,
+    BatchItem,
     EncodableT,
     Notices,
     Pools,
     ScriptRequest,
+    ScriptRun,
+    flatten,
 )
 from .client import Endpoint
 from .failover import MasterSwitches
@@ -105,17 +108,24 @@ class NativeEngine(Pools):
 
     def run(
         self,
-        batch: Sequence[ScriptRequest],
+        batch: Sequence[BatchItem],
         *,
         timeout: float | None = None,
         wait: ReplicationGuard | None = None,
     ) -> tuple[list[Any], int]:
-        """Script calls in one round trip on a pooled connection, GIL released (see ``Engine``)."""
+        """Script calls in one round trip on a pooled connection, GIL released (see ``Engine``).
+
+        A ``ScriptRun`` is encoded by the core straight from its lists, with
+        no request made per call.
+        """
+        if not batch:
+            return [], 0
         pool, bound = self.pool_for(timeout)
         refs = self._refs
-        if len(batch) == 1:
+        first = batch[0]
+        if len(batch) == 1 and type(first) is not ScriptRun:
             # One call, the common case: the pool's single-script path.
-            script, keys, args = batch[0]
+            script, keys, args = cast(ScriptRequest, first)
             ref = refs.get(script.sha) or self._ref(script)
             try:
                 if wait is None:
@@ -127,18 +137,20 @@ class NativeEngine(Pools):
             except ResponseError as exc:
                 return [exc], 0
             return [check(script, reply)], acked
-        requests = batch if type(batch) is list else list(batch)
+        requests: list[BatchItem] = batch if type(batch) is list else list(batch)
         if wait is None:
             replies, acked, flags = _native.execute_scripts(pool, requests, refs, self._ref, bound)
         else:
             replies, acked, flags = _native.execute_scripts(
                 pool, requests, refs, self._ref, bound, wait.min_replicas, wait.timeout_ms
             )
-        if flags and batch[0][0].reply == "flag":
+        script = first.script if isinstance(first, ScriptRun) else first[0]
+        if flags and script.reply == "flag":
             # One script for the whole batch, whose replies are 0 or 1, and the
             # core saw only 0s and 1s: every reply is one it can give.
             return replies, acked
-        return [check(s, r) for (s, _k, _a), r in zip(batch, replies, strict=True)], acked
+        calls = flatten(batch)
+        return [check(s, r) for (s, _k, _a), r in zip(calls, replies, strict=True)], acked
 
     def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
         """The pipelined writer on ``loop`` (made on first use)."""

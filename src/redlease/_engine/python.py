@@ -29,10 +29,12 @@ from .base import (
     CALL_CONNECTIONS,
     DEFAULT_WRITE_TIMEOUT,
     WRITE_CONNECTIONS,
+    BatchItem,
     EncodableT,
     Notices,
     Pools,
     ScriptRequest,
+    flatten,
     remaining,
 )
 from .client import is_cluster, sentinels_of
@@ -299,7 +301,7 @@ class PythonEngine(Pools):
 
     def run(
         self,
-        batch: Sequence[ScriptRequest],
+        batch: Sequence[BatchItem],
         *,
         timeout: float | None = None,
         wait: ReplicationGuard | None = None,
@@ -307,6 +309,9 @@ class PythonEngine(Pools):
         """Script calls in one round trip on a pooled connection (see ``Engine``)."""
         pool: _Pool
         pool, bound = self.pool_for(timeout)
+        batch = flatten(batch)  # a run's calls, made here: redis-py sends call by call
+        if not batch:
+            return [], 0
         if len(batch) == 1:
             try:
                 if wait is None:

@@ -2,8 +2,9 @@
 
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, Protocol, TypeAlias, overload
+from typing import Any, Protocol, TypeAlias
 
+from redlease._engine.base import BatchItem
 from redlease._scripts import Script
 
 _Encodable: TypeAlias = str | bytes | bytearray | memoryview | int | float
@@ -154,40 +155,25 @@ class LoopConn:
     def clear(self) -> None: ...
     def drop(self) -> None: ...
 
-@overload
-def execute_many(
-    pool: Pool,
-    requests: Sequence[tuple[ScriptRef, Sequence[str | bytes], Sequence[_Encodable]]],
-    timeout: float,
-) -> list[Any]: ...
-@overload
-def execute_many(
-    pool: Pool,
-    requests: Sequence[tuple[ScriptRef, Sequence[str | bytes], Sequence[_Encodable]]],
-    timeout: float,
-    replicas: int,
-    wait_ms: int,
-) -> tuple[list[Any], int]:
-    """Many scripts in one round trip on one of ``pool``'s connections, replies in order.
-
-    Error replies are exception objects in the list (not raised); a failure
-    that leaves replies unread raises ConnectionError / TimeoutError.
-    """
-
 def execute_scripts(
     pool: Pool,
-    requests: list[tuple[Script, Sequence[str | bytes], Sequence[_Encodable]]],
+    requests: list[BatchItem],
     refs: dict[str, ScriptRef],
     make_ref: Callable[[Script], ScriptRef],
     timeout: float,
     replicas: int = 0,
     wait_ms: int = 0,
 ) -> tuple[list[Any], int, bool]:
-    """``execute_many`` of scripts by their ``Script``: ``(replies, acknowledged, flags)``.
+    """Many scripts in one round trip on one of ``pool``'s connections:
+    ``(replies, acknowledged, flags)``, the replies in order.
 
-    Each script's ScriptRef comes from ``refs`` (``make_ref`` the first
-    time). ``flags``: every request names the first one's script and every
-    reply is an integer 0 or 1.
+    Error replies are exception objects in the list (not raised); a failure
+    that leaves replies unread raises ConnectionError / TimeoutError. Each
+    script's ScriptRef comes from ``refs`` (``make_ref`` the first time).
+    ``acknowledged``: the replicas a ``WAIT replicas wait_ms`` after the
+    batch counted (0 without ``replicas``). ``flags``: every request names
+    the first one's script and every reply is an integer 0 or 1. A
+    ``ScriptRun`` is a request per call of it, encoded from its lists.
     """
 
 class Renewer:
@@ -348,3 +334,8 @@ def _monotonic() -> float: ...
 def _key_slot(key: str | bytes) -> int: ...
 def reply_codes() -> tuple[tuple[str, int, bool], ...]: ...
 def reply_kind(reply: bytes, cluster: bool = False) -> tuple[int, int]: ...
+
+def split_pairs(items: object, keys: bool) -> tuple[list[Any], list[Any]] | None:
+    """``items`` (a dict, or a list/tuple of 2-item pairs) as ``(firsts, seconds)`` when
+    every first is an exact str/bytes (``keys``; else also int/float) and every second
+    an exact str/bytes/int/float; None otherwise (the caller looks closer)."""

@@ -109,6 +109,9 @@ import weakref
 # Every timing constant the engines share (renewal batching and retry floor,
 # notice timings, WAIT): the .pxi files convert them into their C globals.
 from redlease._engine import timing as _timing
+# A batch's run of calls of one script (a fenced pipeline's set_many):
+# _pipeline.pxi encodes it from its lists.
+from redlease._engine.base import ScriptRun as _ScriptRun
 
 # Every ProcessBound alive in this process (Pool, LoopConn, Renewer, Lease,
 # NoticeHub), for the fork handler below.

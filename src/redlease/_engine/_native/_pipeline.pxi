@@ -250,47 +250,106 @@ cdef int batch_run(rl_conn* c, rl_batch* b, int64_t deadline) noexcept nogil:
     return 0
 
 
-cdef int batch_encode(rl_batch* b, list requests) except -1:
-    """Each ``(ScriptRef, keys, args)`` as an EVALSHA appended to ``b.w``."""
-    cdef rl_buf one
-    cdef rl_script_cmd cmd
-    cdef rl_bcmd* out
-    cdef ScriptRef ref
-    cdef size_t i = 0
-    cdef size_t base
-    b.cmds = <rl_bcmd*>calloc(<size_t>len(requests), sizeof(rl_bcmd))
-    if b.cmds == NULL:
-        raise MemoryError()
-    memset(&one, 0, sizeof(one))
-    try:
-        for request in requests:
-            ref, keys, args = request
-            put_evalsha(&one, ref.sha, ref.source, keys, args, &cmd)
-            base = b.w.len
-            if buf_put(&b.w, one.data, one.len) < 0:
-                raise MemoryError()
-            out = &b.cmds[i]
-            out.start = base
-            out.head = base + cmd.head
-            out.tail = base + cmd.tail
-            out.end = b.w.len
-            out.src = cmd.src
-            out.srclen = cmd.srclen
-            i += 1
-            b.n = i
-    finally:
-        buf_free(&one)
-    return 0
-
-
 cdef inline bint immutable_arg(object arg) noexcept:
     """An argument whose encoding cannot change between two reads (exact str, bytes or int)."""
     return type(arg) is str or type(arg) is bytes or type(arg) is int
 
 
+cdef type RUN_TYPE = _ScriptRun
+
+
+cdef Py_ssize_t batch_calls(list requests) except -1:
+    """How many commands ``requests`` make: one per request, one per call of a run."""
+    cdef Py_ssize_t n = 0
+    for request in requests:
+        n += len((<object>request).firsts) if type(request) is RUN_TYPE else 1
+    return n
+
+
+cdef object batch_first_keys(object request):
+    """The keys of ``request``'s first command (what routes the batch on a cluster)."""
+    if type(request) is not RUN_TYPE:
+        return request[1]
+    if request.first_is_key and not request.keys:
+        return request.firsts[:1]
+    return request.keys
+
+
+cdef int encode_run(rl_batch* b, object run, ScriptRef ref) except -1:
+    """Each call of a ``ScriptRun`` as an EVALSHA appended to ``b.w``, from its lists.
+
+    The bytes every call shares (the header, the sha, the key count, the
+    run's own keys; then its own args) are encoded once and copied for each
+    further call; only ``firsts[i]`` and ``seconds[i]`` are encoded per call.
+    """
+    cdef tuple keys = run.keys
+    cdef tuple args = run.args
+    cdef list firsts = run.firsts
+    cdef list seconds = run.seconds
+    cdef bint first_is_key = run.first_is_key
+    cdef Py_ssize_t m = len(firsts)
+    cdef Py_ssize_t nkeys = len(keys) + (1 if first_is_key else 0)
+    cdef Py_ssize_t nargs = len(args) + (0 if first_is_key else 1) + 1
+    cdef Py_ssize_t i
+    cdef size_t start, head = 0, tail = 0, s1 = 0, s1len = 0, s2 = 0, s2len = 0
+    cdef rl_bcmd* out
+    cdef char num[24]
+    cdef int k
+    if len(seconds) != m:
+        raise ValueError(f"a run needs as many firsts as seconds: {m} != {len(seconds)}")
+    for i in range(m):
+        start = b.w.len
+        if i == 0:
+            if buf_put_prefix(&b.w, c'*', 3 + nkeys + nargs) < 0:
+                raise MemoryError()
+            head = b.w.len - start
+            if (buf_put(&b.w, b"$7\r\nEVALSHA\r\n", 13) < 0
+                    or buf_put_bulk(&b.w, PyBytes_AS_STRING(ref.sha),
+                                    <size_t>PyBytes_GET_SIZE(ref.sha)) < 0):
+                raise MemoryError()
+            tail = b.w.len - start
+            k = fmt_ll(num, nkeys)
+            if buf_put_bulk(&b.w, num, <size_t>k) < 0:
+                raise MemoryError()
+            for key in keys:
+                put_arg(&b.w, key)
+            s1 = start
+            s1len = b.w.len - start
+        elif buf_put_copy(&b.w, s1, s1len) < 0:
+            raise MemoryError()
+        if first_is_key:
+            put_arg(&b.w, firsts[i])
+        if i == 0:
+            s2 = b.w.len
+            for arg in args:
+                put_arg(&b.w, arg)
+            s2len = b.w.len - s2
+        elif s2len and buf_put_copy(&b.w, s2, s2len) < 0:
+            raise MemoryError()
+        if not first_is_key:
+            put_arg(&b.w, firsts[i])
+        put_arg(&b.w, seconds[i])
+        out = &b.cmds[b.n]
+        out.start = start
+        out.head = start + head
+        out.tail = start + tail
+        out.end = b.w.len
+        out.src = PyBytes_AS_STRING(ref.source)
+        out.srclen = <size_t>PyBytes_GET_SIZE(ref.source)
+        out.kind = 0
+        out.what = REPLY_DONE
+        out.noscript = False
+        out.ival = 0
+        out.off = 0
+        out.len = 0
+        b.n += 1
+    return 0
+
+
 cdef bint batch_encode_scripts(rl_batch* b, list requests, dict refs, object make_ref,
                                list keep) except -1:
-    """Each ``(Script, keys, args)`` as an EVALSHA appended to ``b.w``, with no copy between.
+    """Each ``(Script, keys, args)`` as an EVALSHA appended to ``b.w``, with no copy between,
+    and each call of a ``ScriptRun`` likewise (``encode_run``).
 
     A script's ScriptRef is looked up (``refs``, else ``make_ref``) once per
     run of requests naming the same script, and kept alive in ``keep``. A
@@ -303,6 +362,7 @@ cdef bint batch_encode_scripts(rl_batch* b, list requests, dict refs, object mak
     cdef Py_ssize_t n = len(requests)
     cdef Py_ssize_t i, j, nkeys = 0, nargs = 0
     cdef Py_ssize_t prev_nkeys = -1, prev_nargs = -1
+    cdef Py_ssize_t total = batch_calls(requests)
     cdef object request, script, found
     cdef object prev_script = None
     cdef object prev_first = None
@@ -316,11 +376,24 @@ cdef bint batch_encode_scripts(rl_batch* b, list requests, dict refs, object mak
     cdef char num[24]
     cdef int k
     # Not zeroed: every field is set below, or by the reply it is read from.
-    b.cmds = <rl_bcmd*>realloc(NULL, (<size_t>n if n else 1) * sizeof(rl_bcmd))
+    b.cmds = <rl_bcmd*>realloc(NULL, (<size_t>total if total else 1) * sizeof(rl_bcmd))
     if b.cmds == NULL:
         raise MemoryError()
     for i in range(n):
         request = requests[i]
+        if type(request) is RUN_TYPE:
+            script = request.script
+            if script is not prev_script:
+                same = same and b.n == 0
+                found = refs.get(script.sha)
+                ref = <ScriptRef>(found if found is not None else make_ref(script))
+                keep.append(ref)
+                prev_script = script
+            encode_run(b, request, ref)
+            # What the next request may copy is this run's, not what came before it.
+            prev_first = None
+            prev_arg = None
+            continue
         if type(request) is tuple and len(<tuple>request) == 3:
             script = (<tuple>request)[0]
             keys = (<tuple>request)[1] if type((<tuple>request)[1]) is tuple \
@@ -332,7 +405,7 @@ cdef bint batch_encode_scripts(rl_batch* b, list requests, dict refs, object mak
             keys = tuple(keys_seq)
             args = tuple(args_seq)
         if script is not prev_script:
-            same = i == 0
+            same = same and b.n == 0
             found = refs.get(script.sha)
             ref = <ScriptRef>(found if found is not None else make_ref(script))
             keep.append(ref)
@@ -341,7 +414,7 @@ cdef bint batch_encode_scripts(rl_batch* b, list requests, dict refs, object mak
         nkeys = len(keys)
         nargs = len(args)
         start = b.w.len
-        out = &b.cmds[i]
+        out = &b.cmds[b.n]
         if (prev_first is not None and nkeys == prev_nkeys and nargs == prev_nargs
                 and keys[0] is prev_first):
             # The same script, arity and first key as the previous request: the
@@ -396,7 +469,7 @@ cdef bint batch_encode_scripts(rl_batch* b, list requests, dict refs, object mak
         out.ival = 0
         out.off = 0
         out.len = 0
-        b.n = <size_t>(i + 1)
+        b.n += 1
     return same
 
 
@@ -475,9 +548,10 @@ cdef object batch_execute(Pool pool, rl_batch* b, object first_keys, int64_t dea
     return acked
 
 
-def execute_many(Pool pool not None, list requests not None, double timeout,
-                 int replicas=0, int wait_ms=0):
-    """Run ``[(ScriptRef, keys, args), ...]`` in one round trip on one of ``pool``'s connections.
+def execute_scripts(Pool pool not None, list requests not None, dict refs not None,
+                    make_ref not None, double timeout, int replicas=0, int wait_ms=0):
+    """Run ``[(Script, keys, args), ...]`` in one round trip on one of ``pool``'s
+    connections: ``(replies, acknowledged, flags)``.
 
     The replies come back in order as redis-py gives them; an error reply is
     an exception object in the list, not raised, so every reply is read
@@ -485,52 +559,29 @@ def execute_many(Pool pool not None, list requests not None, double timeout,
     connection broke, the deadline passed) raises redis-py's ConnectionError
     or TimeoutError: those commands may or may not have run, and none is sent
     again. ``timeout`` bounds the whole batch, the NOSCRIPT resend included.
-
-    With ``replicas`` > 0 the batch is followed by ``WAIT replicas wait_ms`` on
-    the same connection (GIL released) and the result is ``(replies,
-    acknowledged)``; the WAIT gets ``wait_ms`` beyond the batch's deadline.
-    """
-    cdef int64_t deadline = deadline_after(timeout)
-    cdef rl_batch b
-    # Checked before anything is sent (WAIT 0 would block forever).
-    wait_cmd = _timing.wait_command(replicas, wait_ms) if replicas > 0 else None
-    if not requests:
-        return ([], 0) if replicas > 0 else []
-    memset(&b, 0, sizeof(b))
-    try:
-        batch_encode(&b, requests)
-        acked = batch_execute(pool, &b, requests[0][1], deadline, replicas, wait_ms,
-                              wait_cmd)
-        if replicas > 0:
-            return batch_replies(&b), acked
-        return batch_replies(&b)
-    finally:
-        batch_free(&b)
-
-
-def execute_scripts(Pool pool not None, list requests not None, dict refs not None,
-                    make_ref not None, double timeout, int replicas=0, int wait_ms=0):
-    """``execute_many`` of ``[(Script, keys, args), ...]``: ``(replies, acknowledged, flags)``.
+    An argument that cannot be encoded raises before the connection is used.
 
     Each ``Script``'s ScriptRef comes from ``refs`` (made by ``make_ref`` the
     first time), looked up once per run of requests naming the same script.
+    With ``replicas`` > 0 the batch is followed by ``WAIT replicas wait_ms`` on
+    the same connection (GIL released; ``wait_ms`` beyond the batch's
+    deadline) and ``acknowledged`` is the replicas it counted; 0 without.
     ``flags`` is True when every request names the first one's script and
     every reply is an integer 0 or 1: then a script whose replies are flags
-    needs no reply checked one by one. ``acknowledged`` is 0 without
-    ``replicas``.
+    needs no reply checked one by one.
     """
     cdef int64_t deadline = deadline_after(timeout)
     cdef rl_batch b
     cdef bint same
     cdef list keep = []
     wait_cmd = _timing.wait_command(replicas, wait_ms) if replicas > 0 else None
-    if not requests:
-        return [], 0, False
     memset(&b, 0, sizeof(b))
     try:
         same = batch_encode_scripts(&b, requests, refs, make_ref, keep)
-        acked = batch_execute(pool, &b, requests[0][1], deadline, replicas, wait_ms,
-                              wait_cmd)
+        if b.n == 0:
+            return [], 0, False
+        acked = batch_execute(pool, &b, batch_first_keys(requests[0]), deadline, replicas,
+                              wait_ms, wait_cmd)
         return batch_replies(&b), acked, same and batch_all_flags(&b)
     finally:
         batch_free(&b)

@@ -237,3 +237,64 @@ def _encode_command(args):
         return PyBytes_FromStringAndSize(b.data, <Py_ssize_t>b.len)
     finally:
         buf_free(&b)
+
+
+cdef inline bint plain_value(object o) noexcept:
+    """An exact str, bytes, int or float: what a fenced write's value may be, checked no further."""
+    cdef type t = type(o)
+    return t is str or t is bytes or t is int or t is float
+
+
+cdef inline bint plain_first(object o, bint key) noexcept:
+    """A key (exact str or bytes) with ``key``, else a value."""
+    cdef type t = type(o)
+    if key:
+        return t is str or t is bytes
+    return t is str or t is bytes or t is int or t is float
+
+
+def split_pairs(object items, bint keys):
+    """``items`` as two new lists, ``(firsts, seconds)``, when every item is plainly good; else None.
+
+    ``items`` is a dict, or a list or tuple of 2-tuples (or 2-item lists).
+    Plainly good: every first an exact str or bytes (with ``keys``; else
+    an exact str, bytes, int or float, as a hash field), every second an
+    exact str, bytes, int or float. None for anything else, and then the
+    caller checks the items one by one (and says what is wrong): this is
+    only the fast path of that check, done in C for a pipeline's
+    ``set_many`` / ``hset_many``.
+    """
+    cdef Py_ssize_t n, i = 0
+    cdef list firsts, seconds
+    cdef object row, first, second
+    if type(items) is dict:
+        n = len(<dict>items)
+        firsts = [None] * n
+        seconds = [None] * n
+        for first, second in (<dict>items).items():
+            if i >= n or not plain_first(first, keys) or not plain_value(second):
+                return None
+            firsts[i] = first
+            seconds[i] = second
+            i += 1
+        return (firsts, seconds) if i == n else None
+    if type(items) is not list and type(items) is not tuple:
+        return None
+    n = len(items)
+    firsts = [None] * n
+    seconds = [None] * n
+    for i in range(n):
+        row = items[i]
+        if type(row) is tuple and len(<tuple>row) == 2:
+            first = (<tuple>row)[0]
+            second = (<tuple>row)[1]
+        elif type(row) is list and len(<list>row) == 2:
+            first = (<list>row)[0]
+            second = (<list>row)[1]
+        else:
+            return None
+        if not plain_first(first, keys) or not plain_value(second):
+            return None
+        firsts[i] = first
+        seconds[i] = second
+    return firsts, seconds
