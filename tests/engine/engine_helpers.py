@@ -165,10 +165,13 @@ class Keepers:
         keys: list[Any] | None = None,
         args: list[Any] | None = None,
     ) -> Keeper:
-        keeper: Keeper = self._engine(unix).keeper(
+        renew = (
             COUNTED_RENEW if script is None else script,
             [key] if keys is None else keys,
             [owner, int(ttl * 1000)] if args is None else args,
+        )
+        keeper: Keeper = self._engine(unix).keeper(
+            renew,
             interval=interval,
             ttl=ttl,
         )

@@ -278,7 +278,7 @@ def test_a_cluster_lease_ends_lost_at_once_on_a_failover_reply_and_keeps_leading
     key = "{rt-fo}:leader"
     slot = key_slot(key)
     ttl = 10.0
-    lease = engine.keeper(RENEW, [key], ["me", int(ttl * 1000)], interval=0.2, ttl=ttl)
+    lease = engine.keeper((RENEW, [key], ["me", int(ttl * 1000)]), interval=0.2, ttl=ttl)
     try:
         t0 = time.monotonic()
         assert client.set(key, "me", px=int(ttl * 1000))

@@ -35,7 +35,7 @@ def test_engine_runs_fenced_writes_and_control_scripts(server: Server, rc: redis
         keys = ["n:leader", "n:fence", "n:fence:applied"]
         token, pttl, holder = run_one(engine, (acquire, keys, ["me", 500]), timeout=2.0)[0]
         assert token == 1 and pttl == 500 and holder == b"me"
-        k = engine.keeper(RENEW, ["n:leader"], ["me", 500], interval=0.1, ttl=0.5)
+        k = engine.keeper((RENEW, ["n:leader"], ["me", 500]), interval=0.1, ttl=0.5)
         k.begin(token, time.monotonic())
         time.sleep(0.7)
         assert k.state == ACTIVE and db2.pttl("n:leader") > 0

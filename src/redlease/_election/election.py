@@ -344,9 +344,7 @@ class Election:
             if stop.is_set():
                 return None
             keeper = self.engine.keeper(
-                _RENEW,
-                (self.keys.leader,),
-                (self.instance_id, self.config.ttl_ms),
+                (_RENEW, (self.keys.leader,), (self.instance_id, self.config.ttl_ms)),
                 interval=self.config.renew_interval,
                 ttl=self.config.ttl,
             )

@@ -544,9 +544,7 @@ class Member:
         self.pending = []
         try:
             self.heartbeat = self.engine.keeper(
-                _HEARTBEAT,
-                (self.members_key, self.set_key),
-                (self.member_id, cfg.ttl_ms),
+                (_HEARTBEAT, (self.members_key, self.set_key), (self.member_id, cfg.ttl_ms)),
                 interval=cfg.renew_interval,
                 ttl=cfg.ttl,
             )
@@ -826,9 +824,7 @@ class Member:
             if token <= 0:
                 continue
             keeper = self.engine.keeper(
-                _RENEW,
-                (part.lease_key,),
-                (self.member_id, cfg.ttl_ms),
+                (_RENEW, (part.lease_key,), (self.member_id, cfg.ttl_ms)),
                 interval=cfg.renew_interval,
                 ttl=cfg.ttl,
             )

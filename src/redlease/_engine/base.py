@@ -382,16 +382,12 @@ class Engine(Protocol):
         """
         ...
 
-    def keeper(
-        self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
-        *,
-        interval: float,
-        ttl: float,
-    ) -> Keeper:
-        """A new lease on the engine's one renewer, renewing with ``script`` (1 renewed, 0 lost)."""
+    def keeper(self, renew: ScriptRequest, *, interval: float, ttl: float) -> Keeper:
+        """A new lease on the engine's one renewer, renewed by the call ``renew``.
+
+        ``renew`` is ``(script, keys, args)``, as ``run`` takes each call; its
+        script answers 1 (renewed) or 0 (lost).
+        """
         ...
 
     def confirm_master(self, timeout: float, release: Callable[[], object]) -> None:

@@ -25,7 +25,6 @@ from .base import (
     DEFAULT_WRITE_TIMEOUT,
     WRITE_CONNECTIONS,
     BatchItem,
-    EncodableT,
     Notices,
     Pools,
     ScriptRequest,
@@ -164,16 +163,8 @@ class NativeEngine(Pools):
             self._loop_writers[loop] = writer
         return writer
 
-    def keeper(
-        self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
-        *,
-        interval: float,
-        ttl: float,
-    ) -> _native.Lease:
-        """A new lease renewed with ``script`` by the engine's one shared renewer.
+    def keeper(self, renew: ScriptRequest, *, interval: float, ttl: float) -> _native.Lease:
+        """A new lease renewed with the call ``renew`` by the engine's one shared renewer.
 
         Every lease of the engine is renewed by one native thread: over one
         connection on a fixed address or behind Sentinel (it follows the
@@ -181,6 +172,7 @@ class NativeEngine(Pools):
         master on a cluster (each lease routed by its key's slot).
         """
         # close() reaches these through the renewer, which ends them all.
+        script, keys, args = renew
         keeper = _Lease(self._shared_renewer(), self._ref(script), keys, args, interval, ttl)
         if self.endpoint.sentinels is not None:
             keeper.switches = weakref.ref(self._switches)

@@ -23,14 +23,12 @@ from redis.exceptions import (
     TimeoutError,
 )
 
-from .._scripts import Script
 from .aiowriter import LoopWriter
 from .base import (
     CALL_CONNECTIONS,
     DEFAULT_WRITE_TIMEOUT,
     WRITE_CONNECTIONS,
     BatchItem,
-    EncodableT,
     Notices,
     Pools,
     ScriptRequest,
@@ -339,15 +337,7 @@ class PythonEngine(Pools):
             self._loop_writers[loop] = writer
         return writer
 
-    def keeper(
-        self,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[EncodableT],
-        *,
-        interval: float,
-        ttl: float,
-    ) -> Lease:
+    def keeper(self, renew: ScriptRequest, *, interval: float, ttl: float) -> Lease:
         """A lease renewed by the engine's one renewer thread (``renewer.Renewer``).
 
         On one server all leases share one renewal connection, and renewals
@@ -355,7 +345,7 @@ class PythonEngine(Pools):
         routed by its key's slot. A reply the renew script cannot give drops
         the connection (its stream can no longer be trusted).
         """
-        keys, args = tuple(keys), tuple(args)
+        script, keys, args = renew[0], tuple(renew[1]), tuple(renew[2])
         request = (script, keys, args)
         on_close: Callable[[], object] | None = None
         if self._cluster:
@@ -365,7 +355,7 @@ class PythonEngine(Pools):
         else:
             conn = self._renew_conn
 
-        def renew(timeout: float) -> Any:
+        def renew_once(timeout: float) -> Any:
             reply = conn.eval_script(request, timeout)
             if not fits("flag", reply):
                 conn.drop()
@@ -386,7 +376,7 @@ class PythonEngine(Pools):
             batch = self._renew_batch
         lease = Lease(
             self._renewer,
-            renew,
+            renew_once,
             interval=interval,
             ttl=ttl,
             on_close=on_close,

@@ -71,4 +71,4 @@ def redis_place_keeper(
     """The engine's renewer holding ``owner``'s place in ``queue`` (natively without the GIL)."""
     life = life_ms / 1000
     script = load("queue_keep")
-    return engine.keeper(script, queue, (owner, life_ms), interval=renew_interval(life), ttl=life)
+    return engine.keeper((script, queue, (owner, life_ms)), interval=renew_interval(life), ttl=life)

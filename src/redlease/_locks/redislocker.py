@@ -349,9 +349,7 @@ class RedisLocker(Locker):
 
     def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> Keeper:
         return self._engine.keeper(
-            self._refresh_script,
-            (self.key(name),),
-            (owner, ttl_ms),
+            (self._refresh_script, (self.key(name),), (owner, ttl_ms)),
             interval=interval,
             ttl=ttl_ms / 1000,
         )
@@ -453,7 +451,8 @@ class _RedisPermits(LeaseStore):
 
     def _keeper(self, name: str, owner: str, ttl_ms: int, interval: float) -> Keeper:
         return self._share.engine.keeper(
-            self._refresh_script, self._keys_of(name), (owner, ttl_ms), interval=interval,
+            (self._refresh_script, self._keys_of(name), (owner, ttl_ms)),
+            interval=interval,
             ttl=ttl_ms / 1000,
         )
 
