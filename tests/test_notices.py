@@ -144,6 +144,32 @@ def test_a_successor_that_resigns_at_once_hands_back_at_once(
     assert took < PUSHED, f"a took the lease back after {took:.3f} s"
 
 
+def test_a_follower_that_replaces_a_stopped_one_at_once_still_takes_over_at_once(
+    client: redis.Redis, engine: str
+) -> None:
+    # A channel given up is unsubscribed a moment later, not at once: one
+    # wanted again meanwhile must stay subscribed (the UNSUBSCRIBE goes
+    # first, the SUBSCRIBE after it).
+    leader = redlease.Elector(client, "replaced", engine=engine)
+    events = Events()
+    first = redlease.Elector(client, "replaced", engine=engine, observer=events.observer())
+    second_events = Events()
+    second = redlease.Elector(
+        client, "replaced", engine=engine, observer=second_events.observer()
+    )
+    with leader:
+        elected_token(leader)
+        first.start()
+        follower_ready(first, events, client)
+        first.stop()
+        with second:
+            follower_ready(second, second_events, client)
+            time.sleep(0.3)  # past the moment the first one's UNSUBSCRIBE is sent
+            assert subscribers(client, "replaced:leader:released") == 1
+            took = timed_handover(leader.resign, second)
+    assert took < PUSHED, f"handover took {took:.3f} s; polling alone waits up to 2.5 s"
+
+
 def test_a_killed_notice_connection_still_hands_over_and_comes_back(
     client: redis.Redis, engine: str
 ) -> None:
