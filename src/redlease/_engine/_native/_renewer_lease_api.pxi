@@ -46,6 +46,10 @@ cdef class Lease(ProcessBound):
         self.l = l
         self.renewer = renewer
         l.changes = &renewer.r.changes
+        pthread_mutex_lock(&renewer.r.mu)
+        renewer.r.changes.handles += 1
+        l.handle = renewer.r.changes.handles
+        pthread_mutex_unlock(&renewer.r.mu)
         l.slot = disco_slot_for(renewer.r.conn.disco, keys)
         l.ask_node = -1
         put_evalsha(&l.cmd, ref.sha, ref.source, keys, args, &cmd)
@@ -68,6 +72,8 @@ cdef class Lease(ProcessBound):
         l.gen += 1
         l.closed = 1
         heap_remove(r, l)
+        l.watched = 0
+        lease_unlist(l)
         if l.inflight:
             l.detached = 1  # the thread frees it when the batch is done
             l = NULL
@@ -106,18 +112,24 @@ cdef class Lease(ProcessBound):
         return rl_load(&self.l.renewals)
 
     @property
-    def wakes(self):
-        """This lease's own change counter: it moves whenever this lease is woken."""
+    def handle(self):
+        """This lease's number among its renewer's: what ``Renewer.take_changed()`` names."""
         if self.l == NULL:
             return 0
-        return rl_load(&self.l.wakes)
+        return self.l.handle
 
-    @property
-    def changes(self):
-        """The renewer's change counter: it moves whenever any of its leases is woken."""
-        if self.renewer is None or self.renewer.r == NULL:
-            return 0
-        return rl_load(&self.renewer.r.changes)
+    def watch_changes(self, bint on):
+        """List this lease's wake-ups for ``Renewer.take_changed()`` (``on``), or stop."""
+        cdef rl_lease* l = self.l
+        cdef rl_renewer* r
+        if l == NULL:
+            return
+        r = self._r()
+        pthread_mutex_lock(&r.mu)
+        l.watched = on
+        if not on:
+            lease_unlist(l)
+        pthread_mutex_unlock(&r.mu)
 
     @property
     def closed(self):
@@ -389,6 +401,8 @@ cdef class Lease(ProcessBound):
         l.gen += 1
         l.heap_idx = -1
         l.inflight = 0
+        l.watched = 0
+        l.listed = 0
         self._waiters = 0
         l.wake_pending = 0  # the parent's wake-ups, not the child's
         if l.wake_fd >= 0:
