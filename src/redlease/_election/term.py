@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
+from .._engine.forksafe import ForkSafeLock
+
 Reason = Literal["lost", "returned", "resigned", "stopped"]
 
 
@@ -97,14 +99,16 @@ class Term:
     ``"stopped"`` (the run was stopped).
     """
 
-    __slots__ = ("_callbacks", "_ended", "_guard", "_reason", "token")
+    # What a waiter waits on and the callbacks are made only when somebody
+    # waits or watches (a token-driven term has neither), under one lock for
+    # every term: a term ends once, and 100,000 terms should not cost a lock each.
+    __slots__ = ("_callbacks", "_ended", "_reason", "token")
 
     def __init__(self, token: int) -> None:
         self.token = token
-        self._ended = Once()
+        self._ended: Once | None = None
         self._reason: Reason | None = None
-        self._guard = threading.Lock()
-        self._callbacks: list[Callable[[], object]] = []
+        self._callbacks: list[Callable[[], object]] | None = None
 
     @property
     def reason(self) -> Reason | None:
@@ -113,24 +117,34 @@ class Term:
 
     def ended(self) -> bool:
         """True once the term has ended: stop working for it."""
-        return self._ended.is_set()
+        return self._reason is not None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the term ends or ``timeout`` passes; True once it has ended."""
-        return self._ended.wait(timeout)
+        with _TERMS:
+            if self._reason is not None:
+                return True
+            ended = self._ended
+            if ended is None:
+                ended = self._ended = Once()
+        return ended.wait(timeout)
 
     def _end(self, reason: Reason) -> None:
-        with self._guard:
+        with _TERMS:
             if self._reason is None:
                 self._reason = reason
-            self._ended.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
+            ended = self._ended
+            callbacks, self._callbacks = self._callbacks, None
+        if ended is not None:
+            ended.set()
+        for callback in callbacks or ():
             callback()
 
     def _on_end(self, callback: Callable[[], object]) -> None:
-        with self._guard:
-            if not self._ended.is_set():
+        with _TERMS:
+            if self._reason is None:
+                if self._callbacks is None:
+                    self._callbacks = []
                 self._callbacks.append(callback)
                 return
         callback()
@@ -139,6 +153,8 @@ class Term:
         state = self._reason or "active"
         return f"<redlease.Term token={self.token} {state}>"
 
+
+_TERMS = ForkSafeLock()
 
 # The run loop and the shells end terms and watch them through these two
 # functions: the internal API of a Term, kept off its public surface.

@@ -30,6 +30,7 @@ cdef class Lease(ProcessBound):
                  double interval, double ttl):
         cdef rl_lease* l
         cdef rl_script_cmd cmd
+        cdef char* trimmed
         if renewer.r == NULL or renewer._closed:
             raise RuntimeError("the renewer is closed")
         if not (interval > 0 and interval < 1e6) or not (ttl > 0 and ttl < 1e6):
@@ -53,6 +54,12 @@ cdef class Lease(ProcessBound):
         l.slot = disco_slot_for(renewer.r.conn.disco, keys)
         l.ask_node = -1
         put_evalsha(&l.cmd, ref.sha, ref.source, keys, args, &cmd)
+        # Built once and never grown again: its exact size, not the encoder's
+        # spare room (100,000 leases).
+        trimmed = <char*>realloc(l.cmd.data, l.cmd.len)
+        if trimmed != NULL:
+            l.cmd.data = trimmed
+            l.cmd.cap = l.cmd.len
         renewer.add_script(ref)
         _live.add(self)
 
