@@ -110,8 +110,9 @@ import weakref
 # notice timings, WAIT): the .pxi files convert them into their C globals.
 from redlease._engine import timing as _timing
 
-# Every ProcessBound alive in this process (Pool, LoopConn, Renewer, Lease,
-# NoticeHub), for the fork handler below.
+# Every ProcessBound alive in this process (Pool, LoopConn, Renewer,
+# NoticeHub), for the fork handler below. Not the leases, which are many: each
+# is made inert by the first thing that reaches it in a child (see Lease._r).
 _live = weakref.WeakSet()
 
 include "_posix.pxi"

@@ -61,7 +61,9 @@ cdef class Lease(ProcessBound):
             l.cmd.data = trimmed
             l.cmd.cap = l.cmd.len
         renewer.add_script(ref)
-        _live.add(self)
+        # Not in _live: 100,000 leases should not cost a weak reference each.
+        # In a forked child each one is made inert by the first thing that
+        # reaches it (every method goes through _r(), token and state ask too).
 
     def __dealloc__(self):
         cdef rl_lease* l = self.l
@@ -91,14 +93,14 @@ cdef class Lease(ProcessBound):
     @property
     def token(self):
         """The running term's token, or 0 when no term is ACTIVE (or its deadline passed)."""
-        if self.l == NULL or self._expired():
+        if self.l == NULL or self.inherited() or self._expired():
             return 0
         return rl_load(&self.l.token)
 
     @property
     def state(self):
         """IDLE, ACTIVE, LOST or ENDED (LOST from the deadline on)."""
-        if self.l == NULL:
+        if self.l == NULL or self.inherited():
             return ST_ENDED
         if self._expired():
             return ST_LOST
@@ -212,6 +214,7 @@ cdef class Lease(ProcessBound):
         cdef int fd
         if l == NULL or self._closed:
             return -1
+        self.inherited()  # a forked child's copy: the parent's eventfd is let go first
         if l.wake_fd >= 0:
             return l.wake_fd
         fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
