@@ -99,8 +99,9 @@ class Events:
         self.name = name
         self.instance = instance
         # Shared with children (a locker's locks), so instrumenting the
-        # locker reaches the locks it grants later.
-        self.sinks: list[Sink] = sinks if sinks is not None else []
+        # locker reaches the locks it grants later. Until something is
+        # attached, the empty tuple every Events shares (see ``attach``).
+        self.sinks: list[Sink] | tuple[()] = sinks if sinks is not None else ()
         # Makes an error one of the user's client family (see ``_engine.family``), in place.
         self.adopt: Callable[[BaseException], object] = adopt or _as_is
         self._failing_since = 0.0  # 0: no outage going on
@@ -110,9 +111,19 @@ class Events:
         self._token = 0
         self._ended = False
 
+    def attach(self, sink: Sink) -> None:
+        """Pass every later event on to ``sink`` too (and, through children made after, theirs)."""
+        if isinstance(self.sinks, list):
+            self.sinks.append(sink)
+        else:
+            self.sinks = [sink]
+
     def child(self, what: str, name: str) -> Events:
         """Events for a part of this target (one lock of a locker), feeding the same sinks."""
-        return Events(what, name, self.instance, self.sinks, self.adopt)
+        sinks = self.sinks
+        if not isinstance(sinks, list):
+            sinks = self.sinks = []  # shared from now on: a sink attached later reaches both
+        return Events(what, name, self.instance, sinks, self.adopt)
 
     # -- terms ------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ import itertools
 import logging
 import os
 import select
+import sys
 import threading
 import time
 from collections import deque
@@ -49,6 +50,9 @@ BATCH = 512
 
 BATCH_TIMEOUT = 2.0
 """The bound of one batched round trip (seconds)."""
+
+_SMALL_DICT = 4096
+"""An empty dict larger than this (bytes) is replaced by a new one."""
 
 
 class Watched(Protocol):
@@ -286,6 +290,10 @@ class Driver:
                     if self._latest.get(item) == seq:
                         del self._latest[item]
                         due.append(item)
+                if not self._latest and sys.getsizeof(self._latest) > _SMALL_DICT:
+                    # A dict keeps the room of its largest size: after 100,000
+                    # runs contended together, let it go.
+                    self._latest = {}
                 return due, sweep, None
             wait = TICK if self._watched else None
             if self._heap:

@@ -329,6 +329,8 @@ cdef class NoticeHub(ProcessBound):
                 self._counts[channel] = wanted - 1
             else:
                 self._counts.pop(channel, None)
+                if not self._counts:
+                    self._counts = {}  # not the room of the most channels it ever had
                 if h.subscribed_at != 0 and not inherited:
                     # Not signalled: the reader sends it with the next
                     # subscribe or once it is NOTICE_UNSUBSCRIBE_NS old, so
