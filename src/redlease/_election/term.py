@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import threading
 from collections.abc import Callable
@@ -61,31 +60,39 @@ class Leader:
 class Once:
     """``threading.Event``'s ``set``/``is_set``/``wait`` for something that happens once.
 
-    A held lock released once: a fraction of an Event's memory, which counts
-    with thousands of runs and terms.
+    A held lock released once, and made only when somebody waits before it
+    happened (a run stopped from the thread that ends it never needs one):
+    a fraction of an Event's memory, which counts with thousands of runs.
     """
 
     __slots__ = ("_lock", "_set")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lock.acquire()
+        self._lock: threading.Lock | None = None
         self._set = False
 
     def set(self) -> None:
-        if not self._set:
+        with _ONCE:
+            if self._set:
+                return
             self._set = True
-            with contextlib.suppress(RuntimeError):  # set twice at once: released once
-                self._lock.release()
+            lock = self._lock
+        if lock is not None:
+            lock.release()  # once: every waiter releases it again after taking it
 
     def is_set(self) -> bool:
         return self._set
 
     def wait(self, timeout: float | None = None) -> bool:
-        if self._set:
-            return True
-        if self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
-            self._lock.release()
+        with _ONCE:
+            if self._set:
+                return True
+            lock = self._lock
+            if lock is None:
+                lock = self._lock = threading.Lock()
+                lock.acquire()  # held until set()
+        if lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            lock.release()
             return True
         return self._set
 
@@ -155,6 +162,7 @@ class Term:
 
 
 _TERMS = ForkSafeLock()
+_ONCE = ForkSafeLock()  # every Once's: held for a moment, never across a wait
 
 # The run loop and the shells end terms and watch them through these two
 # functions: the internal API of a Term, kept off its public surface.
