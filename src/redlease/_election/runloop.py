@@ -322,7 +322,10 @@ class RunLoop:
         run = self.run
         run.noticed, run.released_by, run.resting = False, None, True
         if self.driven and self.notices is None and not run.should_stop():
-            self._listen()
+            try:
+                self._listen()
+            except Exception as exc:  # never the run's end: it polls instead
+                self.election.events.debug(f"listens for no release notices: {exc!r}")
         self.keeper.end()
         self.reason = reason
         self.phase = self.DRAIN
