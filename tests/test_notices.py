@@ -144,6 +144,49 @@ def test_a_successor_that_resigns_at_once_hands_back_at_once(
     assert took < PUSHED, f"a took the lease back after {took:.3f} s"
 
 
+def test_a_follower_that_replaces_a_stopped_one_at_once_still_takes_over_at_once(
+    client: redis.Redis, engine: str
+) -> None:
+    # A channel given up is unsubscribed a moment later, not at once: one
+    # wanted again meanwhile must stay subscribed (the UNSUBSCRIBE goes
+    # first, the SUBSCRIBE after it).
+    leader = redlease.Elector(client, "replaced", engine=engine)
+    events = Events()
+    first = redlease.Elector(client, "replaced", engine=engine, observer=events.observer())
+    second_events = Events()
+    second = redlease.Elector(
+        client, "replaced", engine=engine, observer=second_events.observer()
+    )
+    with leader:
+        elected_token(leader)
+        first.start()
+        follower_ready(first, events, client)
+        first.stop()
+        with second:
+            follower_ready(second, second_events, client)
+            time.sleep(0.3)  # past the moment the first one's UNSUBSCRIBE is sent
+            assert subscribers(client, "replaced:leader:released") == 1
+            took = timed_handover(leader.resign, second)
+    assert took < PUSHED, f"handover took {took:.3f} s; polling alone waits up to 2.5 s"
+
+
+def test_a_started_leader_stops_listening_while_it_leads_and_listens_again_after_its_term(
+    client: redis.Redis, engine: str
+) -> None:
+    # The lease is its own while it leads: no notice is news to it, and its
+    # stop then releases with nobody of this process listening.
+    channel = "quiet-leader:leader:released"
+    leader = redlease.Elector(client, "quiet-leader", engine=engine)
+    with leader:
+        elected_token(leader)
+        wait_until(lambda: subscribers(client, channel) == 0, timeout=5, what="no subscriber")
+        leader.resign()  # resting after its term: a successor's release must wake it
+        wait_subscribed(client, channel)
+        token = elected_token(leader, timeout=10)
+        wait_until(lambda: subscribers(client, channel) == 0, timeout=5, what="no subscriber")
+    assert token >= 2
+
+
 def test_a_killed_notice_connection_still_hands_over_and_comes_back(
     client: redis.Redis, engine: str
 ) -> None:
@@ -182,6 +225,7 @@ def test_a_started_follower_looks_again_when_its_notice_connection_comes_back(
         assert client.client_kill_filter(_type="pubsub") >= 1
         wait_until(follower.token, timeout=10, interval=0.005, what="the follower's election")
         took = time.monotonic() - killed
+        follower.resign()  # a leader does not listen; resting after its term, it does
         wait_subscribed(client, "again:leader:released")  # listening again
     # Its next poll was some 13 s away.
     assert took < 3.0, f"took over {took:.3f} s after the connection was killed"

@@ -85,12 +85,14 @@ def close_all_engines() -> None:
     that a finished test has stopped. Tests on topologies close them after
     each test so later tests see no such thread.
     """
-    from redlease._election import election as _election
-    from redlease._engine import failover
+    from redlease._engine import failover, select
 
-    for election in list(_election._live_elections):
+    # Every Elector's engine is a shared one (one per client and engine kind).
+    with select._shared_lock:
+        engines = [e for _, shared in select._shared.values() for e in list(shared.values())]
+    for engine in engines:
         with contextlib.suppress(Exception):
-            election.engine.close()
+            engine.close()
     # Engines of electors already collected: their listeners outlive them.
     for listener in list(failover._live_listeners):
         listener.close()

@@ -92,7 +92,10 @@ def replication_guard(min_replicas: object = 0, replica_timeout: object = None) 
     return ReplicationGuard(replicas, timeout)
 
 
-@dataclass(frozen=True)
+_NO_GUARD = ReplicationGuard()
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The validated, resolved settings of an Elector (durations in float seconds).
 
@@ -111,6 +114,8 @@ class Config:
     @property
     def guard(self) -> ReplicationGuard:
         """The replication guard these settings ask for."""
+        if self.min_replicas == 0 and self.replica_timeout == _NO_GUARD.replica_timeout:
+            return _NO_GUARD  # the common case, shared
         return ReplicationGuard(self.min_replicas, self.replica_timeout)
 
     @property

@@ -17,6 +17,7 @@ The library never adds a handler but the ``NullHandler`` and never sets a level.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +51,20 @@ class Sink(Protocol):
     def keeper_closed(self, keeper: Any) -> None: ...
 
 
+# One lock for every Events: it guards a few fields for a moment, on an
+# error or a lost lock, and 100,000 electors should not cost a lock each.
+# New in a forked child (a parent's thread may have held it).
+_EVENTS = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    global _EVENTS
+    _EVENTS = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
 class Events:
     """One elector's (or lock's) reports: logged here, then handed to the sinks.
 
@@ -62,7 +77,6 @@ class Events:
         "_ended",
         "_failing_since",
         "_failures",
-        "_mutex",
         "_renewals",
         "_said_at",
         "_token",
@@ -85,11 +99,11 @@ class Events:
         self.name = name
         self.instance = instance
         # Shared with children (a locker's locks), so instrumenting the
-        # locker reaches the locks it grants later.
-        self.sinks: list[Sink] = sinks if sinks is not None else []
+        # locker reaches the locks it grants later. Until something is
+        # attached, the empty tuple every Events shares (see ``attach``).
+        self.sinks: list[Sink] | tuple[()] = sinks if sinks is not None else ()
         # Makes an error one of the user's client family (see ``_engine.family``), in place.
         self.adopt: Callable[[BaseException], object] = adopt or _as_is
-        self._mutex = threading.Lock()
         self._failing_since = 0.0  # 0: no outage going on
         self._failures = 0
         self._said_at = 0.0
@@ -97,9 +111,19 @@ class Events:
         self._token = 0
         self._ended = False
 
+    def attach(self, sink: Sink) -> None:
+        """Pass every later event on to ``sink`` too (and, through children made after, theirs)."""
+        if isinstance(self.sinks, list):
+            self.sinks.append(sink)
+        else:
+            self.sinks = [sink]
+
     def child(self, what: str, name: str) -> Events:
         """Events for a part of this target (one lock of a locker), feeding the same sinks."""
-        return Events(what, name, self.instance, self.sinks, self.adopt)
+        sinks = self.sinks
+        if not isinstance(sinks, list):
+            sinks = self.sinks = []  # shared from now on: a sink attached later reaches both
+        return Events(what, name, self.instance, sinks, self.adopt)
 
     # -- terms ------------------------------------------------------------------
 
@@ -127,7 +151,7 @@ class Events:
 
         Once per lock: the watchdog and ``release()`` may both find the loss.
         """
-        with self._mutex:
+        with _EVENTS:
             if self._ended:
                 return
             self._ended = True
@@ -150,7 +174,7 @@ class Events:
         """
         self.adopt(exc)
         now = time.monotonic()
-        with self._mutex:
+        with _EVENTS:
             self._failures += 1
             if not self._failing_since:
                 self._failing_since = self._said_at = now
@@ -180,7 +204,7 @@ class Events:
         if not self._failing_since:  # the common case, without the lock
             return
         now = time.monotonic()
-        with self._mutex:
+        with _EVENTS:
             if not self._failing_since:
                 return
             failures, since = self._failures, now - self._failing_since

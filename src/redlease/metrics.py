@@ -410,7 +410,7 @@ def instrument(target: T, registry: CollectorRegistry | None = None) -> T:
         instruments = _Target(events.name, _LOCK_REASONS, None, None, False, core.waits)
     added = _collector(registry).add(target, instruments)
     if added is instruments:
-        events.sinks.append(instruments)
+        events.attach(instruments)
         run = election.run if election is not None else None
         if run is not None:
             instruments.keeper_opened(run.keeper)

@@ -268,6 +268,37 @@ def test_pool_routes_each_call_to_its_keys_slot(
         pool.close()
 
 
+def test_a_pool_keeps_a_connection_per_master_for_calls_that_go_all_over_the_cluster(
+    cluster_set: ClusterSet, cluster: RedisCluster
+) -> None:
+    core = require_native()
+    from redlease._engine.client import native_endpoint
+
+    endpoint, why = native_endpoint(cluster)
+    assert endpoint is not None, why
+    pool = core.Pool(core.Target(endpoint), 8)
+    script = core.ScriptRef(
+        "d8f2fad9f8e86a53d2a6ebd960b33c4972cacc37", "return redis.call('SET', KEYS[1], ARGV[1])"
+    )
+    masters = cluster_set.masters()
+
+    def connections_made() -> int:
+        return sum(int(m.client().info("stats")["total_connections_received"]) for m in masters)
+
+    keys = [f"{{spread{i}}}" for i in range(90)]  # their slots on every master, in turn
+    assert len({cluster_set.node_for_key(k).address for k in keys}) == len(masters)
+    try:
+        before = connections_made()
+        for key in keys:
+            assert pool.execute(script, [key], ["v"], 2.0) == b"OK"
+        made = connections_made() - before - len(masters)  # the counting clients' own
+        # One per master (and one that asked for the slot map); not one each
+        # time a call's slot is on another master.
+        assert made <= len(masters) + 1, made
+    finally:
+        pool.close()
+
+
 @pytest.mark.parametrize("engine", ["native", "python"])
 def test_a_cluster_where_no_node_answers_is_reported_and_never_elects(
     cluster_set_fresh: ClusterSet, engine: str

@@ -309,3 +309,61 @@ def test_followers_that_poll_together_share_a_round_trip_and_each_reads_its_own_
         for e in followers + holders:
             e.stop()
         client.close()
+
+
+def test_an_evicted_leader_among_many_started_ones_is_re_elected_and_the_others_keep_their_terms(
+    client: redis.Redis, engine: str, stopper: list[redlease.Elector]
+) -> None:
+    # The driver looks only at the leases whose keeper reported a change:
+    # the one loss among 200 quiet leases must still reach its run.
+    stepped_down: list[str] = []
+    group = [
+        redlease.Elector(
+            client, f"w{i}", ttl=1.0, renew_interval=0.1, engine=engine,
+            observer=redlease.Observer(on_stepped_down=lambda i=i: stepped_down.append(f"w{i}")),
+        )
+        for i in range(200)
+    ]  # fmt: skip
+    stopper.extend(group)
+    tokens = start_all(group)
+    victim = group[123]
+    redlease.evict(client, "w123")  # its next renewal answers 0
+    wait_until(
+        lambda: (victim.token() or 0) > tokens["w123"], 5.0, what="the victim's new term"
+    )
+    assert stepped_down == ["w123"]
+    others = {e.config.name: e.token() for e in group if e is not victim}
+    assert others == {name: token for name, token in tokens.items() if name != "w123"}
+
+
+def test_a_native_renewer_lists_each_woken_watched_lease_once_and_no_unwatched_one(
+    client: redis.Redis,
+) -> None:
+    require_native()
+    from redlease._election.election import _RENEW
+    from redlease._engine import shared_engine
+
+    engine = shared_engine(client, "native")
+    watched = [engine.keeper((_RENEW, (f"l{i}",), ("me", 1000)), interval=0.3, ttl=1.0)
+               for i in range(3)]  # fmt: skip
+    unwatched = engine.keeper((_RENEW, ("l-other",), ("me", 1000)), interval=0.3, ttl=1.0)
+    try:
+        renewer = unwatched.renewer
+        renewer.take_changed()  # whatever other tests left
+        for keeper in watched:
+            keeper.watch_changes(True)
+        for _ in range(3):
+            watched[0].notify()
+            watched[2].notify()
+            unwatched.notify()
+        handles, everything = renewer.take_changed()
+        assert not everything
+        assert sorted(handles) == sorted([watched[0].handle, watched[2].handle])
+        assert renewer.take_changed() == ([], False)  # taken: the list starts empty again
+        watched[1].notify()
+        watched[1].watch_changes(False)  # unwatched before it was taken: not named
+        watched[0].notify()
+        assert renewer.take_changed() == ([watched[0].handle], False)
+    finally:
+        for keeper in [*watched, unwatched]:
+            keeper.close()

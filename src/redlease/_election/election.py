@@ -19,7 +19,6 @@ import os
 import random
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -28,6 +27,7 @@ from .._config import Config
 from .._engine import Engine, Keeper, is_cluster, run_one, sharded_notices, shared_engine
 from .._engine.base import NoticeSubscription
 from .._engine.family import threaded
+from .._engine.forksafe import ForkSafeLock
 from .._engine.notices import NO_NOTICES, ChannelRefusals
 from .._engine.replies import released
 from .._errors import ConfigError
@@ -74,20 +74,20 @@ NEVER = threading.Event()
 
 
 class _Threads:
-    """A tiny set of threads (one to three at a time): a list, a quarter of a set's memory."""
+    """A tiny set of threads (one to three at a time): a tuple, shared while empty."""
 
     __slots__ = ("_items",)
 
     def __init__(self) -> None:
-        self._items: list[threading.Thread] = []
+        self._items: tuple[threading.Thread, ...] = ()
 
     def add(self, thread: threading.Thread) -> None:
         if thread not in self._items:
-            self._items.append(thread)
+            self._items = (*self._items, thread)
 
     def discard(self, thread: threading.Thread) -> None:
         if thread in self._items:
-            self._items.remove(thread)
+            self._items = tuple(t for t in self._items if t is not thread)
 
     def __contains__(self, thread: object) -> bool:
         return thread in self._items
@@ -108,11 +108,16 @@ class Driven(Protocol):
         ...
 
 
+_generation = 0
+"""How many forks this process is away from the one its runs were made in (see ``Election.run``)."""
+
+
 class Run:
     """What one run shares between its thread and the rest of the program."""
 
     __slots__ = (
         "acquired_at",
+        "born",
         "done",
         "driven",
         "error",
@@ -131,7 +136,10 @@ class Run:
     )
 
     def __init__(self, stop: threading.Event, keeper: Keeper, own_id: str) -> None:
-        self.own_id = own_id.encode()
+        self.born = _generation
+        # The instance id as given (a str shared with the config, not a copy
+        # in bytes per run): a notice's payload is compared with it encoded.
+        self.own_id = own_id
         self.user_stop = stop
         # A flag, not an Event: nobody waits on it (the keeper's notify() is
         # the wake-up), and thousands of runs should not cost a Condition each.
@@ -180,7 +188,9 @@ class Run:
         and only another holder's release (not a reconnected listener's
         "look again", ``None``) ends that rest.
         """
-        if released_by == self.own_id or (released_by is None and self.resting):
+        if (released_by is None and self.resting) or (
+            released_by is not None and released_by == self.own_id.encode()
+        ):
             return
         if released_by is not None:
             self.released_by = released_by
@@ -196,6 +206,9 @@ class Election:
     # Thousands of elections in one process: no instance dict.
     __slots__ = (
         "__weakref__",
+        "_refusals",
+        "_run",
+        "_started",
         "batchable",
         "client",
         "config",
@@ -206,14 +219,14 @@ class Election:
         "guard",
         "keys",
         "make_fencer",
-        "mutex",
         "observer",
-        "refusals",
-        "run",
         "sharded_notice",
-        "started",
         "tenure_failover",
     )
+
+    # One lock for every election's claim and end of a run: both are rare and
+    # short, and 100,000 elections should not cost a lock each.
+    mutex = ForkSafeLock()
 
     def __init__(
         self,
@@ -243,11 +256,8 @@ class Election:
         self.client = client
         # Releases announce in the name's slot on a cluster (SPUBLISH).
         self.sharded_notice = "1" if sharded_notices(client) else "0"
-        # An ACL user without the name's notice channels is told once, not per release.
-        self.refusals = ChannelRefusals(
-            f"Elector {self.config.name!r} instance {self.config.instance_id!r}",
-            f"&{self.config.name}*",
-        )
+        # Made when first needed (see ``refusals``).
+        self._refusals: ChannelRefusals | None = None
         self.observer = observer or _NO_OBSERVER
         self.keys = ElectionKeys(self.config.name)
         # Acquires of many started runs on this engine may share a round trip:
@@ -267,16 +277,57 @@ class Election:
             on_failover=self.failover_seen,
         )
         # What the leader function gets as its second argument, for a token.
-        self.make_fencer: Callable[[int], Any] = fencer or (lambda _token: None)
-        self.mutex = threading.Lock()
-        self.run: Run | None = None
+        self.make_fencer: Callable[[int], Any] = fencer or _no_fencer
+        self._run: Run | None = None
         # The run a shell started in the background (``Elector.start()``),
         # kept until its end is collected by ``stop()``.
-        self.started: Run | None = None
+        self._started: Run | None = None
         # Told a failover reply to a fenced write when no run of this election holds the
         # token: a partition's lease is kept by its group member, not by a run.
         self.tenure_failover: Callable[[int, Exception], object] | None = None
-        _live_elections.add(self)
+
+    # A forked child has none of the parent's threads and must never act on
+    # the parent's lease: there, a run made before the fork is no run at all.
+
+    @property
+    def run(self) -> Run | None:
+        """The run going on (reserved by ``claim``), or None."""
+        run = self._run
+        if run is not None and run.born != _generation:
+            self._run = self._started = None
+            return None
+        return run
+
+    @run.setter
+    def run(self, run: Run | None) -> None:
+        self._run = run
+
+    @property
+    def started(self) -> Run | None:
+        """The run a shell started in the background, until ``stop()`` collects its end."""
+        started = self._started
+        if started is not None and started.born != _generation:
+            self._run = self._started = None
+            return None
+        return started
+
+    @started.setter
+    def started(self, run: Run | None) -> None:
+        self._started = run
+
+    @property
+    def refusals(self) -> ChannelRefusals:
+        """Says once that an ACL user lacks the name's notice channels (made on first use)."""
+        refusals = self._refusals
+        if refusals is None:
+            with _REFUSALS:
+                refusals = self._refusals
+                if refusals is None:
+                    refusals = self._refusals = ChannelRefusals(
+                        f"Elector {self.config.name!r} instance {self.config.instance_id!r}",
+                        f"&{self.config.name}*",
+                    )
+        return refusals
 
     @property
     def instance_id(self) -> str:
@@ -454,15 +505,17 @@ class Election:
             self.report(exc)
 
 
-_live_elections: weakref.WeakSet[Election] = weakref.WeakSet()
+_REFUSALS = ForkSafeLock()
+
+
+def _no_fencer(_token: int) -> None:
+    return None
 
 
 def _forget_runs_after_fork() -> None:
-    # A forked child has none of the parent's threads and must never act on
-    # the parent's lease: its elections are simply not running.
-    for election in list(_live_elections):
-        election.mutex = threading.Lock()
-        election.run = election.started = None
+    # Every run made so far is the parent's: ``Election.run`` now says None.
+    global _generation
+    _generation += 1
 
 
 os.register_at_fork(after_in_child=_forget_runs_after_fork)

@@ -47,7 +47,10 @@ class Elector(ElectorShell, StopsOnExit):
     __slots__ = ()
 
     def _term_fencer(self) -> Callable[[int], Any]:
-        return lambda token: Fencer(self, token)
+        return self._fencer_of
+
+    def _fencer_of(self, token: int) -> Fencer:
+        return Fencer(self, token)
 
     def __repr__(self) -> str:
         return (

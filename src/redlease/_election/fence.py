@@ -22,7 +22,6 @@ beside their electors and hold a ``Fence``.
 from __future__ import annotations
 
 import asyncio
-import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import chain
@@ -34,6 +33,7 @@ from redis.exceptions import RedisError, ResponseError
 from .. import _scripts
 from .._engine import EncodableT, Engine, ScriptRun, flatten, is_failover_reply, run_one
 from .._engine.encodable import split_pairs
+from .._engine.forksafe import ForkSafeLock
 from .._engine.replication import ReplicationGuard
 from .._errors import TooManyEvalBodies
 from .._log import Events
@@ -68,6 +68,16 @@ _running_loop = asyncio.get_running_loop
 def _no_loop() -> asyncio.AbstractEventLoop | None:
     """The loop of a Fence's cached loop writer before any loop wrote: none."""
     return None
+
+
+_NO_LOOP_WRITER: tuple[Callable[[], asyncio.AbstractEventLoop | None], LoopWriter | None] = (
+    _no_loop,
+    None,
+)
+
+# One lock for every fence's cache of eval bodies (looked up under it for a
+# moment per fence_eval): a lock per elector would cost more than it saves.
+_EVAL_BODIES = ForkSafeLock()
 
 
 def check_token(token: object) -> int:
@@ -169,7 +179,6 @@ class Fence:
         "_events",
         "_guard",
         "_loop_writer",
-        "_mutex",
         "_name",
         "_on_failover",
         "_slot",
@@ -198,14 +207,13 @@ class Fence:
         self._name = name
         # On a cluster every key of a write must live in the name's slot.
         self._slot = _slot(applied_key) if cluster else None
-        self._mutex = threading.Lock()
-        self._eval_scripts: dict[str, Script] = {}
+        self._eval_scripts: dict[str, Script] | None = None  # made by the first fence_eval
         self._events = events  # its Election's: fenced-write results are reported there
         # The engine's loop writer for the loop that wrote last, so a loop's
         # writes look it up once (weak: a loop must stay collectable).
         self._loop_writer: tuple[
             Callable[[], asyncio.AbstractEventLoop | None], LoopWriter | None
-        ] = (_no_loop, None)
+        ] = _NO_LOOP_WRITER
 
     def set_request(self, token: object, key: object, value: object) -> FenceRequest | None:
         if (
@@ -435,17 +443,20 @@ class Fence:
                 self._events.fenced(done)
 
     def _eval_script(self, body: str) -> Script:
-        with self._mutex:
-            script = self._eval_scripts.get(body)
+        with _EVAL_BODIES:
+            scripts = self._eval_scripts
+            if scripts is None:
+                scripts = self._eval_scripts = {}
+            script = scripts.get(body)
             if script is None:
-                if len(self._eval_scripts) >= MAX_EVAL_BODIES:
+                if len(scripts) >= MAX_EVAL_BODIES:
                     raise TooManyEvalBodies(
                         f"more than {MAX_EVAL_BODIES} distinct fence_eval bodies on Elector "
                         f"{self._name!r}; keep bodies constant and pass variable data "
                         "through keys and args"
                     )
                 script = _scripts.fenced("fence_eval", body)
-                self._eval_scripts[body] = script
+                scripts[body] = script
         return script
 
     def _request(

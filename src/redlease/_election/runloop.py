@@ -110,6 +110,10 @@ class RunLoop:
             run.driven = self
 
     def start(self) -> None:
+        self._listen()
+        driver().poke(self)
+
+    def _listen(self) -> None:
         election = self.election
         # The engine's listener, on the connection the process's other
         # waiters share: each notice pokes this run on the driver thread
@@ -117,7 +121,6 @@ class RunLoop:
         self.notices = election.engine.notices(election.client).listen(
             election.keys.leader, self.run.notice, driven=True
         )
-        driver().poke(self)
 
     def poke(self) -> None:
         if self.driven:
@@ -290,6 +293,13 @@ class RunLoop:
             worker.thread.start()
         if self.phase == self.LEAD and self.driven:
             driver().watch(self)
+            # A leader has no use for release notices (the lease is its own),
+            # and a started run's stop then releases with nobody of this
+            # process listening: no notice to read per stop. The run listens
+            # again as its term ends (``_end_term``).
+            notices, self.notices = self.notices, None
+            if notices is not None:
+                notices.cancel()
 
     def _hold_reason(self) -> Reason | None:
         """Why the running term ends now, or None while it holds."""
@@ -306,10 +316,16 @@ class RunLoop:
         return None
 
     def _end_term(self, reason: Reason) -> None:
-        # Rest from here, before the release: a successor that takes the
+        # Rest from here, and listen again (a started run stops listening
+        # while it leads), before the release: a successor that takes the
         # lease and gives it back at once must still find this run listening.
         run = self.run
         run.noticed, run.released_by, run.resting = False, None, True
+        if self.driven and self.notices is None and not run.should_stop():
+            try:
+                self._listen()
+            except Exception as exc:  # never the run's end: it polls instead
+                self.election.events.debug(f"listens for no release notices: {exc!r}")
         self.keeper.end()
         self.reason = reason
         self.phase = self.DRAIN

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
+
+from .._engine.forksafe import ForkSafeLock
 
 Reason = Literal["lost", "returned", "resigned", "stopped"]
 
@@ -59,31 +60,39 @@ class Leader:
 class Once:
     """``threading.Event``'s ``set``/``is_set``/``wait`` for something that happens once.
 
-    A held lock released once: a fraction of an Event's memory, which counts
-    with thousands of runs and terms.
+    A held lock released once, and made only when somebody waits before it
+    happened (a run stopped from the thread that ends it never needs one):
+    a fraction of an Event's memory, which counts with thousands of runs.
     """
 
     __slots__ = ("_lock", "_set")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lock.acquire()
+        self._lock: threading.Lock | None = None
         self._set = False
 
     def set(self) -> None:
-        if not self._set:
+        with _ONCE:
+            if self._set:
+                return
             self._set = True
-            with contextlib.suppress(RuntimeError):  # set twice at once: released once
-                self._lock.release()
+            lock = self._lock
+        if lock is not None:
+            lock.release()  # once: every waiter releases it again after taking it
 
     def is_set(self) -> bool:
         return self._set
 
     def wait(self, timeout: float | None = None) -> bool:
-        if self._set:
-            return True
-        if self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
-            self._lock.release()
+        with _ONCE:
+            if self._set:
+                return True
+            lock = self._lock
+            if lock is None:
+                lock = self._lock = threading.Lock()
+                lock.acquire()  # held until set()
+        if lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            lock.release()
             return True
         return self._set
 
@@ -97,14 +106,16 @@ class Term:
     ``"stopped"`` (the run was stopped).
     """
 
-    __slots__ = ("_callbacks", "_ended", "_guard", "_reason", "token")
+    # What a waiter waits on and the callbacks are made only when somebody
+    # waits or watches (a token-driven term has neither), under one lock for
+    # every term: a term ends once, and 100,000 terms should not cost a lock each.
+    __slots__ = ("_callbacks", "_ended", "_reason", "token")
 
     def __init__(self, token: int) -> None:
         self.token = token
-        self._ended = Once()
+        self._ended: Once | None = None
         self._reason: Reason | None = None
-        self._guard = threading.Lock()
-        self._callbacks: list[Callable[[], object]] = []
+        self._callbacks: list[Callable[[], object]] | None = None
 
     @property
     def reason(self) -> Reason | None:
@@ -113,24 +124,34 @@ class Term:
 
     def ended(self) -> bool:
         """True once the term has ended: stop working for it."""
-        return self._ended.is_set()
+        return self._reason is not None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the term ends or ``timeout`` passes; True once it has ended."""
-        return self._ended.wait(timeout)
+        with _TERMS:
+            if self._reason is not None:
+                return True
+            ended = self._ended
+            if ended is None:
+                ended = self._ended = Once()
+        return ended.wait(timeout)
 
     def _end(self, reason: Reason) -> None:
-        with self._guard:
+        with _TERMS:
             if self._reason is None:
                 self._reason = reason
-            self._ended.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
+            ended = self._ended
+            callbacks, self._callbacks = self._callbacks, None
+        if ended is not None:
+            ended.set()
+        for callback in callbacks or ():
             callback()
 
     def _on_end(self, callback: Callable[[], object]) -> None:
-        with self._guard:
-            if not self._ended.is_set():
+        with _TERMS:
+            if self._reason is None:
+                if self._callbacks is None:
+                    self._callbacks = []
                 self._callbacks.append(callback)
                 return
         callback()
@@ -139,6 +160,9 @@ class Term:
         state = self._reason or "active"
         return f"<redlease.Term token={self.token} {state}>"
 
+
+_TERMS = ForkSafeLock()
+_ONCE = ForkSafeLock()  # every Once's: held for a moment, never across a wait
 
 # The run loop and the shells end terms and watch them through these two
 # functions: the internal API of a Term, kept off its public surface.

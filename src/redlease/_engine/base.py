@@ -148,6 +148,14 @@ announced length would otherwise be told to make one of two billion).
 CALL_CONNECTIONS = 2
 """Control-path connections per engine (acquire, release, lock scripts)."""
 
+CLUSTER_CALL_CONNECTIONS = 8
+"""The same on a cluster, where a connection serves one node at a time.
+
+Opened on demand; a call takes a free one already open to its slot's
+owner, else one not open yet: with one driver thread acquiring for names
+all over the cluster, one connection per master, not a new one per call.
+"""
+
 WRITE_CONNECTIONS = 8
 """Fenced-write connections per engine; a single-threaded writer only ever opens one.
 

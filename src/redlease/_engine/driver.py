@@ -7,10 +7,11 @@ driver runs all of them as scheduled steps on one thread instead:
 * a contending run is a timer: one acquire per step, the next step when the
   poll delay says;
 * a leading run (and a lock's watchdog) is a *watch*: nothing happens until
-  its keeper reports something (a loss, an error, ``notify()``). Keepers on
-  one native renewer share a change counter, so a sweep looks at a group of
-  leases only when one of them changed; other keepers are looked at every
-  ``TICK``.
+  its keeper reports something (a loss, an error, ``notify()``). A native
+  renewer lists its watched leases as they are woken, so a sweep looks at
+  the ones that changed and at no other (what a sweep costs follows what
+  changed, not how many leases there are); other keepers are looked at
+  every ``TICK``.
 
 With a leader function, the function runs on a thread of its own, as the
 contract says; nothing else of the run has a thread. Callbacks (observer,
@@ -32,6 +33,7 @@ import itertools
 import logging
 import os
 import select
+import sys
 import threading
 import time
 from collections import deque
@@ -48,6 +50,9 @@ BATCH = 512
 
 BATCH_TIMEOUT = 2.0
 """The bound of one batched round trip (seconds)."""
+
+_SMALL_DICT = 4096
+"""An empty dict larger than this (bytes) is replaced by a new one."""
 
 
 class Watched(Protocol):
@@ -94,10 +99,28 @@ class Contender(Timed, Protocol):
         ...
 
 
-def _source(keeper: Any) -> int:
-    """Which change counter a keeper reports through (0: none, look every tick)."""
+def _lister(keeper: Any) -> Any:
+    """The native renewer that lists ``keeper``'s wake-ups, or None (look at it every tick)."""
     renewer = getattr(keeper, "renewer", None)
-    return id(renewer) if renewer is not None else 0
+    return renewer if hasattr(renewer, "take_changed") else None
+
+
+class _Group:
+    """The watched items whose keepers one renewer lists (or, without one, every other)."""
+
+    __slots__ = ("fresh", "items", "lister")
+
+    def __init__(self, lister: Any) -> None:
+        self.lister = lister
+        # By their keeper's handle on a lister, else by themselves.
+        self.items: dict[Any, Watched] = {}
+        # Watched since the last sweep: looked at once whatever was listed,
+        # as a change before the watch began is in no list.
+        self.fresh: dict[Watched, None] = {}
+
+    @staticmethod
+    def key(item: Watched, lister: Any) -> Any:
+        return item.keeper.handle if lister is not None else item
 
 
 class _Doorbell:
@@ -153,11 +176,8 @@ class Driver:
         # schedule (the item was poked or rescheduled since) is skipped, so a
         # poke never doubles an item's polling.
         self._latest: dict[Timed, int] = {}
-        # Watched items by change source; the counter each group was last seen at.
-        self._watched: dict[int, dict[Watched, None]] = {}
-        self._seen: dict[int, int] = {}
-        # The own change counter (``keeper.wakes``) each item was last checked at.
-        self._wakes: dict[Watched, int] = {}
+        # Watched items, grouped by the renewer that lists their changes (0: none).
+        self._watched: dict[int, _Group] = {}
         self._thread: threading.Thread | None = None
         self._last_sweep = 0.0
         self.batched_acquires = 0
@@ -197,24 +217,34 @@ class Driver:
 
     def watch(self, item: Watched) -> None:
         """Call ``item.check()`` whenever its keeper reports a change, until it returns True."""
-        source = _source(item.keeper)
+        lister = _lister(item.keeper)
+        source = id(lister) if lister is not None else 0
         with self._lock:
-            self._watched.setdefault(source, {})[item] = None
-            self._seen.pop(source, None)  # look at the group on the next sweep
-            self._wakes.pop(item, None)  # and at this item in it
+            group = self._watched.get(source)
+            if group is None:
+                group = self._watched[source] = _Group(lister)
+            group.items[_Group.key(item, lister)] = item
+            group.fresh[item] = None  # looked at on the next sweep
+            if lister is not None:
+                item.keeper.watch_changes(True)
             self._ensure_thread()
             self._wake()  # it may be waiting with nothing to watch
 
     def unwatch(self, item: Watched) -> None:
-        source = _source(item.keeper)
+        lister = _lister(item.keeper)
+        source = id(lister) if lister is not None else 0
         with self._lock:
-            self._wakes.pop(item, None)
             group = self._watched.get(source)
-            if group is not None:
-                group.pop(item, None)
-                if not group:
-                    del self._watched[source]
-                    self._seen.pop(source, None)
+            if group is None:
+                return
+            key = _Group.key(item, lister)
+            if group.items.get(key) is item:
+                del group.items[key]
+                if lister is not None:
+                    item.keeper.watch_changes(False)
+            group.fresh.pop(item, None)
+            if not group.items:
+                del self._watched[source]
 
     def _ensure_thread(self) -> None:
         # Caller holds the lock.
@@ -260,6 +290,10 @@ class Driver:
                     if self._latest.get(item) == seq:
                         del self._latest[item]
                         due.append(item)
+                if not self._latest and sys.getsizeof(self._latest) > _SMALL_DICT:
+                    # A dict keeps the room of its largest size: after 100,000
+                    # runs contended together, let it go.
+                    self._latest = {}
                 return due, sweep, None
             wait = TICK if self._watched else None
             if self._heap:
@@ -329,33 +363,34 @@ class Driver:
     def _sweep(self) -> None:
         """Look at every watched item whose keeper changed since the last look.
 
-        A group on one native renewer is passed over while its shared change
-        counter stands still; when it moved, only the items whose own
-        keeper's counter (``wakes``) moved are checked, so starting or
-        stopping thousands of runs costs each sweep a counter read per item,
-        not a check. Other keepers are checked every sweep. Counters are read
-        before looking: a change during the sweep is seen next time.
+        A native renewer names the watched leases woken since its list was
+        last taken, each once: only their items, and those watched since the
+        last sweep, are checked, so a sweep among 100,000 leading runs costs
+        what changed, not a look at each. Other keepers are checked every
+        sweep. The lists are taken before looking: a change during the sweep
+        is seen next time.
         """
         with self._lock:
-            groups: list[tuple[int, list[Watched]]] = []
-            for source, group in self._watched.items():
-                if source and group:
-                    changes = next(iter(group)).keeper.changes
-                    if self._seen.get(source) == changes:
-                        continue
-                    self._seen[source] = changes
-                groups.append((source, list(group)))
-        wakes = self._wakes
-        for source, items in groups:
-            for item in items:
-                if source:
-                    now = getattr(item.keeper, "wakes", None)
-                    if now is not None:
-                        if wakes.get(item) == now:
-                            continue
-                        wakes[item] = now
-                if item.check():
-                    self.unwatch(item)
+            due: dict[Watched, None] = {}
+            for group in self._watched.values():
+                lister = group.lister
+                if lister is None:
+                    due.update(dict.fromkeys(group.items.values()))
+                    continue
+                due.update(group.fresh)
+                group.fresh.clear()
+                handles, everything = lister.take_changed()
+                if everything:
+                    due.update(dict.fromkeys(group.items.values()))
+                    continue
+                items = group.items
+                for handle in handles:
+                    item = items.get(handle)
+                    if item is not None:
+                        due[item] = None
+        for item in due:
+            if item.check():
+                self.unwatch(item)
 
 
 _driver: Driver | None = None

@@ -22,6 +22,7 @@ from ._native import _core as _native
 from .aiowriter import LoopWriter
 from .base import (
     CALL_CONNECTIONS,
+    CLUSTER_CALL_CONNECTIONS,
     DEFAULT_WRITE_TIMEOUT,
     WRITE_CONNECTIONS,
     BatchItem,
@@ -80,7 +81,10 @@ class NativeEngine(Pools):
             DEFAULT_WRITE_TIMEOUT if write_timeout is None else float(write_timeout)
         )
         self._target = _native.Target(endpoint)
-        self.calls = _native.Pool(self._target, CALL_CONNECTIONS)
+        cluster = endpoint.kind == "cluster"
+        self.calls = _native.Pool(
+            self._target, CLUSTER_CALL_CONNECTIONS if cluster else CALL_CONNECTIONS
+        )
         self.writes = _native.Pool(self._target, WRITE_CONNECTIONS)
         self._refs: dict[str, _native.ScriptRef] = {}
         # One native thread renews every lease of this engine: over one

@@ -19,6 +19,7 @@ import atexit
 import contextlib
 import itertools
 import os
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -342,6 +343,8 @@ class DriverNotices:
     def forget(self, tag: int) -> None:
         with self._lock:
             self._subs.pop(tag, None)
+            if not self._subs and sys.getsizeof(self._subs) > 4096:
+                self._subs = {}  # the room of 100,000 runs that all lead now
 
     def deliver(self) -> None:
         """On the driver thread: run the wake-up of each subscription that fired."""

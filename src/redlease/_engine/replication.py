@@ -15,7 +15,7 @@ from .._errors import NotReplicated
 from .timing import DEFAULT_REPLICA_TIMEOUT, wait_ms
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ReplicationGuard:
     """How many replicas must confirm an acquire or fenced write, and for how long to wait.
 

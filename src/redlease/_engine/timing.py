@@ -57,6 +57,16 @@ NOTICE_DEAD_AFTER = 10.0
 NOTICE_IDLE_CLOSE = 2.0
 """A notice connection with no waiter for this long is closed."""
 
+NOTICE_UNSUBSCRIBE_DELAY = 0.05
+"""A channel nobody in the process listens to any more is unsubscribed within about this.
+
+Not at once: the last waiter of a channel is usually a run that stops and
+then releases, and an UNSUBSCRIBE each (a wake-up of the notice thread and a
+reply to read) would make every stop of thousands pay for it. Queued
+unsubscribes go out together, with the next subscribe or after this long;
+until then a notice on the channel is read and dropped.
+"""
+
 NOTICE_CONNECT_TIMEOUT = 5.0
 """Connecting and subscribing, and each send, on a notice connection are bounded by this."""
 

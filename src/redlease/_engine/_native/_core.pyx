@@ -113,8 +113,9 @@ from redlease._engine import timing as _timing
 # _pipeline.pxi encodes it from its lists.
 from redlease._engine.base import ScriptRun as _ScriptRun
 
-# Every ProcessBound alive in this process (Pool, LoopConn, Renewer, Lease,
-# NoticeHub), for the fork handler below.
+# Every ProcessBound alive in this process (Pool, LoopConn, Renewer,
+# NoticeHub), for the fork handler below. Not the leases, which are many: each
+# is made inert by the first thing that reaches it in a child (see Lease._r).
 _live = weakref.WeakSet()
 
 include "_posix.pxi"
@@ -165,6 +166,7 @@ def native_timing():
         "NOTICE_PING_AFTER": NOTICE_PING_NS,
         "NOTICE_DEAD_AFTER": NOTICE_DEAD_NS,
         "NOTICE_IDLE_CLOSE": NOTICE_IDLE_NS,
+        "NOTICE_UNSUBSCRIBE_DELAY": NOTICE_UNSUBSCRIBE_NS,
         "NOTICE_BACKOFF_MIN": NOTICE_BACKOFF_MIN_NS,
         "NOTICE_BACKOFF_MAX": NOTICE_BACKOFF_MAX_NS,
         "NOTICE_CONNECT_TIMEOUT": NOTICE_CONNECT_NS,

@@ -18,6 +18,18 @@ cdef struct rl_err:
     int kind
     char msg[400]
 
+cdef struct rl_lease
+
+cdef struct rl_changes:
+    # The leases a driver watches that were woken since it last looked, each
+    # listed once (a slot of a lease freed meanwhile is NULL). Guarded by the
+    # renewer's mu; the renewer owns it, its leases point at it.
+    rl_lease** items
+    size_t len
+    size_t cap
+    int64_t handles       # the last handle given to a lease
+    int overflow          # a wake-up could not be listed (out of memory): look at them all
+
 cdef struct rl_lease:
     # Read by Python without the lock: atomics only.
     int64_t state
@@ -49,8 +61,10 @@ cdef struct rl_lease:
     int err_head
     int err_count
     rl_err* errs          # ERR_RING entries, allocated on the first error
-    int64_t* changes      # the renewer's change counter
-    int64_t wakes         # this lease's own: bumped with it by every wake-up (atomic)
+    rl_changes* changes   # the renewer's list of woken watched leases
+    int64_t handle        # this lease's name in that list, for Python (fixed)
+    int watched           # a driver watches it: its wake-ups are listed
+    int listed            # 1 + its index in the list, 0 when not listed
     # On a cluster (the renewer's thread only).
     int slot              # its key's slot (-1: keyless)
     int node              # the node connection its renewal of this batch went to
@@ -64,6 +78,7 @@ cdef inline void fd_signal(int fd) noexcept nogil:
         write(fd, &one, 8)
 
 cdef void lease_wake(rl_lease* l) noexcept nogil
+cdef void lease_unlist(rl_lease* l) noexcept nogil
 cdef void lease_free(rl_lease* l) noexcept nogil
 cdef void lease_lose(rl_lease* l) noexcept nogil
 cdef void lease_record_error(rl_lease* l, int kind, const char* msg) noexcept nogil

@@ -29,15 +29,39 @@ cdef enum:
 # ---------------------------------------------------------------- lease helpers (mu held)
 
 cdef void lease_wake(rl_lease* l) noexcept nogil:
-    # mu held: one counter tells a driver that some lease of the renewer
-    # changed, so it need not look at each of them to find out; the lease's
-    # own counter then tells which did.
-    rl_store(l.changes, rl_load(l.changes) + 1)
-    rl_store(&l.wakes, rl_load(&l.wakes) + 1)
+    # mu held: a watched lease is listed (once until the driver takes the
+    # list), so the driver looks at the leases that changed and at no other:
+    # its look costs what changed, not how many leases there are.
+    if l.watched and not l.listed:
+        lease_list(l)
     if l.wake_fd >= 0:
         fd_signal(l.wake_fd)
     else:
         l.wake_pending = 1
+
+
+cdef void lease_list(rl_lease* l) noexcept nogil:
+    cdef rl_changes* ch = l.changes
+    cdef size_t cap
+    cdef rl_lease** grown
+    if ch.len == ch.cap:
+        cap = ch.cap * 2 if ch.cap else 64
+        grown = <rl_lease**>realloc(ch.items, cap * sizeof(rl_lease*))
+        if grown == NULL:
+            ch.overflow = 1
+            return
+        ch.items = grown
+        ch.cap = cap
+    ch.items[ch.len] = l
+    ch.len += 1
+    l.listed = <int>ch.len
+
+
+cdef void lease_unlist(rl_lease* l) noexcept nogil:
+    """mu held: ``l`` leaves the list of woken leases (before it is freed, or unwatched)."""
+    if l.listed:
+        l.changes.items[l.listed - 1] = NULL
+        l.listed = 0
 
 
 cdef void lease_free(rl_lease* l) noexcept nogil:

@@ -308,7 +308,6 @@ cdef class NoticeHub(ProcessBound):
         cdef rl_hub* h = self.h
         cdef int j
         cdef bint others = False
-        cdef bint found = False
         cdef bytes channel
         cdef Py_ssize_t wanted
         cdef bint inherited
@@ -319,7 +318,6 @@ cdef class NoticeHub(ProcessBound):
         pthread_mutex_lock(&h.mu)
         j = s.index
         if 0 <= j < h.nsubs and h.subs[j] == s:
-            found = True
             hub_index_remove(h, s)
             h.subs[j] = h.subs[h.nsubs - 1]
             h.subs[j].index = j
@@ -331,11 +329,16 @@ cdef class NoticeHub(ProcessBound):
                 self._counts[channel] = wanted - 1
             else:
                 self._counts.pop(channel, None)
+                if not self._counts:
+                    self._counts = {}  # not the room of the most channels it ever had
                 if h.subscribed_at != 0 and not inherited:
-                    hub_queue(h, True, s.channel, s.channel_len)
+                    # Not signalled: the reader sends it with the next
+                    # subscribe or once it is NOTICE_UNSUBSCRIBE_NS old, so
+                    # thousands of runs stopping together cost one write,
+                    # not a wake-up of the reader each.
+                    if hub_queue(h, True, s.channel, s.channel_len) == 0 and h.unsubscribe_since == 0:
+                        h.unsubscribe_since = rl_now_ns()
         pthread_mutex_unlock(&h.mu)
-        if found and not others and not self._forked:
-            fd_signal(h.cmd_fd)
 
     def resubscribe(self, bytes channel not None):
         """Subscribe ``channel`` once more on the current session (its server dropped it).

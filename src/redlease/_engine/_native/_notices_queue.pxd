@@ -52,6 +52,9 @@ cdef struct rl_hub:
     int64_t connects         # sessions established so far
     int64_t subscribed_at    # when the current session sent its SUBSCRIBE (0: none)
     rl_buf out               # SUBSCRIBE / UNSUBSCRIBE queued by Python for the reader
+    # When the oldest UNSUBSCRIBE in ``out`` that nobody signalled for was
+    # queued (0: none): the reader sends it within NOTICE_UNSUBSCRIBE_NS.
+    int64_t unsubscribe_since
     # The channels of the (S)SUBSCRIBE commands in ``out``, then of those sent
     # and not answered yet (oldest from inflight_head): each entry a size_t
     # length and the channel's bytes. An error reply answers the oldest one.

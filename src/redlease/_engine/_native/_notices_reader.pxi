@@ -178,6 +178,7 @@ cdef int reader_round(rl_reader* r, rl_hub** live, int cap, int64_t now,
     cdef int waiters
     cdef rl_hub* h
     cdef bint stop, connect = False
+    cdef int64_t due
     while i < r.nhubs:
         h = r.hubs[i]
         if h.state == HUB_CONNECTING:
@@ -206,6 +207,9 @@ cdef int reader_round(rl_reader* r, rl_hub** live, int cap, int64_t now,
         elif n < cap:
             live[n] = h
             n += 1
+            due = hub_unsubscribe_due(h, now)
+            if 0 <= due < timeout[0]:
+                timeout[0] = due
             if h.conn.ssl != NULL and rl_tls_has_pending(h.conn.ssl):
                 timeout[0] = 0
         i += 1

@@ -24,6 +24,7 @@ cdef int64_t NOTICE_SLICE_NS = _timing.ns(_timing.NOTICE_READ_SLICE)  # one poll
 cdef int64_t NOTICE_PING_NS = _timing.ns(_timing.NOTICE_PING_AFTER)   # silent: pinged after this ...
 cdef int64_t NOTICE_DEAD_NS = _timing.ns(_timing.NOTICE_DEAD_AFTER)   # ... dropped when silent this long
 cdef int64_t NOTICE_IDLE_NS = _timing.ns(_timing.NOTICE_IDLE_CLOSE)   # no waiter this long: close it
+cdef int64_t NOTICE_UNSUBSCRIBE_NS = _timing.ns(_timing.NOTICE_UNSUBSCRIBE_DELAY)  # unsubscribes wait this long
 cdef int64_t NOTICE_BACKOFF_MIN_NS = _timing.ns(_timing.NOTICE_BACKOFF_MIN)
 cdef int64_t NOTICE_BACKOFF_MAX_NS = _timing.ns(_timing.NOTICE_BACKOFF_MAX)
 cdef int64_t NOTICE_CONNECT_NS = _timing.ns(_timing.NOTICE_CONNECT_TIMEOUT)
@@ -222,6 +223,7 @@ cdef int hub_build_subscribe(rl_hub* h, rl_buf* w) noexcept nogil:
     w.len = 0
     h.out.len = 0
     h.out_subs.len = 0
+    h.unsubscribe_since = 0
     for i in range(h.nsubs):
         if (buf_put_prefix(w, c'*', 2) < 0 or buf_put_bulk(w, name, strlen(name)) < 0
                 or buf_put_bulk(w, h.subs[i].channel, h.subs[i].channel_len) < 0
@@ -282,12 +284,24 @@ cdef int hub_send_queued(rl_hub* h) noexcept nogil:
         rc = buf_put(&h.inflight, h.out_subs.data, h.out_subs.len)
     h.out.len = 0
     h.out_subs.len = 0
+    h.unsubscribe_since = 0
     pthread_mutex_unlock(&h.mu)
     if rc < 0:
         return conn_fail(c, RL_ENOMEM, "out of memory queueing a subscription")
     if c.e.len and conn_send(c, c.e.data, c.e.len, rl_now_ns() + NOTICE_CONNECT_NS) < 0:
         return -1
     return 0
+
+
+cdef int64_t hub_unsubscribe_due(rl_hub* h, int64_t now) noexcept nogil:
+    """How long until the unsubscribes queued without a signal are due: <= 0 now, -1 none."""
+    cdef int64_t since
+    pthread_mutex_lock(&h.mu)
+    since = h.unsubscribe_since
+    pthread_mutex_unlock(&h.mu)
+    if since == 0:
+        return -1
+    return since + NOTICE_UNSUBSCRIBE_NS - now if since + NOTICE_UNSUBSCRIBE_NS > now else 0
 
 
 cdef int hub_dispatch_buffered(rl_hub* h) noexcept nogil:
@@ -319,14 +333,15 @@ cdef int hub_dispatch_buffered(rl_hub* h) noexcept nogil:
 cdef int hub_serve(rl_hub* h, bint readable, bint queued, int64_t now) noexcept nogil:
     """The reader's look at one live session. 0, or -1 when the session failed.
 
-    Sends what Python queued, reads one chunk (more while TLS holds
+    Sends what Python queued (unsubscribes that nobody signalled for once
+    they are NOTICE_UNSUBSCRIBE_NS old), reads one chunk (more while TLS holds
     decrypted bytes) and dispatches every whole reply; a silent connection
     is pinged, and dropped when silent too long. One chunk per session per
     round: a busy server cannot keep the others waiting.
     """
     cdef rl_conn* c = &h.conn
     cdef int rc
-    if queued and hub_send_queued(h) < 0:
+    if (queued or hub_unsubscribe_due(h, now) == 0) and hub_send_queued(h) < 0:
         return -1
     if readable or (c.ssl != NULL and rl_tls_has_pending(c.ssl)):
         rc = hub_read_some(c)

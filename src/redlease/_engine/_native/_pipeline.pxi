@@ -521,7 +521,7 @@ cdef object batch_execute(Pool pool, rl_batch* b, object first_keys, int64_t dea
     cdef int64_t wait_deadline
     cdef int rc
     acked = 0
-    slot = pool.grab(deadline)
+    slot = pool.grab_for(first_keys, deadline)
     c = &slot.conn
     try:
         c.slot = disco_slot_for(c.disco, first_keys)

@@ -287,10 +287,48 @@ cdef class Pool(ProcessBound):
             raise _RedisTimeoutError(f"Timeout waiting for a connection to {self.target.address}")
         return &self.slots[i]
 
+    cdef rl_slot* grab_for(self, object keys, int64_t deadline) except NULL:
+        """A free connection for a command on ``keys``: on a cluster, one already
+        open to the node that owns their slot if there is one, so that commands
+        for several nodes do not drop and make a connection each; else ``grab``.
+        """
+        cdef rl_disco* d
+        cdef rl_conn* c
+        cdef rl_addr owner
+        cdef int slot, idx, i
+        cdef bint known = False
+        if self.slots == NULL or self.slots[0].conn.disco == NULL:
+            return self.grab(deadline)
+        d = <rl_disco*>self.slots[0].conn.disco
+        if d.kind != DISCO_CLUSTER:
+            return self.grab(deadline)
+        slot = disco_slot_for(d, keys)
+        if slot >= 0:
+            pthread_mutex_lock(&d.mu)
+            idx = d.owner[slot] if not d.stale else -1
+            if idx >= 0:
+                owner = d.nodes[idx]
+                known = True
+            pthread_mutex_unlock(&d.mu)
+        if known:
+            for i in range(self.size):
+                if pthread_mutex_trylock(&self.slots[i].mu) == 0:
+                    c = &self.slots[i].conn
+                    if c.fd >= 0 and c.port == owner.port and strcmp(c.host, owner.host) == 0:
+                        return &self.slots[i]
+                    pthread_mutex_unlock(&self.slots[i].mu)
+            # None there: one not open yet, rather than one open to another node.
+            for i in range(self.size):
+                if pthread_mutex_trylock(&self.slots[i].mu) == 0:
+                    if self.slots[i].conn.fd < 0:
+                        return &self.slots[i]
+                    pthread_mutex_unlock(&self.slots[i].mu)
+        return self.grab(deadline)
+
     def execute(self, ScriptRef ref not None, keys, args, double timeout):
         """Run a script (EVALSHA, EVAL on NOSCRIPT); the reply as redis-py gives it."""
         cdef int64_t deadline = deadline_after(timeout)
-        cdef rl_slot* slot = self.grab(deadline)
+        cdef rl_slot* slot = self.grab_for(keys, deadline)
         cdef rl_conn* c = &slot.conn
         cdef rl_script_cmd cmd
         cdef int rc
@@ -317,7 +355,7 @@ cdef class Pool(ProcessBound):
         """
         cdef int64_t deadline = deadline_after(timeout)
         cdef int64_t wait_deadline
-        cdef rl_slot* slot = self.grab(deadline)
+        cdef rl_slot* slot = self.grab_for(keys, deadline)
         cdef rl_conn* c = &slot.conn
         cdef rl_script_cmd cmd
         cdef int rc

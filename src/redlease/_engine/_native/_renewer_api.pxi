@@ -80,6 +80,7 @@ cdef class Renewer(ProcessBound):
             buf_free(&r.loads[j])
         buf_free(&r.out)
         free(r.heap)
+        free(r.changes.items)
         if r.ctl_fd >= 0:
             close(r.ctl_fd)
         pthread_mutex_destroy(&r.mu)
@@ -191,12 +192,42 @@ cdef class Renewer(ProcessBound):
             pthread_mutex_unlock(&r.mu)
         return out
 
-    @property
-    def changes(self):
-        """A counter bumped by every wake-up of any of the renewer's leases."""
-        if self.r == NULL:
-            return 0
-        return rl_load(&self.r.changes)
+    def take_changed(self):
+        """``(handles, all)``: the watched leases woken since the last call, and whether
+        every watched lease must be looked at instead (a wake-up could not be listed).
+
+        Each lease is named once, by its ``handle``, however often it was
+        woken; the list starts empty again.
+        """
+        cdef rl_renewer* r = self.r
+        cdef rl_changes* ch
+        cdef int64_t* copy = NULL
+        cdef size_t i, n = 0
+        cdef bint overflow
+        cdef rl_lease* l
+        if r == NULL:
+            return [], False
+        ch = &r.changes
+        pthread_mutex_lock(&r.mu)
+        if ch.len:
+            copy = <int64_t*>realloc(NULL, ch.len * sizeof(int64_t))
+            if copy == NULL:
+                ch.overflow = 1
+        for i in range(ch.len):
+            l = ch.items[i]
+            if l != NULL:
+                l.listed = 0
+                if copy != NULL:
+                    copy[n] = l.handle
+                    n += 1
+        ch.len = 0
+        overflow = ch.overflow != 0
+        ch.overflow = 0
+        pthread_mutex_unlock(&r.mu)
+        try:
+            return [copy[i] for i in range(n)], overflow
+        finally:
+            free(copy)
 
     @property
     def closed(self):
@@ -240,6 +271,7 @@ cdef class Renewer(ProcessBound):
         r.stop = 1
         r.heap_len = 0
         r.batch_len = 0
+        r.changes.len = 0
         tls_forget_after_fork(&r.conn)
         conn_drop(&r.conn)
         if r.nodes != NULL:

@@ -25,7 +25,7 @@ cdef struct rl_renewer:
     rl_lease* batch[512]
     size_t batch_len
     rl_buf out
-    int64_t changes       # bumped by every wake-up of any lease (atomic)
+    rl_changes changes    # the watched leases woken since the driver last looked
     int64_t sent_total    # renewals written (for tests and benchmarks)
     int64_t batches_total
     int saw_failover      # a reply of this batch said the server is no longer the master

@@ -11,6 +11,8 @@ cdef class Lease(ProcessBound):
     cdef object __weakref__
 
     cdef inline rl_renewer* _r(self):
+        # A forked child's copy is made inert before its renewer's lock is taken.
+        self.inherited()
         return self.renewer.r
 
     cdef inline bint _expired(self) noexcept:

@@ -30,6 +30,7 @@ cdef class Lease(ProcessBound):
                  double interval, double ttl):
         cdef rl_lease* l
         cdef rl_script_cmd cmd
+        cdef char* trimmed
         if renewer.r == NULL or renewer._closed:
             raise RuntimeError("the renewer is closed")
         if not (interval > 0 and interval < 1e6) or not (ttl > 0 and ttl < 1e6):
@@ -46,11 +47,23 @@ cdef class Lease(ProcessBound):
         self.l = l
         self.renewer = renewer
         l.changes = &renewer.r.changes
+        pthread_mutex_lock(&renewer.r.mu)
+        renewer.r.changes.handles += 1
+        l.handle = renewer.r.changes.handles
+        pthread_mutex_unlock(&renewer.r.mu)
         l.slot = disco_slot_for(renewer.r.conn.disco, keys)
         l.ask_node = -1
         put_evalsha(&l.cmd, ref.sha, ref.source, keys, args, &cmd)
+        # Built once and never grown again: its exact size, not the encoder's
+        # spare room (100,000 leases).
+        trimmed = <char*>realloc(l.cmd.data, l.cmd.len)
+        if trimmed != NULL:
+            l.cmd.data = trimmed
+            l.cmd.cap = l.cmd.len
         renewer.add_script(ref)
-        _live.add(self)
+        # Not in _live: 100,000 leases should not cost a weak reference each.
+        # In a forked child each one is made inert by the first thing that
+        # reaches it (every method goes through _r(), token and state ask too).
 
     def __dealloc__(self):
         cdef rl_lease* l = self.l
@@ -68,6 +81,8 @@ cdef class Lease(ProcessBound):
         l.gen += 1
         l.closed = 1
         heap_remove(r, l)
+        l.watched = 0
+        lease_unlist(l)
         if l.inflight:
             l.detached = 1  # the thread frees it when the batch is done
             l = NULL
@@ -78,14 +93,14 @@ cdef class Lease(ProcessBound):
     @property
     def token(self):
         """The running term's token, or 0 when no term is ACTIVE (or its deadline passed)."""
-        if self.l == NULL or self._expired():
+        if self.l == NULL or self.inherited() or self._expired():
             return 0
         return rl_load(&self.l.token)
 
     @property
     def state(self):
         """IDLE, ACTIVE, LOST or ENDED (LOST from the deadline on)."""
-        if self.l == NULL:
+        if self.l == NULL or self.inherited():
             return ST_ENDED
         if self._expired():
             return ST_LOST
@@ -106,18 +121,24 @@ cdef class Lease(ProcessBound):
         return rl_load(&self.l.renewals)
 
     @property
-    def wakes(self):
-        """This lease's own change counter: it moves whenever this lease is woken."""
+    def handle(self):
+        """This lease's number among its renewer's: what ``Renewer.take_changed()`` names."""
         if self.l == NULL:
             return 0
-        return rl_load(&self.l.wakes)
+        return self.l.handle
 
-    @property
-    def changes(self):
-        """The renewer's change counter: it moves whenever any of its leases is woken."""
-        if self.renewer is None or self.renewer.r == NULL:
-            return 0
-        return rl_load(&self.renewer.r.changes)
+    def watch_changes(self, bint on):
+        """List this lease's wake-ups for ``Renewer.take_changed()`` (``on``), or stop."""
+        cdef rl_lease* l = self.l
+        cdef rl_renewer* r
+        if l == NULL:
+            return
+        r = self._r()
+        pthread_mutex_lock(&r.mu)
+        l.watched = on
+        if not on:
+            lease_unlist(l)
+        pthread_mutex_unlock(&r.mu)
 
     @property
     def closed(self):
@@ -193,6 +214,7 @@ cdef class Lease(ProcessBound):
         cdef int fd
         if l == NULL or self._closed:
             return -1
+        self.inherited()  # a forked child's copy: the parent's eventfd is let go first
         if l.wake_fd >= 0:
             return l.wake_fd
         fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
@@ -389,6 +411,8 @@ cdef class Lease(ProcessBound):
         l.gen += 1
         l.heap_idx = -1
         l.inflight = 0
+        l.watched = 0
+        l.listed = 0
         self._waiters = 0
         l.wake_pending = 0  # the parent's wake-ups, not the child's
         if l.wake_fd >= 0:
