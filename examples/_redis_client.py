@@ -41,3 +41,6 @@ def redis_client(url: str | None) -> Iterator[redis.Redis]:
         # other client is connected then. The electors' engines may keep
         # connections of their own open: the work is done, so close them now.
         client.client_kill_filter(_type="normal", skipme=True)
+        # A notice listener's connection too: the last listener's unsubscribe
+        # is sent a few ms after it left, and its connection lingers.
+        client.client_kill_filter(_type="pubsub")
