@@ -154,6 +154,9 @@ def test_waiters_that_begin_together_are_served_in_the_order_they_began(
         thread = threading.Thread(target=waiter, args=(i,), daemon=True)
         thread.start()
         threads.append(thread)
+        # 30 ms from this waiter's own start to the next's: a thread started is
+        # not yet running, and on a loaded host it may begin just before the next.
+        wait_until(lambda i=i: i in began, 10, interval=0.001, what=f"waiter {i} began")
         time.sleep(0.03)
     wait_until(lambda: places(locker, "lock") == WAITERS, 10, what="every waiter queued")
     holder.release()

@@ -13,6 +13,7 @@ import gc
 import json
 import os
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 
@@ -279,6 +280,28 @@ def test_many_auto_renewed_locks_share_the_keeper_and_each_watchdog_still_sees_i
         observer.close()
 
 
+class HeldDriver:
+    """A driver step that holds the driver thread until ``release()``.
+
+    What is poked meanwhile is due together when the driver comes back, as
+    followers whose polls fall due at one instant are. Without it, starting
+    runs one after another races the driver: on a loaded host it may wake
+    between two starts and send a lone acquire (never batched) each time.
+    """
+
+    def __init__(self) -> None:
+        self.holding = threading.Event()
+        self._released = threading.Event()
+
+    def step(self) -> float | None:
+        self.holding.set()
+        self._released.wait(30.0)
+        return None
+
+    def release(self) -> None:
+        self._released.set()
+
+
 def test_followers_that_poll_together_share_a_round_trip_and_each_reads_its_own_reply(
     redis_server: RedisServer, engine: str
 ) -> None:
@@ -289,13 +312,17 @@ def test_followers_that_poll_together_share_a_round_trip_and_each_reads_its_own_
     for h in holders[:50]:
         h.start(None)  # the first half of the names have a leader already
     wait_until(lambda: all(h.token() for h in holders[:50]), timeout=10, what="50 leaders")
-    before = driver().batched_acquires
     followers = [
         redlease.Elector(client, f"batched-{i}", ttl=2.0, engine=engine) for i in range(100)
     ]
+    held = HeldDriver()
     try:
+        driver().poke(held)
+        assert held.holding.wait(10.0)
+        before = driver().batched_acquires
         for f in followers:
-            f.start(None)
+            f.start(None)  # each first step due now, the driver still held
+        held.release()
         # The free half is won by the followers; the held half stays with its leaders.
         wait_until(lambda: all(f.token() for f in followers[50:]), timeout=10, what="50 elections")
         assert not any(f.token() for f in followers[:50])
@@ -304,8 +331,9 @@ def test_followers_that_poll_together_share_a_round_trip_and_each_reads_its_own_
         assert all(v == holders[i].instance_id.encode() for i, v in leaders.items() if i < 50)
         assert all(v == followers[i].instance_id.encode() for i, v in leaders.items() if i >= 50)
         # Their first acquires went out together, not one round trip each.
-        assert driver().batched_acquires - before >= 50
+        assert driver().batched_acquires - before >= len(followers)
     finally:
+        held.release()
         for e in followers + holders:
             e.stop()
         client.close()
