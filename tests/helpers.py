@@ -432,3 +432,22 @@ def fair_acquirer(locker: Any, kind: str) -> Callable[..., Any]:
         return lambda **options: locker.acquire("job", **options)
     sem = locker.semaphore("job", 1)
     return lambda **options: sem.acquire(**options)
+
+
+def commands_processed(client: Any) -> int:
+    """How many commands the server ran, INFO (how this is asked) aside."""
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+
+def script_calls(client: Any, command: str) -> int:
+    """How many times the server ran ``command`` (``evalsha``, ``eval``...)."""
+    stats = client.info("commandstats").get(f"cmdstat_{command}")
+    return int(stats["calls"]) if stats else 0
+
+
+def aio_client(server: Any) -> Any:
+    """A ``redis.asyncio.Redis`` for ``server`` (a ``RedisServer``), bounded at 5 s."""
+    import redis.asyncio
+
+    return redis.asyncio.Redis(host="127.0.0.1", port=server.port, socket_timeout=5)

@@ -14,7 +14,16 @@ import redis.asyncio
 
 import redlease
 import redlease.aio
-from helpers import APPLIED_KEY, NAME, elected_token, make_elector, wait_until
+from helpers import (
+    APPLIED_KEY,
+    NAME,
+    aio_client,
+    commands_processed,
+    elected_token,
+    make_elector,
+    script_calls,
+    wait_until,
+)
 from redlease._testing import ClusterSet, RedisServer, SentinelSet
 from redlease._testing import key_slot as redlease_key_slot
 from tls_helpers import require_native_tls
@@ -30,15 +39,6 @@ SOCKET_TIMEOUT = 0.3
 FROZEN_FOR = 1.5
 
 
-def commands_processed(client: redis.Redis) -> int:
-    """How many commands the server ran, INFO (how this is asked) aside."""
-    stats = client.info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
-
-
-def script_calls(client: redis.Redis, command: str) -> int:
-    stats = client.info("commandstats").get(f"cmdstat_{command}")
-    return int(stats["calls"]) if stats else 0
 
 
 # -- what a pipeline does -------------------------------------------------------------
@@ -283,9 +283,6 @@ def test_a_server_paused_mid_pipeline_raises_timeout_bounded_by_socket_timeout(
 
 # -- asyncio --------------------------------------------------------------------------
 
-
-def aio_client(server: RedisServer) -> redis.asyncio.Redis:
-    return redis.asyncio.Redis(host="127.0.0.1", port=server.port, socket_timeout=5)
 
 
 def test_aio_pipeline_applies_every_write_in_order(

@@ -15,7 +15,14 @@ import redis.asyncio
 
 import redlease
 import redlease.aio
-from helpers import APPLIED_KEY, NAME, make_elector
+from helpers import (
+    APPLIED_KEY,
+    NAME,
+    aio_client,
+    commands_processed,
+    make_elector,
+    script_calls,
+)
 from redlease._testing import ClusterSet, RedisServer
 from topology_helpers import close_all_engines
 
@@ -25,15 +32,6 @@ INCR = "redis.call('incr', KEYS[2])"
 NEWER_TERM_WRITES = "redis.call('set', KEYS[1], ARGV[2]) do return 0 end"
 
 
-def commands_processed(client: redis.Redis) -> int:
-    """How many commands the server ran, INFO (how this is asked) aside."""
-    stats = client.info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
-
-
-def script_calls(client: redis.Redis, command: str) -> int:
-    stats = client.info("commandstats").get(f"cmdstat_{command}")
-    return int(stats["calls"]) if stats else 0
 
 
 # -- what the bulk writes do --------------------------------------------------------
@@ -251,9 +249,6 @@ def test_a_bad_bulk_argument_raises_before_anything_of_it_is_queued_or_sent(
 
 # -- asyncio ------------------------------------------------------------------------
 
-
-def aio_client(server: RedisServer) -> redis.asyncio.Redis:
-    return redis.asyncio.Redis(host="127.0.0.1", port=server.port, socket_timeout=5)
 
 
 def test_aio_bulk_writes_apply_in_order_and_a_stale_token_is_rejected(
