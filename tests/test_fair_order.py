@@ -253,7 +253,7 @@ _STALLED = textwrap.dedent(
         redis.Redis(port=int(sys.argv[1])), prefix="fair:", engine=sys.argv[2]
     )
     print("waiting", flush=True)
-    held = locker.acquire("job", ttl=30, wait=60, retry_interval=0.01, fair=True)
+    held = locker.acquire("job", ttl=30, wait=60, retry_interval=0.1, fair=True)
     print("acquired", flush=True)
     sys.stdin.readline()
     held.release()
@@ -264,8 +264,10 @@ _STALLED = textwrap.dedent(
 def test_a_stopped_waiter_that_comes_back_keeps_its_place(
     redis_server: RedisServer, engine: str
 ) -> None:
-    # Stopped past its place's life (100 ms) its place lapses; when it runs again,
-    # its next attempt takes back the place it had, dated from when it began waiting.
+    # Stopped past its place's life (300 ms: 3 x retry_interval) its place lapses;
+    # when it runs again, its next attempt takes back the place it had, dated from
+    # when it began waiting. (Not the shortest life, 100 ms: a loaded host can hold a
+    # resumed process still that long, and its place would lapse again.)
     client = redis_server.client()
     with RedisLocker(client, prefix="fair:", engine=engine) as locker:
         holder = locker.acquire("job", ttl=30.0)
@@ -282,7 +284,7 @@ def test_a_stopped_waiter_that_comes_back_keeps_its_place(
             got: list[float] = []
 
             def second() -> None:
-                held = locker.acquire("job", ttl=30.0, wait=30.0, retry_interval=0.01, fair=True)
+                held = locker.acquire("job", ttl=30.0, wait=30.0, retry_interval=0.1, fair=True)
                 got.append(time.monotonic())
                 held.release()
 
