@@ -402,7 +402,7 @@ def test_one_native_reader_serves_every_master_and_a_node_that_never_answers_hol
 ) -> None:
     from redlease._engine._native import _core
     from redlease._engine.client import Endpoint
-    from redlease._engine.nativenotices import registry
+    from redlease._engine.nativenotices import hub_key, registry
 
     client = cluster_set.client(socket_timeout=2)
     # One name per master: a follower of each listens on that master.
@@ -438,7 +438,9 @@ def test_one_native_reader_serves_every_master_and_a_node_that_never_answers_hol
         # on the connector thread ...
         with registry.lock:
             stuck = registry.hub(
-                Endpoint("127.0.0.1", hole.port, None, 0, None, "secret", None), sharded=True
+                hub_key(
+                    Endpoint("127.0.0.1", hole.port, None, 0, None, "secret", None), sharded=True
+                )
             )
         waiter = _core.NoticeSub(stuck, b"{never}:released")
         wait_until(lambda: hole.accepted >= 1, 5, what="the connect to the silent node")

@@ -204,7 +204,7 @@ def test_one_native_reader_reads_every_server_and_a_server_that_never_answers_st
 ) -> None:
     from redlease._engine._native import _core
     from redlease._engine.client import Endpoint
-    from redlease._engine.nativenotices import registry
+    from redlease._engine.nativenotices import hub_key, registry
 
     got: list[bytes | None] = []
     sub = native_engine.notices(client).listen("one-reader", got.append)
@@ -213,7 +213,9 @@ def test_one_native_reader_reads_every_server_and_a_server_that_never_answers_st
     # A second server that accepts and never answers its AUTH: the connect
     # waits out its 5 s bound on the connector thread, not on the reader.
     with registry.lock:
-        stuck = registry.hub(Endpoint("127.0.0.1", hole.port, None, 0, None, "pw", None))
+        stuck = registry.hub(
+            hub_key(Endpoint("127.0.0.1", hole.port, None, 0, None, "pw", None), sharded=False)
+        )
     waiter = _core.NoticeSub(stuck, b"nowhere:released")
     try:
         wait_until(lambda: hole.accepted >= 1, 5, what="the connect to the silent server")

@@ -95,6 +95,7 @@ class NativeEngine(Pools):
         self._switches = MasterSwitches(
             endpoint.sentinels, self._forget_master, self._target.master_address
         )
+        self._notices: NativeNotices | None = None  # made by the first notices()
         # asyncio writes: one pipelined connection per event loop.
         self._loop_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWriter] = (
             weakref.WeakKeyDictionary()
@@ -210,7 +211,10 @@ class NativeEngine(Pools):
         """
         if self.endpoint.kind == "cluster":
             return NativeNotices(self.endpoint, cluster=client)
-        return NativeNotices(self.endpoint)
+        notices = self._notices
+        if notices is None:
+            notices = self._notices = NativeNotices(self.endpoint)
+        return notices
 
     def close(self) -> None:
         """Close every connection of this engine, its keepers' included. Idempotent."""

@@ -32,8 +32,12 @@ from .notices import Wake, channel_of
 from .timing import NOTICE_REHOME_EVERY, NOTICE_REHOME_TRIES
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from .base import Keeper
     from .client import Endpoint
+
+    HubKey: TypeAlias = tuple[Endpoint, bool]
 
 
 class NativeSubscription:
@@ -136,8 +140,7 @@ class NativeSubscription:
         run's bell and tag) come along. Raises when the new one cannot be
         made (it stays where it was).
         """
-        from ._native import _core
-
+        _core = native_core()
         router = self._router
         bell = router.bell if router is not None else None
         old = self._sub
@@ -168,14 +171,23 @@ class NativeNotices:
     def __init__(self, endpoint: Endpoint, cluster: Any = None) -> None:
         self._endpoint = endpoint
         self._cluster = cluster
+        # The registry's key of each server this listener hears, made once
+        # (a server's, or each cluster node's by its address): a listen, one
+        # per waiter, only looks it up.
+        self._key = None if cluster is not None else hub_key(endpoint, sharded=False)
+        self._node_keys: dict[tuple[str, int], HubKey] = {}
 
     def _hub(self, channel: str) -> Any:
         """The hub that hears ``channel``. Under the registry's lock."""
-        if self._cluster is None:
-            return registry.hub(self._endpoint)
+        if self._key is not None:
+            return registry.hub(self._key)
         node = self._cluster.get_node_from_key(channel)
-        direct = replace(self._endpoint, host=str(node.host), port=int(node.port), cluster_nodes=())
-        return registry.hub(direct, sharded=True)
+        address = (str(node.host), int(node.port))
+        key = self._node_keys.get(address)
+        if key is None:
+            direct = replace(self._endpoint, host=address[0], port=address[1], cluster_nodes=())
+            key = self._node_keys[address] = hub_key(direct, sharded=True)
+        return registry.hub(key)
 
     def rehome(self, sub: NativeSubscription, asked: float, last: bool) -> bool:
         """Move ``sub`` to the hub of the node that owns its channel's slot now.
@@ -228,8 +240,6 @@ class NativeNotices:
         ``driven``: the waiter is a run of the process's driver, which
         delivers its notices (on the driver thread) when they arrive.
         """
-        from ._native import _core
-
         channel = channel_of(lease_key)
         fd = signal.fileno() if signal is not None else -1
         home = self if self._cluster is not None else None
@@ -238,7 +248,7 @@ class NativeNotices:
                 hub = self._hub(channel)
                 if driven:
                     return registry.driver_notices().listen(hub, channel, wake, fd, home)
-                sub = _core.NoticeSub(hub, channel.encode("utf-8"), fd)
+                sub = native_core().NoticeSub(hub, channel.encode("utf-8"), fd)
         except Exception as exc:  # no thread, no descriptor left: no notices, polling only
             logger.debug("release notices on %s unavailable: %r", channel, exc)
             return NativeSubscription(_Unheard(), channel, wake)
@@ -312,8 +322,7 @@ class DriverNotices:
     """
 
     def __init__(self) -> None:
-        from ._native import _core
-
+        _core = native_core()
         self._lock = threading.Lock()  # the routing table; held only to look up or change it
         self._subs: dict[int, NativeSubscription] = {}
         self._tags = itertools.count(1)
@@ -329,8 +338,7 @@ class DriverNotices:
         signal_fd: int,
         home: NativeNotices | None = None,
     ) -> NativeSubscription:
-        from ._native import _core
-
+        _core = native_core()
         tag = next(self._tags)
         # Under the lock until routed: a notice that comes first waits for it in deliver().
         with self._lock:
@@ -381,6 +389,10 @@ class _Unheard:
         pass
 
 
+_HUB_SWEEP_EVERY = 1.0
+"""Seconds between two looks for idle hubs to close (besides each time a hub is made)."""
+
+
 class Registry:
     """The process's native notice hubs, its driver's routing, and the lock they change under.
 
@@ -392,28 +404,33 @@ class Registry:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.driver: DriverNotices | None = None  # made by the first driven run's listen
-        # Each server's hub, by (endpoint, sharded); changed under ``lock``.
-        self.hubs: dict[tuple[Endpoint, bool], Any] = {}
+        # Each server's hub, by its ``hub_key``; changed under ``lock``.
+        self.hubs: dict[HubKey, Any] = {}
+        self._sweep_at = 0.0  # when the next listen looks for idle hubs to close
         self._inherited: list[Any] = []
 
-    def hub(self, endpoint: Endpoint, *, sharded: bool = False) -> Any:
-        """The ``NoticeHub`` for ``endpoint``'s server (made on first use). Under ``lock``.
+    def hub(self, key: HubKey) -> Any:
+        """The ``NoticeHub`` for the server of ``key`` (see ``hub_key``), made on first use.
 
-        ``sharded``: the server is a cluster node (``endpoint`` its direct address).
+        Under ``lock``.
         """
-        from ._native import _core
-
-        # Pub/sub ignores the database, and the connection needs no name of its own.
-        key = (replace(endpoint, db=0, client_name=None), sharded)
-        for other, idle in list(self.hubs.items()):
-            if other != key and idle.idle:
-                # Nobody listened there for a while and its thread has ended:
-                # let its descriptors go too.
-                idle.close()
-                del self.hubs[other]
         hub = self.hubs.get(key)
+        now = time.monotonic()
+        if hub is None or hub.closed or now >= self._sweep_at:
+            # Asking a hub whether it is idle takes its lock, which its
+            # reader holds while it subscribes: not on every listen (there
+            # are thousands together), only when a hub is made or a second
+            # has passed.
+            self._sweep_at = now + _HUB_SWEEP_EVERY
+            for other, idle in list(self.hubs.items()):
+                if other != key and idle.idle:
+                    # Nobody listened there for a while and its thread has
+                    # ended: let its descriptors go too.
+                    idle.close()
+                    del self.hubs[other]
         if hub is None or hub.closed:
-            hub = self.hubs[key] = _core.NoticeHub(_core.Target(key[0]), sharded)
+            _core = native_core()
+            hub = self.hubs[key] = _core.NoticeHub(_core.Target(key[0]), key[1])
         return hub
 
     def driver_notices(self) -> DriverNotices:
@@ -439,6 +456,29 @@ class Registry:
         self.lock = threading.Lock()
         self.hubs.clear()
         self.driver = None
+
+
+def hub_key(endpoint: Endpoint, *, sharded: bool) -> HubKey:
+    """The registry's key of ``endpoint``'s server: one hub per key.
+
+    Pub/sub ignores the database, and the connection needs no name of its
+    own. ``sharded``: the server is a cluster node (``endpoint`` its direct
+    address).
+    """
+    return replace(endpoint, db=0, client_name=None), sharded
+
+
+_core_module: Any = None
+
+
+def native_core() -> Any:
+    """The native core module (imported on first use: this module loads without it)."""
+    global _core_module
+    if _core_module is None:
+        from ._native import _core
+
+        _core_module = _core
+    return _core_module
 
 
 registry = Registry()
