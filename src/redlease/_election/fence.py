@@ -268,7 +268,10 @@ class Fence:
         if request is None:
             return False
         try:
-            reply, acked = run_one(self._engine, request, wait=self._wait)
+            if self._wait is None:
+                reply, acked = self._engine.write_one(*request), 0
+            else:
+                reply, acked = run_one(self._engine, request, wait=self._wait)
         except RedisError as exc:
             self._failed(request, exc)
             raise

@@ -380,6 +380,13 @@ class Engine(Protocol):
         """
         ...
 
+    def write_one(
+        self, script: Script, keys: Sequence[str | bytes], args: Sequence[EncodableT]
+    ) -> Any:
+        """One fenced write, as ``run`` with ``timeout`` and ``wait`` None sends a single
+        call: its checked reply, its error raised."""
+        ...
+
     def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
         """The fenced-write path for coroutines on ``loop``, or None to use ``run`` off the loop.
 
@@ -439,7 +446,7 @@ class Pools:
     def write_one(
         self, script: Script, keys: Sequence[str | bytes], args: Sequence[EncodableT]
     ) -> Any:
-        """One fenced write, its error raised: the loop writer's way round a reply it cannot use."""
+        """One fenced write, its error raised (see ``Engine.write_one``)."""
         return run_one(self, (script, keys, args))[0]  # type: ignore[arg-type]
 
 

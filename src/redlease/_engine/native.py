@@ -26,6 +26,7 @@ from .base import (
     DEFAULT_WRITE_TIMEOUT,
     WRITE_CONNECTIONS,
     BatchItem,
+    EncodableT,
     Notices,
     Pools,
     ScriptRequest,
@@ -155,6 +156,17 @@ class NativeEngine(Pools):
             return replies, acked
         calls = flatten(batch)
         return [check(s, r) for (s, _k, _a), r in zip(calls, replies, strict=True)], acked
+
+    def write_one(
+        self, script: Script, keys: Sequence[str | bytes], args: Sequence[EncodableT]
+    ) -> Any:
+        """One fenced write on the write pool, its error raised: ``run``'s single-call path
+        without a batch around it (a sync fenced write's whole cost is this call)."""
+        ref = self._refs.get(script.sha) or self._ref(script)
+        reply = check(script, self.writes.execute(ref, keys, args, self.write_timeout))
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
         """The pipelined writer on ``loop`` (made on first use)."""
