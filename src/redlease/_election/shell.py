@@ -112,8 +112,8 @@ class ElectorShell:
 
         Measured by the keeper itself: the time between a renewal's scheduled
         moment and its send. Read-only figures for benchmarks and monitoring;
-        empty when the elector is not running. The keeper keeps the most
-        recent samples only (tens of thousands).
+        empty when the elector is not running. The keeper keeps the newest
+        256 samples only.
         """
         return self._core.renew_lateness()
 

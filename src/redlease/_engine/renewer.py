@@ -21,11 +21,10 @@ from typing import Any, cast
 
 from redis.exceptions import NoScriptError
 
-from .base import ACTIVE, ENDED, IDLE, LATENESS_BUCKETS, LOST, MIN_STEP
+from .base import ACTIVE, ENDED, IDLE, LATENESS_BUCKETS, LATENESS_SAMPLES, LOST, MIN_STEP
 from .replies import is_failover_reply, unexpected
 from .timing import RENEW_BATCH_WINDOW, RENEW_RETRY_FLOOR
 
-_LATENESS_SAMPLES = 65536
 _MAX_PENDING_ERRORS = 256
 
 
@@ -74,7 +73,7 @@ class Lease:
         self._next = 0.0
         self._closed = False
         self._errors: deque[Exception] = deque(maxlen=_MAX_PENDING_ERRORS)
-        self._lateness: deque[float] = deque(maxlen=_LATENESS_SAMPLES)
+        self._lateness: deque[float] = deque(maxlen=LATENESS_SAMPLES)
         # Cumulative figures for metrics (read at scrape time, never reset).
         self._late_hist = [0] * (len(LATENESS_BUCKETS) + 1)
         self._late_sum = 0.0

@@ -325,6 +325,7 @@ class NoticeSub:
     def cancel(self) -> None: ...
 
 LATENESS_BUCKETS: tuple[float, ...]
+LATENESS_SAMPLES: int
 
 # Test hooks, not part of the module's interface.
 def _encode_command(args: Sequence[_Encodable]) -> bytes: ...
