@@ -264,7 +264,15 @@ class Keeper(Protocol):
     def lateness(self) -> list[float]:
         """Seconds each renewal was sent after its scheduled time, oldest first.
 
-        The newest ``LATENESS_SAMPLES`` only.
+        The newest ``LATENESS_SAMPLES`` only; ``lateness_count()`` counts them all.
+        """
+        ...
+
+    def lateness_count(self) -> int:
+        """How many lateness samples were recorded since the keeper was made, held or not.
+
+        The samples recorded since a moment are the newest (count now - count
+        then) of ``lateness()``, as many of them as it still holds.
         """
         ...
 

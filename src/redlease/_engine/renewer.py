@@ -77,6 +77,7 @@ class Lease:
         # Cumulative figures for metrics (read at scrape time, never reset).
         self._late_hist = [0] * (len(LATENESS_BUCKETS) + 1)
         self._late_sum = 0.0
+        self._late_count = 0
         self._renewals = 0
         self._renewed_at = 0.0
         self._wakeup = threading.Event()
@@ -175,6 +176,10 @@ class Lease:
         with self._cond:
             return list(self._lateness)
 
+    def lateness_count(self) -> int:
+        with self._cond:
+            return self._late_count
+
     @property
     def renewals(self) -> int:
         return self._renewals
@@ -226,6 +231,7 @@ class Lease:
     def _record_lateness(self, late: float) -> None:
         # Caller holds the condition.
         self._lateness.append(late)
+        self._late_count += 1
         # bisect_left: a sample equal to a bound belongs to that bucket (le).
         self._late_hist[bisect.bisect_left(LATENESS_BUCKETS, late)] += 1
         self._late_sum += late

@@ -343,6 +343,19 @@ cdef class Lease(ProcessBound):
         finally:
             free(copy)
 
+    def lateness_count(self):
+        """How many lateness samples were recorded since the lease was made, held or not."""
+        cdef rl_lease* l = self.l
+        cdef rl_renewer* r
+        cdef uint64_t n
+        if l == NULL:
+            return 0
+        r = self._r()
+        pthread_mutex_lock(&r.mu)
+        n = l.late_count
+        pthread_mutex_unlock(&r.mu)
+        return n
+
     def lateness_totals(self):
         """``(counts, sum)``: renew lateness since the lease was made, as a histogram."""
         cdef rl_lease* l = self.l
