@@ -46,7 +46,7 @@ import redis.asyncio
 
 import redlease
 import redlease.aio
-from redlease._cli.bench import native_engine_available, percentile
+from redlease._cli.bench import LatenessWindow, native_engine_available, percentile
 from redlease._cli.writers import async_rate
 from redlease._engine import native as native_engine
 from redlease._scripts import fenced_file
@@ -166,10 +166,13 @@ async def asyncio_rows(
                 if name == BARE and count != 1:
                     continue
                 await async_rate(op, count, 0.05)  # connect, warm up
-                before = len(electors["native"].renew_lateness()) if name == "native" else 0
-                rate = await async_rate(op, count, seconds)
+                window = None
                 if name == "native" and count == tasks:
-                    lateness.extend(electors["native"].renew_lateness()[before:])
+                    native = electors["native"]
+                    window = LatenessWindow(native.renew_lateness, native.renew_lateness_count)
+                rate = await async_rate(op, count, seconds)
+                if window is not None:
+                    lateness.extend(window.take())
                 every[name][count].append(rate)
     for e in electors.values():
         await e.stop()

@@ -56,7 +56,7 @@ from dataclasses import asdict, dataclass, field
 import redis
 
 import redlease
-from redlease._cli.bench import native_engine_available, percentile
+from redlease._cli.bench import LatenessWindow, native_engine_available, percentile
 from redlease._testing import ClusterSet, RedisServer
 
 TTL = 5.0
@@ -116,33 +116,31 @@ class Row:
     extra: dict[str, str] = field(default_factory=dict)
 
 
-def lateness_since(keepers: list[object], marks: list[int]) -> list[float]:
-    samples: list[float] = []
-    for keeper, mark in zip(keepers, marks, strict=True):
-        samples.extend(keeper.lateness()[mark:])  # type: ignore[attr-defined]
-    return samples
+Readers = tuple[Callable[[], list[float]], Callable[[], int]]
+"""One lease's renew lateness readers: its samples and its count of them."""
 
 
-class _Lateness:
-    """Something with ``lateness()``: an elector's public renew lateness."""
-
-    def __init__(self, read: Callable[[], list[float]]) -> None:
-        self.lateness = read
+def take_all(windows: list[LatenessWindow]) -> list[float]:
+    return [sample for window in windows for sample in window.take()]
 
 
-def windows(keepers: list[object], seconds: float) -> tuple[float, float]:
-    """p99 renew lateness (ms) over an idle window, then over a GIL-hog window."""
-    marks = [len(k.lateness()) for k in keepers]  # type: ignore[attr-defined]
+def windows(leases: list[Readers], seconds: float) -> tuple[float, float]:
+    """p99 renew lateness (ms) over an idle window, then over a GIL-hog window.
+
+    Each window is read once, at its end: at one renewal every ``RENEW``
+    seconds a lease holds every sample of it.
+    """
+    opened = [LatenessWindow(*readers) for readers in leases]
     time.sleep(seconds)
-    idle = lateness_since(keepers, marks)
-    marks = [len(k.lateness()) for k in keepers]  # type: ignore[attr-defined]
+    idle = take_all(opened)
+    opened = [LatenessWindow(*readers) for readers in leases]
     n = gil_call_size(1.5)
     started = time.monotonic()
     while time.monotonic() - started < seconds:
         sum(range(n))  # one C call holding the GIL for ~1.5 s
     # A renewal held up by the hog is counted when it is finally sent.
     time.sleep(RENEW)
-    gil = lateness_since(keepers, marks)
+    gil = take_all(opened)
     return p99_ms(idle), p99_ms(gil)
 
 
@@ -195,8 +193,8 @@ def electors_scenario(port: int, engine: str, count: int, seconds: float) -> Row
     row.threads = threads() - base_threads
     row.connections = server_clients(observer) - base_conns
     row.rss = rss_mib() - base_rss
-    keepers = [_Lateness(e.renew_lateness) for e in group]
-    row.p99_idle, row.p99_gil = windows(keepers, seconds)
+    leases = [(e.renew_lateness, e.renew_lateness_count) for e in group]
+    row.p99_idle, row.p99_gil = windows(leases, seconds)
     kept = sum(1 for e in group if e.token())
     row.extra["kept through the hog"] = f"{kept}/{count}"
     row.stop_all = stop_all(group)
@@ -219,7 +217,8 @@ def locks_scenario(port: int, count: int, seconds: float) -> Row:
     row.connections = server_clients(observer) - base_conns
     row.rss = rss_mib() - base_rss
     keepers = [lock._keeper for lock in held]
-    row.p99_idle, row.p99_gil = windows(keepers, seconds)
+    leases = [(k.lateness, k.lateness_count) for k in keepers]
+    row.p99_idle, row.p99_gil = windows(leases, seconds)
     row.extra["kept through the hog"] = (
         f"{sum(1 for lock in held if not lock.done.is_set())}/{count}"
     )
@@ -240,10 +239,12 @@ def single_scenario(port: int, engine: str, seconds: float) -> Row:
     while not e.token():
         time.sleep(0.001)
     row = Row(f"{engine} one elector alone", 1)
-    keeper = _Lateness(e.renew_lateness)
-    mark = len(keeper.lateness())
-    time.sleep(seconds)
-    row.p99_idle = percentile(keeper.lateness()[mark:], 99) * 1000
+    window = LatenessWindow(e.renew_lateness, e.renew_lateness_count)
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, 5.0))  # 100 renewals: fewer than the 256 it holds
+        window.take()
+    row.p99_idle = percentile(window.samples, 99) * 1000
     token = e.token() or 0
     writes = 0
     started = time.monotonic()
@@ -309,8 +310,8 @@ def cluster_scenario(port: int, count: int, seconds: float) -> Row:
     renewer = group[0]._core.run.keeper.renewer  # type: ignore[attr-defined]
     renewing = [renewal_clients(renewer, m) for m in masters]
     row.extra["renewal conns per master"] = "/".join(str(n) for n in renewing)
-    keepers = [_Lateness(e.renew_lateness) for e in group]
-    row.p99_idle, row.p99_gil = windows(keepers, seconds)
+    leases = [(e.renew_lateness, e.renew_lateness_count) for e in group]
+    row.p99_idle, row.p99_gil = windows(leases, seconds)
     kept = sum(1 for e in group if e.token() == tokens[e.config.name])
     row.extra["kept through the hog"] = f"{kept}/{count}"
     row.stop_all = stop_all(group)

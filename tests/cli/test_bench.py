@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections import deque
 
 import pytest
 import redis
@@ -68,6 +69,60 @@ def test_bench_percentiles_are_nearest_rank() -> None:
     assert (percentile(samples, 50), percentile(samples, 99), percentile(samples, 100)) == (
         50.0, 99.0, 100.0,
     )
+
+
+class Ring:
+    """A keeper's lateness readers over a ring of four: its newest samples and its count."""
+
+    def __init__(self) -> None:
+        self.held: deque[float] = deque(maxlen=4)
+        self.count = 0
+        self.renew_while_read = 0
+
+    def record(self, *samples: float) -> None:
+        self.held.extend(samples)
+        self.count += len(samples)
+
+    def lateness(self) -> list[float]:
+        held = list(self.held)
+        if self.renew_while_read:  # a renewal right after the copy, before the next read
+            self.renew_while_read -= 1
+            self.record(float(self.count))
+        return held
+
+    def lateness_count(self) -> int:
+        return self.count
+
+
+def test_the_samples_since_a_mark_are_the_newest_the_keeper_still_holds() -> None:
+    from redlease._cli.bench import newest_since
+
+    held = [6.0, 7.0, 8.0, 9.0]  # samples 6 to 9 of 10, oldest first
+    assert newest_since(held, 10, 10) == []
+    assert newest_since(held, 9, 10) == [9.0]
+    assert newest_since(held, 7, 10) == [7.0, 8.0, 9.0]
+    assert newest_since(held, 6, 10) == held
+    assert newest_since(held, 2, 10) == held  # 2 to 5 are gone
+    assert newest_since([0.0, 1.0], 0, 2) == [0.0, 1.0]  # not wrapped yet
+
+
+def test_a_lateness_window_gathers_every_sample_recorded_since_it_opened() -> None:
+    from redlease._cli.bench import LatenessWindow
+
+    ring = Ring()
+    ring.record(0.0, 1.0, 2.0)
+    window = LatenessWindow(ring.lateness, ring.lateness_count)
+    assert window.take() == []
+    ring.record(3.0, 4.0, 5.0)
+    assert window.take() == [3.0, 4.0, 5.0]
+    ring.record(6.0, 7.0, 8.0, 9.0)  # as many as the ring holds: none lost
+    assert window.take() == [float(i) for i in range(3, 10)]
+    ring.record(10.0, 11.0, 12.0, 13.0, 14.0, 15.0)  # more: 10 and 11 are gone
+    assert window.take()[-5:] == [9.0, 12.0, 13.0, 14.0, 15.0]
+    # A renewal between reading the count and the samples: read again, none twice.
+    ring.renew_while_read = 2
+    assert window.take()[-3:] == [15.0, 16.0, 17.0]
+    assert window.samples == [float(i) for i in range(3, 10)] + [12.0, 13.0, 14.0, 15.0, 16.0, 17.0]
 
 
 # The extension hidden from a fresh interpreter: what a user without a build sees.

@@ -217,6 +217,44 @@ class Lateness:
     """Whether the term that led when the window opened still led when it closed."""
 
 
+def newest_since(samples: list[float], mark: int, count: int) -> list[float]:
+    """The lateness samples recorded after a keeper's count was ``mark``.
+
+    ``samples`` is what it holds (its newest only, oldest first) read while
+    its count was ``count``: the newest ``count - mark`` of them, or all it
+    holds when more were recorded since (the older ones are gone).
+    """
+    new = min(count - mark, len(samples))
+    return samples[len(samples) - new :] if new > 0 else []
+
+
+class LatenessWindow:
+    """Every renew-lateness sample a keeper records from now on, gathered by ``take()``.
+
+    ``samples`` and ``count`` are the keeper's readers (an elector's
+    ``renew_lateness`` and ``renew_lateness_count``, or a keeper's
+    ``lateness`` and ``lateness_count``). A keeper holds its newest 256
+    samples only: taking at least once every 256 renewals keeps every one.
+    """
+
+    def __init__(self, samples: Callable[[], list[float]], count: Callable[[], int]) -> None:
+        self._samples = samples
+        self._count = count
+        self._mark = count()
+        self.samples: list[float] = []
+
+    def take(self) -> list[float]:
+        """Add the samples recorded since the last take (or the start); return them all."""
+        while True:
+            count = self._count()
+            held = self._samples()
+            if self._count() == count:  # no renewal in between: ``held`` goes with ``count``
+                break
+        self.samples += newest_since(held, self._mark, count)
+        self._mark = count
+        return self.samples
+
+
 def lateness_under_load(
     elector: redlease.Elector,
     token: int,
@@ -232,21 +270,28 @@ def lateness_under_load(
     ``tick`` is called with the time now and then during the load (progress).
     """
     interval = elector.config.renew_interval
-    before = len(elector.renew_lateness())
+    own = LatenessWindow(elector.renew_lateness, elector.renew_lateness_count)
+    taken = time.monotonic()
+
+    def tick_and_take(now: float) -> None:
+        # About once a second, between the load's steps: the keeper holds
+        # its newest 256 samples only, and a long window has more renewals.
+        nonlocal taken
+        if now - taken >= 1.0:
+            own.take()
+            taken = now
+        tick(now)
+
     with ArrivalRecorder(monitor, RENEW_SHA) as recorder:
         time.sleep(interval * 3)  # let MONITOR attach before the window opens
         window_start = time.time()
-        run_load(load, seconds, tick, gil_n)
+        run_load(load, seconds, tick_and_take, gil_n)
         window_end = time.time()
         recorder.catch_up(window_end)
     server = None
     if recorder.error is None:
         server = gaps_beyond(recorder.between(window_start, window_end), interval)
-    samples = elector.renew_lateness()
-    # The keeper keeps the newest samples only: if they wrapped, take the window's worth.
-    expected = max(1, int(seconds / interval))
-    own = samples[before:] if len(samples) > before else samples[-expected:]
-    return Lateness(own=own, server=server, kept=elector.token() == token)
+    return Lateness(own=own.take(), server=server, kept=elector.token() == token)
 
 
 def measure(

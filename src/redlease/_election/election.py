@@ -8,7 +8,8 @@ API below; the loop that steps it is ``runloop.RunLoop``:
 * ``acquire()`` / ``acquired(reply)``, ``release()``, ``hold_reason()`` and
   ``leader()`` are what each step asks of Redis;
 * ``Run.request_stop()`` ends a run from anywhere; ``token()``, ``resign()``,
-  ``renew_lateness()`` and ``fence`` (a ``fence.Fence``) serve the rest;
+  ``renew_lateness()``, ``renew_lateness_count()`` and ``fence`` (a
+  ``fence.Fence``) serve the rest;
 * ``observe``, ``emit``, ``report`` and ``drain`` deliver to the observer and
   the events (logging, metrics).
 """
@@ -353,6 +354,10 @@ class Election:
     def renew_lateness(self) -> list[float]:
         run = self.run
         return run.keeper.lateness() if run is not None else []
+
+    def renew_lateness_count(self) -> int:
+        run = self.run
+        return run.keeper.lateness_count() if run is not None else 0
 
     def health(self) -> tuple[bool, int | None, float | None]:
         """What a health check asks: ``(a run is going, its term's token or None, seconds since

@@ -112,10 +112,19 @@ class ElectorShell:
 
         Measured by the keeper itself: the time between a renewal's scheduled
         moment and its send. Read-only figures for benchmarks and monitoring;
-        empty when the elector is not running. The keeper keeps the most
-        recent samples only (tens of thousands).
+        empty when the elector is not running. The keeper keeps the newest
+        256 samples only; ``renew_lateness_count()`` counts them all.
         """
         return self._core.renew_lateness()
+
+    def renew_lateness_count(self) -> int:
+        """How many renewals of the current run had their lateness recorded (0 when not running).
+
+        Every one, held or not: the samples recorded since a moment are the
+        newest (count now - count then) of ``renew_lateness()``, as many of
+        them as it still holds (read the count first).
+        """
+        return self._core.renew_lateness_count()
 
 
 class FencerShell:

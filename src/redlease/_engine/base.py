@@ -185,6 +185,14 @@ Fixed, and the same on both engines (the native keeper has them as a C
 array), so that a metrics scrape can add keepers up without a conversion.
 """
 
+LATENESS_SAMPLES = 256
+"""How many of its newest renew-lateness samples a keeper holds (``Keeper.lateness()``).
+
+Bounded so that a lease costs the same after a day as after a minute (100,000
+leases in one process); the same on both engines (the native keeper's ring is
+checked against it at import). ``lateness_totals()`` counts every renewal.
+"""
+
 
 # Keeper states, shared by both engines (the native one keeps them in C atomics).
 IDLE = 0
@@ -254,7 +262,18 @@ class Keeper(Protocol):
         ...
 
     def lateness(self) -> list[float]:
-        """Seconds each renewal was sent after its scheduled time (most recent samples)."""
+        """Seconds each renewal was sent after its scheduled time, oldest first.
+
+        The newest ``LATENESS_SAMPLES`` only; ``lateness_count()`` counts them all.
+        """
+        ...
+
+    def lateness_count(self) -> int:
+        """How many lateness samples were recorded since the keeper was made, held or not.
+
+        The samples recorded since a moment are the newest (count now - count
+        then) of ``lateness()``, as many of them as it still holds.
+        """
         ...
 
     # -- what metrics read at scrape time (cumulative, never reset) -----------

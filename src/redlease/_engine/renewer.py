@@ -21,11 +21,10 @@ from typing import Any, cast
 
 from redis.exceptions import NoScriptError
 
-from .base import ACTIVE, ENDED, IDLE, LATENESS_BUCKETS, LOST, MIN_STEP
+from .base import ACTIVE, ENDED, IDLE, LATENESS_BUCKETS, LATENESS_SAMPLES, LOST, MIN_STEP
 from .replies import is_failover_reply, unexpected
 from .timing import RENEW_BATCH_WINDOW, RENEW_RETRY_FLOOR
 
-_LATENESS_SAMPLES = 65536
 _MAX_PENDING_ERRORS = 256
 
 
@@ -74,10 +73,11 @@ class Lease:
         self._next = 0.0
         self._closed = False
         self._errors: deque[Exception] = deque(maxlen=_MAX_PENDING_ERRORS)
-        self._lateness: deque[float] = deque(maxlen=_LATENESS_SAMPLES)
+        self._lateness: deque[float] = deque(maxlen=LATENESS_SAMPLES)
         # Cumulative figures for metrics (read at scrape time, never reset).
         self._late_hist = [0] * (len(LATENESS_BUCKETS) + 1)
         self._late_sum = 0.0
+        self._late_count = 0
         self._renewals = 0
         self._renewed_at = 0.0
         self._wakeup = threading.Event()
@@ -176,6 +176,10 @@ class Lease:
         with self._cond:
             return list(self._lateness)
 
+    def lateness_count(self) -> int:
+        with self._cond:
+            return self._late_count
+
     @property
     def renewals(self) -> int:
         return self._renewals
@@ -227,6 +231,7 @@ class Lease:
     def _record_lateness(self, late: float) -> None:
         # Caller holds the condition.
         self._lateness.append(late)
+        self._late_count += 1
         # bisect_left: a sample equal to a bound belongs to that bucket (le).
         self._late_hist[bisect.bisect_left(LATENESS_BUCKETS, late)] += 1
         self._late_sum += late

@@ -11,7 +11,7 @@ cdef enum:
 
 cdef enum:
     ERR_RING = 32
-    LATE_MAX = 65536
+    LATE_MAX = 256        # lateness samples a lease holds: redlease._engine.base.LATENESS_SAMPLES
     LATE_BOUNDS_N = 16
 
 cdef struct rl_err:

@@ -21,6 +21,16 @@ from redlease._engine.base import LATENESS_BUCKETS as _ENGINE_LATENESS_BUCKETS
 if LATENESS_BUCKETS != _ENGINE_LATENESS_BUCKETS:
     raise ImportError("the native lateness buckets differ from redlease._engine.base.LATENESS_BUCKETS")
 
+# How many of its newest lateness samples a lease holds (its ring, grown from
+# LEASE_LATE_START up to LATE_MAX): the same as
+# redlease._engine.base.LATENESS_SAMPLES, the Python keeper's, which the import checks.
+LATENESS_SAMPLES = LATE_MAX
+
+from redlease._engine.base import LATENESS_SAMPLES as _ENGINE_LATENESS_SAMPLES
+
+if LATENESS_SAMPLES != _ENGINE_LATENESS_SAMPLES:
+    raise ImportError("the native lateness ring differs from redlease._engine.base.LATENESS_SAMPLES")
+
 
 cdef enum:
     LEASE_LATE_START = 16

@@ -313,32 +313,48 @@ cdef class Lease(ProcessBound):
         return [make_exception(copy[i].kind, PyBytes_FromString(copy[i].msg)) for i in range(n)]
 
     def lateness(self):
-        """Seconds each renewal was sent after its scheduled time (up to the last 65536)."""
+        """Seconds each renewal was sent after its scheduled time: the newest 256, oldest first."""
         cdef rl_lease* l = self.l
         cdef rl_renewer* r
-        cdef double* copy
+        cdef double* copy = NULL
         cdef size_t n
         cdef size_t start = 0
         cdef size_t i
         if l == NULL:
             return []
-        copy = <double*>realloc(NULL, LATE_MAX * sizeof(double))
-        if copy == NULL:
-            raise MemoryError()
         r = self._r()
+        pthread_mutex_lock(&r.mu)
+        if l.late_count <= LATE_MAX:
+            n = <size_t>l.late_count
+        else:
+            n = LATE_MAX
+            start = <size_t>(l.late_count % LATE_MAX)
+        if n:
+            # As many as it holds; copied under the lock, made into floats after.
+            copy = <double*>realloc(NULL, n * sizeof(double))
+            if copy != NULL:
+                for i in range(n):
+                    copy[i] = l.late[(start + i) % LATE_MAX]
+        pthread_mutex_unlock(&r.mu)
+        if n and copy == NULL:
+            raise MemoryError()
         try:
-            pthread_mutex_lock(&r.mu)
-            if l.late_count <= LATE_MAX:
-                n = <size_t>l.late_count
-            else:
-                n = LATE_MAX
-                start = <size_t>(l.late_count % LATE_MAX)
-            for i in range(n):
-                copy[i] = l.late[(start + i) % LATE_MAX] if start else l.late[i]
-            pthread_mutex_unlock(&r.mu)
             return [copy[i] for i in range(n)]
         finally:
             free(copy)
+
+    def lateness_count(self):
+        """How many lateness samples were recorded since the lease was made, held or not."""
+        cdef rl_lease* l = self.l
+        cdef rl_renewer* r
+        cdef uint64_t n
+        if l == NULL:
+            return 0
+        r = self._r()
+        pthread_mutex_lock(&r.mu)
+        n = l.late_count
+        pthread_mutex_unlock(&r.mu)
+        return n
 
     def lateness_totals(self):
         """``(counts, sum)``: renew lateness since the lease was made, as a histogram."""
