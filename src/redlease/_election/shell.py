@@ -113,7 +113,7 @@ class ElectorShell:
         Measured by the keeper itself: the time between a renewal's scheduled
         moment and its send. Read-only figures for benchmarks and monitoring;
         empty when the elector is not running. The keeper keeps the newest
-        256 samples only; ``renew_lateness_count()`` counts them all.
+        128 samples only; ``renew_lateness_count()`` counts them all.
         """
         return self._core.renew_lateness()
 

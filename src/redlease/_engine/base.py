@@ -185,7 +185,7 @@ Fixed, and the same on both engines (the native keeper has them as a C
 array), so that a metrics scrape can add keepers up without a conversion.
 """
 
-LATENESS_SAMPLES = 256
+LATENESS_SAMPLES = 128
 """How many of its newest renew-lateness samples a keeper holds (``Keeper.lateness()``).
 
 Bounded so that a lease costs the same after a day as after a minute (100,000

@@ -11,7 +11,7 @@ cdef enum:
 
 cdef enum:
     ERR_RING = 32
-    LATE_MAX = 256        # lateness samples a lease holds: redlease._engine.base.LATENESS_SAMPLES
+    LATE_MAX = 128        # lateness samples a lease holds: redlease._engine.base.LATENESS_SAMPLES
     LATE_BOUNDS_N = 16
 
 cdef struct rl_err:
@@ -53,7 +53,7 @@ cdef struct rl_lease:
     int64_t sched         # when that renewal was due
     int64_t t_send
     rl_buf cmd            # its EVALSHA, built once
-    double* late
+    float* late           # single precision: a lateness needs no more, a lease half the room
     size_t late_cap
     uint64_t late_count
     uint64_t late_hist[17]

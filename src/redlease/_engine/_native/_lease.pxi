@@ -111,7 +111,7 @@ cdef void lease_record_error(rl_lease* l, int kind, const char* msg) noexcept no
 cdef void lease_record_lateness(rl_lease* l, double seconds) noexcept nogil:
     cdef uint64_t idx = l.late_count
     cdef size_t cap
-    cdef double* grown
+    cdef float* grown
     cdef int b = 0
     while b < LATE_BOUNDS_N and seconds > LATE_BOUNDS[b]:
         b += 1
@@ -122,14 +122,14 @@ cdef void lease_record_lateness(rl_lease* l, double seconds) noexcept nogil:
             cap = l.late_cap * 2 if l.late_cap else LEASE_LATE_START
             if cap > LATE_MAX:
                 cap = LATE_MAX
-            grown = <double*>realloc(l.late, cap * sizeof(double))
+            grown = <float*>realloc(l.late, cap * sizeof(float))
             if grown == NULL:
                 return
             l.late = grown
             l.late_cap = cap
-        l.late[idx] = seconds
+        l.late[idx] = <float>seconds
     else:
-        l.late[idx % LATE_MAX] = seconds
+        l.late[idx % LATE_MAX] = <float>seconds
     l.late_count += 1
 
 

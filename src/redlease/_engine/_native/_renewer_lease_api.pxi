@@ -313,7 +313,7 @@ cdef class Lease(ProcessBound):
         return [make_exception(copy[i].kind, PyBytes_FromString(copy[i].msg)) for i in range(n)]
 
     def lateness(self):
-        """Seconds each renewal was sent after its scheduled time: the newest 256, oldest first."""
+        """Seconds each renewal was sent after its scheduled time: the newest 128, oldest first."""
         cdef rl_lease* l = self.l
         cdef rl_renewer* r
         cdef double* copy = NULL
