@@ -7,6 +7,26 @@
 from posix.unistd cimport getpid
 
 
+cdef extern from "<pthread.h>" nogil:
+    int pthread_atfork(void (*prepare)() noexcept nogil, void (*parent)() noexcept nogil,
+                       void (*child)() noexcept nogil)
+
+
+# This process's id, kept by a fork handler of the C library (it runs in the
+# child before any other code does): inherited() compares with it on every
+# call of every native object, without a system call each time.
+cdef int rl_pid = getpid()
+
+
+cdef void rl_pid_after_fork() noexcept nogil:
+    global rl_pid
+    rl_pid = getpid()
+
+
+if pthread_atfork(NULL, NULL, rl_pid_after_fork) != 0:
+    raise ImportError("cannot register the native core's fork handler")
+
+
 cdef class ProcessBound:
     """A native object that belongs to the process that made it.
 
@@ -22,12 +42,12 @@ cdef class ProcessBound:
     """
 
     def __cinit__(self):
-        self._pid = getpid()
+        self._pid = rl_pid
         self._forked = False
 
     cdef bint inherited(self) noexcept:
         """True in a forked child; the first call there makes the copy inert."""
-        if not self._forked and getpid() != self._pid:
+        if not self._forked and rl_pid != self._pid:
             self._forked = True
             self.forget_parent()
         return self._forked
