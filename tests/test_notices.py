@@ -23,6 +23,7 @@ from redis.cluster import RedisCluster, key_slot
 import redlease
 import redlease.aio
 from helpers import Events, elected_token, lock_handover, stays, wait_until
+from redlease._engine.timing import NOTICE_CATCH_UP
 from redlease._testing import ClusterSet, RedisServer, SentinelSet
 from tls_helpers import require_native_tls
 from topology_helpers import close_all_engines
@@ -208,6 +209,33 @@ def test_a_killed_notice_connection_still_hands_over_and_comes_back(
             wait_subscribed(client, "killed:leader:released")  # reconnected
 
 
+def test_a_release_before_a_new_follower_listens_is_found_by_its_second_look(
+    client: redis.Redis, engine: str
+) -> None:
+    # A started run listens only once it follows: a release between its first
+    # acquire and its subscription is heard by nobody. Here the holder lets go
+    # (silently) at the very moment the run learns it follows, before it
+    # subscribes; its second look, not its poll some 13 s away, takes over.
+    client.set("late:leader", "a-silent-holder", px=30_000)
+    events = Events()
+    follower = redlease.Elector(
+        client,
+        "late",
+        ttl=30,
+        acquire_interval=15,
+        engine=engine,
+        observer=events.observer(
+            on_follower=lambda: (client.delete("late:leader"), events.record("follower"))
+        ),
+    )
+    with follower:
+        started = time.monotonic()
+        wait_until(follower.token, timeout=10, interval=0.005, what="the follower's election")
+        took = time.monotonic() - started
+    assert events.count("follower") == 1
+    assert took < 3.0, f"took over {took:.3f} s after it started"
+
+
 def test_a_started_follower_looks_again_when_its_notice_connection_comes_back(
     client: redis.Redis, engine: str
 ) -> None:
@@ -220,6 +248,8 @@ def test_a_started_follower_looks_again_when_its_notice_connection_comes_back(
     )
     with follower:
         follower_ready(follower, events, client)
+        # Past its second look, which follows its first subscription.
+        time.sleep(NOTICE_CATCH_UP * 6)
         client.delete("again:leader")
         assert stays(lambda: not follower.token(), 0.3)  # no notice: it waits for its poll
         killed = time.monotonic()

@@ -19,6 +19,7 @@ from typing import Any
 from .._engine import ACTIVE, Engine, Keeper
 from .._engine.base import NoticeSubscription
 from .._engine.driver import driver
+from .._engine.timing import NOTICE_CATCH_UP
 from .election import Election, LeaderFn, Run, instance_text
 from .term import Reason, Term, end_term
 
@@ -110,17 +111,25 @@ class RunLoop:
             run.driven = self
 
     def start(self) -> None:
-        self._listen()
+        # Not listening yet: a run listens once an acquire finds the lease
+        # held (see ``_contend_step``), so thousands started on fresh names, which
+        # win at once, never subscribe and unsubscribe.
         driver().poke(self)
 
-    def _listen(self) -> None:
+    def _listen(self) -> bool:
+        """Listen for release notices (True), or say why not and poll (False)."""
         election = self.election
-        # The engine's listener, on the connection the process's other
-        # waiters share: each notice pokes this run on the driver thread
-        # (native: the reader rings the driver's doorbell without the GIL).
-        self.notices = election.engine.notices(election.client).listen(
-            election.keys.leader, self.run.notice, driven=True
-        )
+        try:
+            # The engine's listener, on the connection the process's other
+            # waiters share: each notice pokes this run on the driver thread
+            # (native: the reader rings the driver's doorbell without the GIL).
+            self.notices = election.engine.notices(election.client).listen(
+                election.keys.leader, self.run.notice, driven=True
+            )
+        except Exception as exc:  # never the run's end: it polls instead
+            election.events.debug(f"listens for no release notices: {exc!r}")
+            return False
+        return True
 
     def poke(self) -> None:
         if self.driven:
@@ -241,6 +250,13 @@ class RunLoop:
             if not self.follower:
                 self.follower = True
                 election.emit(election.observer.on_follower)
+            if self.driven and self.notices is None and self._listen():
+                # The first time this run follows: it listens from now on, and
+                # looks again soon, for a release it could not hear yet.
+                self.not_before = time.monotonic() + min(
+                    NOTICE_CATCH_UP, election.poll_delay(pttl_ms)
+                )
+                return self.not_before
             if self.notices is not None and self.notices.refused:
                 # An ACL user without the channel: this follower polls.
                 election.refusals.subscribe_refused(election.keys.leader)
@@ -322,10 +338,7 @@ class RunLoop:
         run = self.run
         run.noticed, run.released_by, run.resting = False, None, True
         if self.driven and self.notices is None and not run.should_stop():
-            try:
-                self._listen()
-            except Exception as exc:  # never the run's end: it polls instead
-                self.election.events.debug(f"listens for no release notices: {exc!r}")
+            self._listen()
         self.keeper.end()
         self.reason = reason
         self.phase = self.DRAIN

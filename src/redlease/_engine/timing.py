@@ -57,6 +57,16 @@ NOTICE_DEAD_AFTER = 10.0
 NOTICE_IDLE_CLOSE = 2.0
 """A notice connection with no waiter for this long is closed."""
 
+NOTICE_CATCH_UP = 0.05
+"""A started run that follows looks again this long after it began to listen.
+
+A run listens for release notices only once an acquire found the lease
+held (most of thousands started on fresh names win their first, and never
+subscribe). A release between that acquire and the subscription reaching
+the server is heard by no one: this second look finds it, instead of the
+holder's expiry.
+"""
+
 NOTICE_UNSUBSCRIBE_DELAY = 0.05
 """A channel nobody in the process listens to any more is unsubscribed within about this.
 
