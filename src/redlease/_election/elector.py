@@ -168,7 +168,7 @@ class Elector(ElectorShell, StopsOnExit):
         connection broke, the deadline passed) it raises redis-py's
         ConnectionError or TimeoutError, and it may or may not have landed.
         """
-        return self._fence.write(self._fence.set_request(token, key, value))
+        return self._fence.set(token, key, value)
 
     def fence_hset(
         self, token: int, key: str | bytes, field: str | bytes, value: EncodableT

@@ -215,6 +215,33 @@ class Fence:
             Callable[[], asyncio.AbstractEventLoop | None], LoopWriter | None
         ] = _NO_LOOP_WRITER
 
+    def set(self, token: object, key: object, value: object) -> bool:
+        """``write(set_request(token, key, value))``: a sync ``fence_set``.
+
+        The common case (exact types, a live token, no slot to check, no
+        replication guard) in one call to the engine, with nothing between.
+        """
+        if (
+            type(token) is int
+            and 0 < token < MAX_TOKEN
+            and type(key) in KEY_TYPES
+            and type(value) in VALUE_TYPES
+            and self._slot is None
+            and self._wait is None
+        ):
+            # The types were checked above, which the checker cannot follow.
+            keys, args = (self._applied_key, key), (token, value)
+            try:
+                reply = self._engine.write_one(FENCE_SET, keys, args)  # type: ignore[arg-type]
+            except RedisError as exc:
+                self._failed((FENCE_SET, keys, args), exc)  # type: ignore[arg-type]
+                raise
+            applied: bool = reply == 1
+            if self._events.sinks:
+                self._events.fenced(applied)
+            return applied
+        return self.write(self.set_request(token, key, value))
+
     def set_request(self, token: object, key: object, value: object) -> FenceRequest | None:
         if (
             type(token) is int
