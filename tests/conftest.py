@@ -35,6 +35,7 @@ from redlease._testing._common import (
 )
 from redlease._testing.fake import FakeRedis
 from redlease.lock import Locker, MemoryLocker, RedisLocker
+from topology_helpers import close_all_engines
 
 ENGINES = ("python", "native")
 
@@ -122,6 +123,14 @@ def pytest_report_header() -> list[str]:
         f"redis-server: {named(chosen)}; also found: {', '.join(others) or 'none'}",
         f"client families: redis-py {redis.__version__}, {clients}",
     ]
+
+
+@pytest.fixture
+def engines_closed() -> Iterator[None]:
+    """Close every engine the test made (a Sentinel engine's watcher, a notice
+    listener's thread and a renewer outlive a test otherwise)."""
+    yield
+    close_all_engines()
 
 
 @pytest.fixture

@@ -30,7 +30,8 @@ import redlease.aio
 from helpers import Events, elected_token, family_errors, stays, wait_until
 from redlease._testing import RedisServer
 from redlease._testing._common import redis_server_candidates, server_version
-from topology_helpers import close_all_engines
+
+pytestmark = pytest.mark.usefixtures("engines_closed")
 
 PREFIX = "svc:lock:"
 ELECTION = "svc:elect"
@@ -48,12 +49,6 @@ USERS = {
 # release was woken by the release notice.
 POLL = 5.0
 PUSHED = 2.0
-
-
-@pytest.fixture(autouse=True)
-def _close_engines() -> Iterator[None]:
-    yield
-    close_all_engines()
 
 
 def _server_binaries() -> dict[str, str]:

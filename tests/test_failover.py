@@ -20,7 +20,7 @@ Select them with ``pytest -m failover``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,15 +30,9 @@ import redis
 import redlease
 from helpers import Events, RunThread, Terms, elected_token, wait_until
 from redlease._testing import ClusterSet, RedisServer, SentinelSet, key_slot
-from topology_helpers import assert_in_family, close_all_engines
+from topology_helpers import assert_in_family
 
-pytestmark = [pytest.mark.failover, pytest.mark.topology]
-
-
-@pytest.fixture(autouse=True)
-def _close_engines() -> Iterator[None]:
-    yield
-    close_all_engines()
+pytestmark = [pytest.mark.failover, pytest.mark.topology, pytest.mark.usefixtures("engines_closed")]
 
 
 TTL = 1.0

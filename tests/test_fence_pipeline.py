@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,7 +26,6 @@ from helpers import (
 from redlease._testing import ClusterSet, RedisServer, SentinelSet
 from redlease._testing import key_slot as redlease_key_slot
 from tls_helpers import require_native_tls
-from topology_helpers import close_all_engines
 
 APPEND = "redis.call('rpush', KEYS[2], ARGV[2])"
 APPEND_TWICE = "redis.call('rpush', KEYS[2], ARGV[2]) redis.call('rpush', KEYS[2], ARGV[2])"
@@ -340,13 +338,6 @@ def test_aio_pipeline_error_reply_raises_after_every_reply_was_read(
 # -- every deployment: Sentinel, Cluster, TLS --------------------------------------
 
 
-@pytest.fixture
-def topology_engines() -> Iterator[None]:
-    """Close every engine the test made (a Sentinel engine's watcher outlives its test)."""
-    yield
-    close_all_engines()
-
-
 def lead_and_pipeline(e: redlease.Elector, key: str) -> int:
     with e:
         token = elected_token(e)
@@ -356,7 +347,7 @@ def lead_and_pipeline(e: redlease.Elector, key: str) -> int:
     return token
 
 
-@pytest.mark.usefixtures("topology_engines")
+@pytest.mark.usefixtures("engines_closed")
 def test_pipeline_on_a_sentinel_master(sentinel_set: SentinelSet, engine: str) -> None:
     client = sentinel_set.master_for(socket_timeout=2)
     e = redlease.Elector(client, f"pipe-{engine}", ttl=0.5, engine=engine)
@@ -367,7 +358,7 @@ def test_pipeline_on_a_sentinel_master(sentinel_set: SentinelSet, engine: str) -
     assert int(client.get(f"pipe-{engine}:fence:applied")) == token
 
 
-@pytest.mark.usefixtures("topology_engines")
+@pytest.mark.usefixtures("engines_closed")
 def test_pipeline_on_a_cluster(cluster_set: ClusterSet, engine: str) -> None:
     client = cluster_set.client(socket_timeout=2)
     name = "{pipe-" + engine + "}"
@@ -380,7 +371,7 @@ def test_pipeline_on_a_cluster(cluster_set: ClusterSet, engine: str) -> None:
     client.close()
 
 
-@pytest.mark.usefixtures("topology_engines")
+@pytest.mark.usefixtures("engines_closed")
 def test_pipeline_on_a_cluster_refuses_a_key_outside_the_names_slot_before_sending(
     cluster_set: ClusterSet, engine: str
 ) -> None:
@@ -395,7 +386,7 @@ def test_pipeline_on_a_cluster_refuses_a_key_outside_the_names_slot_before_sendi
     client.close()
 
 
-@pytest.mark.usefixtures("topology_engines")
+@pytest.mark.usefixtures("engines_closed")
 def test_pipeline_over_tls(tls_server: RedisServer, engine: str) -> None:
     if engine == "native":
         require_native_tls()
@@ -408,7 +399,7 @@ def test_pipeline_over_tls(tls_server: RedisServer, engine: str) -> None:
     client.close()
 
 
-@pytest.mark.usefixtures("topology_engines")
+@pytest.mark.usefixtures("engines_closed")
 def test_pipeline_follows_a_migration_of_the_names_slot(
     cluster_set_fresh: ClusterSet, engine: str
 ) -> None:
@@ -444,7 +435,7 @@ def moved_replies(node: RedisServer) -> int:
     return int(stat.get("count", 0))
 
 
-@pytest.mark.usefixtures("topology_engines")
+@pytest.mark.usefixtures("engines_closed")
 def test_pipeline_lands_on_the_new_master_after_a_sentinel_failover(
     sentinel_set_fresh: SentinelSet, engine: str
 ) -> None:
@@ -489,7 +480,7 @@ def get_asking(node: RedisServer, key: str) -> Any:
     return pipe.execute()[1]
 
 
-@pytest.mark.usefixtures("topology_engines")
+@pytest.mark.usefixtures("engines_closed")
 def test_pipeline_mid_migration_goes_to_the_importing_node_with_asking(
     cluster_set_fresh: ClusterSet, engine: str
 ) -> None:

@@ -24,7 +24,6 @@ from helpers import (
     script_calls,
 )
 from redlease._testing import ClusterSet, RedisServer
-from topology_helpers import close_all_engines
 
 APPEND = "redis.call('rpush', KEYS[2], ARGV[2])"
 INCR = "redis.call('incr', KEYS[2])"
@@ -302,14 +301,7 @@ def test_aio_a_bad_bulk_argument_raises_and_queues_nothing(
 # -- on a cluster ---------------------------------------------------------------------
 
 
-@pytest.fixture
-def topology_engines() -> Iterator[None]:
-    """Close every engine the test made."""
-    yield
-    close_all_engines()
-
-
-@pytest.mark.usefixtures("topology_engines")
+@pytest.mark.usefixtures("engines_closed")
 def test_bulk_writes_on_a_cluster(cluster_set: ClusterSet, engine: str) -> None:
     client = cluster_set.client(socket_timeout=2)
     name = "{bulk-" + engine + "}"
@@ -324,7 +316,7 @@ def test_bulk_writes_on_a_cluster(cluster_set: ClusterSet, engine: str) -> None:
     client.close()
 
 
-@pytest.mark.usefixtures("topology_engines")
+@pytest.mark.usefixtures("engines_closed")
 def test_bulk_writes_on_a_cluster_refuse_a_key_outside_the_names_slot_before_queuing(
     cluster_set: ClusterSet, engine: str
 ) -> None:

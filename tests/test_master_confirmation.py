@@ -11,7 +11,6 @@ failed over) before a term starts or a lock is handed out.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,15 +21,8 @@ from helpers import Events, Terms, elected_token, make_elector, wait_until
 from redlease._engine import failover
 from redlease._engine.client import sentinels_of
 from redlease._testing import SentinelSet
-from topology_helpers import close_all_engines
 
-pytestmark = [pytest.mark.topology]
-
-
-@pytest.fixture(autouse=True)
-def _close_engines() -> Iterator[None]:
-    yield
-    close_all_engines()
+pytestmark = [pytest.mark.topology, pytest.mark.usefixtures("engines_closed")]
 
 
 def _not_confirmed(events: Events) -> list[str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,17 +25,12 @@ from helpers import Events, elected_token, lock_handover, stays, wait_until
 from redlease._engine.timing import NOTICE_CATCH_UP
 from redlease._testing import ClusterSet, RedisServer, SentinelSet
 from tls_helpers import require_native_tls
-from topology_helpers import close_all_engines
+
+pytestmark = pytest.mark.usefixtures("engines_closed")
 
 # With the default TTL (5 s) a follower polls every ~2.5 s and a lock waiter
 # below polls every 5 s: a takeover within this bound came from the notice.
 PUSHED = 0.5
-
-
-@pytest.fixture(autouse=True)
-def _close_engines() -> Iterator[None]:
-    yield
-    close_all_engines()
 
 
 def subscribers(client: Any, channel: str) -> int:

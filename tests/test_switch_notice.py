@@ -8,8 +8,6 @@ here the way the engine's sentinel watcher delivers it, on a real Sentinel set.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from helpers import (
@@ -25,15 +23,8 @@ from helpers import (
 )
 from redlease._engine import is_failover_reply
 from redlease._testing import SentinelSet
-from topology_helpers import close_all_engines
 
-pytestmark = [pytest.mark.topology]
-
-
-@pytest.fixture(autouse=True)
-def _close_engines() -> Iterator[None]:
-    yield
-    close_all_engines()
+pytestmark = [pytest.mark.topology, pytest.mark.usefixtures("engines_closed")]
 
 
 def _announce(elector: object, old: tuple[str, int], new: tuple[str, int]) -> None:

@@ -26,13 +26,8 @@ import redlease.aio
 from helpers import elected_token, require_native, wait_until
 from redlease._testing import ClusterSet, RedisServer, SentinelSet
 from redlease._testing._common import client_module
-from topology_helpers import close_all_engines
 
-
-@pytest.fixture(autouse=True)
-def _close_engines() -> Iterator[None]:
-    yield
-    close_all_engines()
+pytestmark = pytest.mark.usefixtures("engines_closed")
 
 
 def _lead_and_fence(elector: redlease.Elector, key: str) -> int:
