@@ -29,7 +29,8 @@ stop-all within 1 s, none lost.
 native electors on one plain server (and, with ``--cluster``, on the
 3-master cluster): the time until all lead and the time ``stop()`` of all
 takes, each also per lease, threads, server connections and RSS added (and
-KiB per lease), then the issue's targets marked met or not met, held per
+KiB per lease), the servers' CPU while every lease leads (their renewals),
+then the issue's targets marked met or not met, held per
 lease at every size (100,000 leading within 10 s is 100 us a lease; stop-all
 within 5 s, 50 us; 10,000 leading on the cluster within 2 s, 200 us; at most
 4 threads added; at most 3 KiB a lease), and one line ``JSON {...}`` with
@@ -365,11 +366,36 @@ def leases_scenario(port: int, count: int, cluster: bool) -> Row:
     row.rss = rss_mib() - base_rss
     row.extra["leading"] = f"{sum(1 for e in group if e.token())}/{count}"
     row.extra["threads"] = added_thread_names(base_names)
+    row.extra["server_cpu"] = f"{server_cpu(masters, RENEWING_WINDOW):.0f}"
     row.stop_all = stop_all(group)
     client.close()
     for m in masters:
         m.close()
     return row
+
+
+RENEWING_WINDOW = 2.0
+"""Seconds over which the server's CPU is read while every lease leads (and renews)."""
+
+
+def server_cpu(masters: list[redis.Redis], seconds: float) -> float:
+    """Percent of one CPU the servers (every master, added up) spent over ``seconds``.
+
+    Read from ``INFO cpu`` while all the leases lead: what renewing them costs
+    the server, which every other call (a stop's release among them) waits
+    behind.
+    """
+
+    def used() -> float:
+        total = 0.0
+        for m in masters:
+            info = m.info("cpu")
+            total += float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+        return total
+
+    before, started = used(), time.monotonic()
+    time.sleep(seconds)
+    return (used() - before) / (time.monotonic() - started) * 100
 
 
 def lease_sizes(text: str) -> list[int]:
@@ -461,16 +487,21 @@ def print_leases(rows: list[Row]) -> None:
     """The ``--leases`` table, the spread of the per-lease times, the targets; one JSON line."""
     print(
         "| server | leases | all leading | us/lease | stop all | us/lease | threads added "
-        "| server conns added | RSS added | KiB/lease |"
+        "| server conns added | RSS added | KiB/lease | server CPU renewing |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         lead_us, stop_us = us_per_lease(r.to_lead, r.count), us_per_lease(r.stop_all, r.count)
         print(
             f"| {where_of(r)} | {r.count:,} | {r.to_lead:.2f} s | {lead_us:.1f} "
             f"| {r.stop_all:.2f} s | {stop_us:.1f} | {r.threads} "
-            f"| {r.connections} | {r.rss:.0f} MiB | {kib_per_lease(r):.2f} |"
+            f"| {r.connections} | {r.rss:.0f} MiB | {kib_per_lease(r):.2f} "
+            f"| {r.extra['server_cpu']}% |"
         )
+    print(
+        "\nserver CPU renewing: what the servers spent while every lease led (renewals every "
+        f"{RENEW:g} s), in percent of one CPU; a stop's release waits behind those renewals."
+    )
     for scenario in (PLAIN_LEASES, CLUSTER_LEASES):
         sized = sorted((r for r in rows if r.scenario == scenario), key=lambda r: r.count)
         if len(sized) > 1 and sized[0].count < sized[-1].count:
@@ -511,6 +542,7 @@ def print_leases(rows: list[Row]) -> None:
             "server_connections_added": r.connections,
             "rss_added_mib": r.rss,
             "kib_per_lease": kib_per_lease(r),
+            "server_cpu_renewing_pct": float(r.extra["server_cpu"]),
         }
         for r in rows
     ]
