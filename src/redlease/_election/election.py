@@ -87,8 +87,11 @@ class _Threads:
             self._items = (*self._items, thread)
 
     def discard(self, thread: threading.Thread) -> None:
-        if thread in self._items:
-            self._items = tuple(t for t in self._items if t is not thread)
+        items = self._items
+        if items and items[-1] is thread:
+            self._items = items[:-1]  # the one added last, as a stop adds and discards its own
+        elif thread in items:
+            self._items = tuple(t for t in items if t is not thread)
 
     def __contains__(self, thread: object) -> bool:
         return thread in self._items

@@ -232,7 +232,7 @@ class Fence:
             # The types were checked above, which the checker cannot follow.
             keys, args = (self._applied_key, key), (token, value)
             try:
-                reply = self._engine.write_one(FENCE_SET, keys, args)  # type: ignore[arg-type]
+                reply = self._engine.call_one(FENCE_SET, keys, args)  # type: ignore[arg-type]
             except RedisError as exc:
                 self._failed((FENCE_SET, keys, args), exc)  # type: ignore[arg-type]
                 raise
@@ -295,10 +295,7 @@ class Fence:
         if request is None:
             return False
         try:
-            if self._wait is None:
-                reply, acked = self._engine.write_one(*request), 0
-            else:
-                reply, acked = run_one(self._engine, request, wait=self._wait)
+            reply, acked = run_one(self._engine, request, wait=self._wait)
         except RedisError as exc:
             self._failed(request, exc)
             raise

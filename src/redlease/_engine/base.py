@@ -399,11 +399,15 @@ class Engine(Protocol):
         """
         ...
 
-    def write_one(
-        self, script: Script, keys: Sequence[str | bytes], args: Sequence[EncodableT]
+    def call_one(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        timeout: float | None = None,
     ) -> Any:
-        """One fenced write, as ``run`` with ``timeout`` and ``wait`` None sends a single
-        call: its checked reply, its error raised."""
+        """One call, as ``run`` sends a single call without ``wait``: its checked reply,
+        its error raised. ``timeout`` as for ``run`` (None: a fenced write)."""
         ...
 
     def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
@@ -462,11 +466,18 @@ class Pools:
             return self.writes, self.write_timeout
         return self.calls, timeout
 
-    def write_one(
-        self, script: Script, keys: Sequence[str | bytes], args: Sequence[EncodableT]
+    def call_one(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        timeout: float | None = None,
     ) -> Any:
-        """One fenced write, its error raised (see ``Engine.write_one``)."""
-        return run_one(self, (script, keys, args))[0]  # type: ignore[arg-type]
+        """One call through ``run``, its error raised (see ``Engine.call_one``)."""
+        reply = self.run(((script, keys, args),), timeout=timeout)[0][0]  # type: ignore[attr-defined]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
 
 def run_one(
@@ -476,7 +487,13 @@ def run_one(
     timeout: float | None = None,
     wait: ReplicationGuard | None = None,
 ) -> tuple[Any, int]:
-    """One script call through ``engine.run``: ``(reply, acknowledged)``; its error raised."""
+    """One script call: ``(reply, acknowledged)``; its error raised.
+
+    Without ``wait``, the engine's single-call path (``call_one``); with it,
+    ``run``, which sends the WAIT on the same connection.
+    """
+    if wait is None:
+        return engine.call_one(*request, timeout), 0
     replies, acked = engine.run((request,), timeout=timeout, wait=wait)
     reply = replies[0]
     if isinstance(reply, Exception):

@@ -400,6 +400,9 @@ _driver_lock = ForkSafeLock()
 def driver() -> Driver:
     """The process's driver (made on first use)."""
     global _driver
+    made = _driver
+    if made is not None:
+        return made  # every later call: no lock to take
     with _driver_lock:
         if _driver is None:
             _driver = Driver()

@@ -157,13 +157,21 @@ class NativeEngine(Pools):
         calls = flatten(batch)
         return [check(s, r) for (s, _k, _a), r in zip(calls, replies, strict=True)], acked
 
-    def write_one(
-        self, script: Script, keys: Sequence[str | bytes], args: Sequence[EncodableT]
+    def call_one(
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        timeout: float | None = None,
     ) -> Any:
-        """One fenced write on the write pool, its error raised: ``run``'s single-call path
-        without a batch around it (a sync fenced write's whole cost is this call)."""
+        """One call, its error raised: ``run``'s single-call path without a batch around
+        it (a sync fenced write's, or a release's, whole cost is this call)."""
         ref = self._refs.get(script.sha) or self._ref(script)
-        reply = check(script, self.writes.execute(ref, keys, args, self.write_timeout))
+        if timeout is None:
+            reply = self.writes.execute(ref, keys, args, self.write_timeout)
+        else:
+            reply = self.calls.execute(ref, keys, args, timeout)
+        reply = check(script, reply)
         if isinstance(reply, Exception):
             raise reply
         return reply
@@ -175,7 +183,7 @@ class NativeEngine(Pools):
             conn = _native.LoopConn(self._target, self._refs, self._ref)
             where = topology(self.endpoint.kind == "cluster", self.endpoint.kind == "sentinel")
             writer = LoopWriter(
-                loop, conn, conn.put, self.write_timeout, self.write_one, where
+                loop, conn, conn.put, self.write_timeout, self.call_one, where
             )
             self._loop_writers[loop] = writer
         return writer

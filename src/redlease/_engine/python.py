@@ -332,7 +332,7 @@ class PythonEngine(Pools):
                 connection_factory(self._client, None), lambda: self._master_generation
             )
             writer = LoopWriter(
-                loop, conn, conn.put, self.write_timeout, self.write_one, self.calls.topology
+                loop, conn, conn.put, self.write_timeout, self.call_one, self.calls.topology
             )
             self._loop_writers[loop] = writer
         return writer
