@@ -84,6 +84,8 @@ class Once:
         return self._set
 
     def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True  # set once, never unset: no lock to ask
         with _ONCE:
             if self._set:
                 return True
