@@ -218,11 +218,11 @@ class Election:
         "config",
         "engine",
         "events",
+        "face",
         "family",
         "fence",
         "guard",
         "keys",
-        "make_fencer",
         "observer",
         "sharded_notice",
         "tenure_failover",
@@ -239,7 +239,7 @@ class Election:
         *,
         observer: Observer | None = None,
         engine: str | None = "auto",
-        fencer: Callable[[int], Any] | None = None,
+        face: FencerFace | None = None,
         **settings: Any,
     ) -> None:
         """``settings``: an elector's own keywords (``ElectorShell``), checked by ``Config``."""
@@ -269,7 +269,7 @@ class Election:
         # acquire waits for its own WAIT).
         self.batchable = not is_cluster(client) and not self.config.guard.enabled
         self.events = Events(
-            "elector", self.config.name, self.config.instance_id, adopt=self.family.adopt
+            "elector", self.config.name, self.config.instance_id, adopt=self.family.adopter
         )
         self.fence = Fence(
             self.engine,
@@ -278,10 +278,11 @@ class Election:
             self.events,
             cluster=is_cluster(client),
             guard=self.guard,
-            on_failover=self.failover_seen,
+            failovers=self,
         )
-        # What the leader function gets as its second argument, for a token.
-        self.make_fencer: Callable[[int], Any] = fencer or _no_fencer
+        # What makes the leader function's second argument, for a token (the
+        # face itself, not a bound method of it: 64 bytes a lease fewer).
+        self.face = face
         self._run: Run | None = None
         # The run a shell started in the background (``Elector.start()``),
         # kept until its end is collected by ``stop()``.
@@ -336,6 +337,11 @@ class Election:
     @property
     def instance_id(self) -> str:
         return self.config.instance_id
+
+    def make_fencer(self, token: int) -> Any:
+        """What the leader function gets as its second argument, for ``token`` (or None)."""
+        face = self.face
+        return face._fencer_of(token) if face is not None else None
 
     def token(self) -> int | None:
         """The running term's token, or None (a snapshot)."""
@@ -516,8 +522,10 @@ class Election:
 _REFUSALS = ForkSafeLock()
 
 
-def _no_fencer(_token: int) -> None:
-    return None
+class FencerFace(Protocol):
+    """A face whose leader functions get a fencer for their term's token."""
+
+    def _fencer_of(self, token: int) -> Any: ...
 
 
 def _forget_runs_after_fork() -> None:

@@ -7,8 +7,7 @@ loop (``runloop``); ``aio.Elector`` is its asyncio twin.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from .._engine import EncodableT
 from .._engine.closing import StopsOnExit
@@ -46,8 +45,8 @@ class Elector(ElectorShell, StopsOnExit):
 
     __slots__ = ()
 
-    def _term_fencer(self) -> Callable[[int], Any]:
-        return self._fencer_of
+    def _fencer_face(self) -> Elector:
+        return self
 
     def _fencer_of(self, token: int) -> Fencer:
         return Fencer(self, token)

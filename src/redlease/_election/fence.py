@@ -25,7 +25,7 @@ import asyncio
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import chain
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from redis.crc import key_slot
 from redis.exceptions import RedisError, ResponseError
@@ -164,6 +164,12 @@ def _check_sequence(value: object, what: str, of: str) -> Sequence[object]:
     return value
 
 
+class FailoverSink(Protocol):
+    """Who is told that a fenced write found its server no longer the master."""
+
+    def failover_seen(self, token: int, exc: Exception) -> None: ...
+
+
 class Fence:
     """The fenced writes of one elector name, on one engine. Thread-safe.
 
@@ -177,10 +183,10 @@ class Fence:
         "_engine",
         "_eval_scripts",
         "_events",
+        "_failovers",
         "_guard",
         "_loop_writer",
         "_name",
-        "_on_failover",
         "_slot",
         "_wait",
     )
@@ -194,15 +200,16 @@ class Fence:
         *,
         cluster: bool = False,
         guard: ReplicationGuard | None = None,
-        on_failover: Callable[[int, Exception], object] | None = None,
+        failovers: FailoverSink | None = None,
     ) -> None:
         self._engine = engine
         self._guard = guard or ReplicationGuard()
         # What run() takes as ``wait`` (the guard is frozen): None when it is off.
         self._wait = self._guard.wait
         # Told when a write with a token is answered READONLY / MASTERDOWN /
-        # NOREPLICAS, so the term holding that token can end at once.
-        self._on_failover = on_failover
+        # NOREPLICAS, so the term holding that token can end at once (its
+        # Election itself: a bound method each would cost a lease 64 bytes).
+        self._failovers = failovers
         self._applied_key = applied_key
         self._name = name
         # On a cluster every key of a write must live in the name's slot.
@@ -359,9 +366,9 @@ class Fence:
     def _failed(self, request: FenceRequest | ScriptRun, exc: RedisError) -> None:
         """A write raised ``exc``: made the client family's, and a failover reply reported."""
         self._events.adopt(exc)
-        if self._on_failover is not None and is_failover_reply(exc):
+        if self._failovers is not None and is_failover_reply(exc):
             args = request.args if type(request) is ScriptRun else request[2]  # type: ignore[index]
-            self._on_failover(int(args[0]), exc)
+            self._failovers.failover_seen(int(args[0]), exc)
 
     def write_many(self, requests: Sequence[FenceRequest | ScriptRun | None]) -> list[bool]:
         """Send ``requests`` in one round trip, in order; one ``applied`` per write

@@ -3,16 +3,15 @@
 The keyword list of an elector is written here once; ``redlease.Elector`` and
 ``redlease.aio.Elector`` take it as theirs. Each face says how its client
 reaches the engines (``_engine_client``), what fencer its terms hand out
-(``_term_fencer``) and what else it keeps (``_shell_init``).
+(``_fencer_face``) and what else it keeps (``_shell_init``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from .._config import Config, Duration
-from .election import Election
+from .election import Election, FencerFace
 from .fence import Fence, check_token
 from .term import Observer
 
@@ -45,7 +44,7 @@ class ElectorShell:
             instance_id=instance_id,
             observer=observer,
             engine=engine,
-            fencer=self._term_fencer(),
+            face=self._fencer_face(),
             min_replicas=min_replicas,
             replica_timeout=replica_timeout,
         )
@@ -58,8 +57,8 @@ class ElectorShell:
         """The client the engines use: the user's own (the threaded face)."""
         return client
 
-    def _term_fencer(self) -> Callable[[int], Any] | None:
-        """What makes a term's fencer (None: the core's own)."""
+    def _fencer_face(self) -> FencerFace | None:
+        """Who makes a term's fencer (``_fencer_of``), or None: the leader gets None."""
         return None
 
     def _shell_init(self, client: Any) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any, NamedTuple, TypeVar
 
@@ -54,6 +54,9 @@ class Family:
         self.name = name
         self.module = module
         self._adopted: dict[type, type] = {}
+        # ``adopt`` bound once, for every elector and lock to keep: a bound
+        # method each would cost 64 bytes a lease.
+        self.adopter: Callable[[BaseException], BaseException] = self.adopt
 
     def __repr__(self) -> str:
         return f"<client family {self.name}>"
