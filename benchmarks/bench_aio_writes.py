@@ -130,9 +130,19 @@ async def wait_token(e: redlease.aio.Elector) -> int:
 
 
 async def asyncio_rows(
-    server: RedisServer, engines: list[str], tasks: int, seconds: float, rounds: int
+    server: RedisServer,
+    engines: list[str],
+    tasks: int,
+    seconds: float,
+    rounds: int,
+    turn: float | None = None,
 ) -> tuple[dict[str, dict[int, list[float]]], list[float]]:
-    """Every round's writes/s per contender and task count; the native renew lateness samples."""
+    """Every round's writes/s per contender and task count; the native renew lateness samples.
+
+    ``turn``: each round is cut into turns of about this many seconds, every
+    contender's turn after the other's (a figure per turn), so that load from
+    elsewhere falls on all of them alike.
+    """
     aclient = redis.asyncio.Redis(
         host="127.0.0.1", port=server.port, socket_timeout=5, max_connections=tasks + 8
     )
@@ -160,17 +170,19 @@ async def asyncio_rows(
 
     every: dict[str, dict[int, list[float]]] = {name: {tasks: [], 1: []} for name in ops}
     lateness: list[float] = []
-    for _ in range(rounds):
+    turns = max(1, round(seconds / turn)) if turn else 1
+    for _ in range(rounds * turns):
         for count in (tasks, 1):
             for name, op in ops.items():
                 if name == BARE and count != 1:
                     continue
-                await async_rate(op, count, 0.05)  # connect, warm up
+                if turns == 1 or not every[name][count]:
+                    await async_rate(op, count, 0.05)  # connect, warm up
                 window = None
                 if name == "native" and count == tasks:
                     native = electors["native"]
                     window = LatenessWindow(native.renew_lateness, native.renew_lateness_count)
-                rate = await async_rate(op, count, seconds)
+                rate = await async_rate(op, count, seconds / turns)
                 if window is not None:
                     lateness.extend(window.take())
                 every[name][count].append(rate)

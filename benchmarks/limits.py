@@ -20,8 +20,9 @@ a share of it:
   blocking socket, its reply counted by hiredis (``raw socket``), against
   ``Elector.fence_set`` on each engine and redis-py's ``evalsha``: writes/s,
   and this process's CPU per write (``time.process_time()`` over as many
-  writes as a round does, divided by their number; user and kernel time of
-  every thread);
+  writes as a turn does, divided by their number; user and kernel time of
+  every thread), both taken in turns of 0.1 s as the pipelines are, the
+  best turn of each contender;
 - pipelines of 100 fenced SETs, one thread (the contenders taking turns of
   0.1 s, so that load from elsewhere falls on all of them alike): the 100
   EVALSHAs encoded once, sent in one ``sendall`` and their replies counted
@@ -34,7 +35,7 @@ a share of it:
 - asyncio, one task: the EVALSHA encoded once, sent on a bare socket the
   event loop watches, one future per write (``bare asyncio socket``),
   against ``aio.Fencer.set`` on each engine and ``redis.asyncio``'s
-  ``evalsha``: writes/s;
+  ``evalsha``: writes/s, in turns of 0.1 s as above;
 - asyncio, 64 tasks on one loop, and 8 threads sharing one ``Elector``:
   writes/s on each engine and redis-py (its pool), no limit measured.
 
@@ -235,13 +236,16 @@ def sync_figures(
     cpu: Figure = dict.fromkeys(CONTENDERS)
     user: Figure = dict.fromkeys(CONTENDERS)
     kernel: Figure = dict.fromkeys(CONTENDERS)
-    for name, op in ops.items():
-        rate = best_rate(op, 1, seconds, rounds)
-        rates[name] = rate
-        # As many writes as a round of the rate did: the CPU rounds last as long.
-        cpu[name], user[name], kernel[name] = cpu_per_call_us(
-            op, max(1000, int(rate * seconds)), rounds
-        )
+    rates.update(interleaved_rates(ops, 1, seconds, rounds))
+    turns = max(1, round(seconds / SLICE))
+    for _ in range(rounds * turns):
+        # In turns too, each as many writes as a turn of the rate did: a burst
+        # of load from elsewhere falls on every contender's CPU figure alike.
+        for name, op in ops.items():
+            calls = max(200, int(float(rates[name] or 0.0) * seconds / turns))
+            measured = cpu_per_call_us(op, calls, 1)
+            if cpu[name] is None or measured[0] < float(cpu[name] or 0.0):
+                cpu[name], user[name], kernel[name] = measured
     raw.close()
     return rates, cpu, user, kernel
 
@@ -304,7 +308,7 @@ def asyncio_and_thread_figures(
     server: RedisServer, engines: list[str], seconds: float, rounds: int
 ) -> tuple[Figure, Figure, Figure, float | None]:
     """Asyncio 1 task and ``TASKS`` tasks, ``THREADS`` threads; native renew lateness p99 (ms)."""
-    every, lateness = asyncio.run(asyncio_rows(server, engines, TASKS, seconds, rounds))
+    every, lateness = asyncio.run(asyncio_rows(server, engines, TASKS, seconds, rounds, SLICE))
     one: Figure = dict.fromkeys(CONTENDERS)
     many: Figure = dict.fromkeys(CONTENDERS)
     for name in engines:

@@ -41,8 +41,7 @@ class Fencer(FencerShell):
 
     async def set(self, key: str | bytes, value: EncodableT) -> bool:
         """Fenced ``SET``; see ``Elector.fence_set``."""
-        fence = self._fence
-        return await fence.write_async(fence.set_request(self.token, key, value))
+        return await self._fence.set_async(self.token, key, value)
 
     async def hset(self, key: str | bytes, field: str | bytes, value: EncodableT) -> bool:
         """Fenced ``HSET``; see ``Elector.fence_hset``."""
@@ -217,7 +216,7 @@ class Elector(ElectorShell, AwaitsStopOnExit):
         Cancelled, its outcome is unknown (see ``Fencer``): never resent, and
         the next write gets its own reply.
         """
-        return await self._fence.write_async(self._fence.set_request(token, key, value))
+        return await self._fence.set_async(token, key, value)
 
     async def fence_hset(
         self, token: int, key: str | bytes, field: str | bytes, value: EncodableT
