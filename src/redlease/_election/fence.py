@@ -222,20 +222,30 @@ class Fence:
             Callable[[], asyncio.AbstractEventLoop | None], LoopWriter | None
         ] = _NO_LOOP_WRITER
 
+    def _plain(self, token: object, key: object, value: object) -> bool:
+        """A set's common case: exact types, a live token, no slot to check."""
+        return (
+            type(token) is int
+            and 0 < token < MAX_TOKEN
+            and type(key) in KEY_TYPES
+            and type(value) in VALUE_TYPES
+            and self._slot is None
+        )
+
+    def _counted(self, reply: object) -> bool:
+        """A single write's ``applied`` (its reply was checked: 0 or 1), counted."""
+        applied: bool = reply == 1
+        if self._events.sinks:
+            self._events.fenced(applied)
+        return applied
+
     def set(self, token: object, key: object, value: object) -> bool:
         """``write(set_request(token, key, value))``: a sync ``fence_set``.
 
         The common case (exact types, a live token, no slot to check, no
         replication guard) in one call to the engine, with nothing between.
         """
-        if (
-            type(token) is int
-            and 0 < token < MAX_TOKEN
-            and type(key) in KEY_TYPES
-            and type(value) in VALUE_TYPES
-            and self._slot is None
-            and self._wait is None
-        ):
+        if self._wait is None and self._plain(token, key, value):
             # The types were checked above, which the checker cannot follow.
             keys, args = (self._applied_key, key), (token, value)
             try:
@@ -243,20 +253,11 @@ class Fence:
             except RedisError as exc:
                 self._failed((FENCE_SET, keys, args), exc)  # type: ignore[arg-type]
                 raise
-            applied: bool = reply == 1
-            if self._events.sinks:
-                self._events.fenced(applied)
-            return applied
+            return self._counted(reply)
         return self.write(self.set_request(token, key, value))
 
     def set_request(self, token: object, key: object, value: object) -> FenceRequest | None:
-        if (
-            type(token) is int
-            and 0 < token < MAX_TOKEN
-            and type(key) in KEY_TYPES
-            and type(value) in VALUE_TYPES
-            and self._slot is None
-        ):
+        if self._plain(token, key, value):
             # Exact types, a live token, no slot to check (the common case): the
             # request as bind() makes it, nothing to check one by one.
             return FENCE_SET, (self._applied_key, key), (token, value)  # type: ignore[return-value]
@@ -315,13 +316,7 @@ class Fence:
         loop's writer known) awaits the writer's reply itself, one coroutine
         fewer per write.
         """
-        if (
-            type(token) is int
-            and 0 < token < MAX_TOKEN
-            and type(key) in KEY_TYPES
-            and type(value) in VALUE_TYPES
-            and self._slot is None
-        ):
+        if self._plain(token, key, value):
             loop_ref, writer = self._loop_writer  # this loop's, when it wrote last
             if writer is not None and loop_ref() is _running_loop():
                 keys, args = (self._applied_key, key), (token, value)
@@ -330,10 +325,7 @@ class Fence:
                 except RedisError as exc:
                     self._failed((FENCE_SET, keys, args), exc)  # type: ignore[arg-type]
                     raise
-                applied: bool = reply == 1
-                if self._events.sinks:
-                    self._events.fenced(applied)
-                return applied
+                return self._counted(reply)
         return await self.write_async(self.set_request(token, key, value))
 
     async def write_async(self, request: FenceRequest | None) -> bool:
@@ -357,10 +349,7 @@ class Fence:
             self._failed(request, exc)
             raise
         # ``_outcome`` without the guard, which never writes here (see ``_writer``).
-        applied: bool = reply == 1
-        if self._events.sinks:
-            self._events.fenced(applied)
-        return applied
+        return self._counted(reply)
 
     def _writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
         """The engine's loop writer for ``loop``; None where writes go through ``run``.
@@ -378,10 +367,7 @@ class Fence:
 
     def _outcome(self, reply: object, acked: int) -> bool:
         """A single write's ``applied``, counted; with the guard on, its replicas required."""
-        # The engine checked the reply: 0 or 1.
-        applied: bool = reply == 1
-        if self._events.sinks:
-            self._events.fenced(applied)
+        applied = self._counted(reply)
         wait = self._wait
         if applied and wait is not None:
             wait.require(
