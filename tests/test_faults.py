@@ -274,7 +274,8 @@ def test_an_unexpected_acquire_failure_is_reported_and_retried(
 ) -> None:
     errors: list[Exception] = []
     e = make_elector(client, engine, ttl=0.4, observer=redlease.Observer(on_error=errors.append))
-    real_call = e._core.engine.run
+    # A lone acquire is one call: the engine's single-call path sends it.
+    real_call = e._core.engine.call_one
     failures = [RuntimeError("malformed reply"), ValueError("bad value")]
 
     def flaky_call(*args: Any, **kwargs: Any) -> Any:
@@ -282,7 +283,7 @@ def test_an_unexpected_acquire_failure_is_reported_and_retried(
             raise failures.pop(0)
         return real_call(*args, **kwargs)
 
-    e._core.engine.run = flaky_call  # type: ignore[method-assign]
+    e._core.engine.call_one = flaky_call  # type: ignore[method-assign]
     with e:
         wait_until(e.token, timeout=10, what="election after the failures")
     assert [type(x) for x in errors[:2]] == [RuntimeError, ValueError]

@@ -107,10 +107,12 @@ def test_a_fenced_write_with_a_key_in_another_slot_is_refused_before_sending(
         token = elected_token(e)
         sent: list[object] = []
         engine_obj = e._core.engine
-        real_run = engine_obj.run
-        monkeypatch.setattr(
-            engine_obj, "run", lambda *a, **k: sent.append(a) or real_run(*a, **k)
-        )
+        # Every way a call reaches the engine: a batch, or a single call.
+        for way in ("run", "call_one"):
+            real = getattr(engine_obj, way)
+            monkeypatch.setattr(
+                engine_obj, way, lambda *a, real=real, **k: sent.append(a) or real(*a, **k)
+            )
         with pytest.raises(redis.exceptions.ResponseError, match=r"^CROSSSLOT.*'elsewhere'"):
             e.fence_set(token, "elsewhere", "x")
         with pytest.raises(redis.exceptions.ResponseError, match=r"^CROSSSLOT.*'other:b'"):
@@ -119,6 +121,7 @@ def test_a_fenced_write_with_a_key_in_another_slot_is_refused_before_sending(
             e.fence_hset(token, "h", "f", "v")
         assert sent == [], "a cross-slot write reached the engine"
         assert e.fence_set(token, f"{name}:ok", "x")
+        assert len(sent) == 1, "the watch missed the write that was sent"
     assert cluster.get("elsewhere") is None
 
 
