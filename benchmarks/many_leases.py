@@ -243,7 +243,7 @@ def single_scenario(port: int, engine: str, seconds: float) -> Row:
     window = LatenessWindow(e.renew_lateness, e.renew_lateness_count)
     deadline = time.monotonic() + seconds
     while (left := deadline - time.monotonic()) > 0:
-        time.sleep(min(left, 5.0))  # 100 renewals: fewer than the 256 it holds
+        time.sleep(min(left, 5.0))  # 100 renewals: fewer than the 128 it holds
         window.take()
     row.p99_idle = percentile(window.samples, 99) * 1000
     token = e.token() or 0

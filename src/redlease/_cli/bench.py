@@ -233,8 +233,9 @@ class LatenessWindow:
 
     ``samples`` and ``count`` are the keeper's readers (an elector's
     ``renew_lateness`` and ``renew_lateness_count``, or a keeper's
-    ``lateness`` and ``lateness_count``). A keeper holds its newest 256
-    samples only: taking at least once every 256 renewals keeps every one.
+    ``lateness`` and ``lateness_count``). A keeper holds its newest
+    ``LATENESS_SAMPLES`` (128) only: taking at least once every that many
+    renewals keeps every one.
     """
 
     def __init__(self, samples: Callable[[], list[float]], count: Callable[[], int]) -> None:
@@ -275,7 +276,7 @@ def lateness_under_load(
 
     def tick_and_take(now: float) -> None:
         # About once a second, between the load's steps: the keeper holds
-        # its newest 256 samples only, and a long window has more renewals.
+        # its newest 128 samples only, and a long window has more renewals.
         nonlocal taken
         if now - taken >= 1.0:
             own.take()

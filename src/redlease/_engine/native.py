@@ -131,15 +131,14 @@ class NativeEngine(Pools):
         if len(batch) == 1 and type(first) is not ScriptRun:
             # One call, the common case: the pool's single-script path.
             script, keys, args = cast(ScriptRequest, first)
-            ref = refs.get(script.sha) or self._ref(script)
             try:
                 if wait is None:
-                    reply, acked = pool.execute(ref, keys, args, bound), 0
-                else:
-                    reply, acked = pool.execute_wait(
-                        ref, keys, args, bound, wait.min_replicas, wait.timeout_ms
-                    )
-            except ResponseError as exc:
+                    return [self.call_one(script, keys, args, timeout)], 0
+                ref = refs.get(script.sha) or self._ref(script)
+                reply, acked = pool.execute_wait(
+                    ref, keys, args, bound, wait.min_replicas, wait.timeout_ms
+                )
+            except ResponseError as exc:  # an error reply (or UnexpectedReply): in its place
                 return [exc], 0
             return [check(script, reply)], acked
         requests: list[BatchItem] = batch if type(batch) is list else list(batch)
@@ -167,11 +166,8 @@ class NativeEngine(Pools):
         """One call, its error raised: ``run``'s single-call path without a batch around
         it (a sync fenced write's, or a release's, whole cost is this call)."""
         ref = self._refs.get(script.sha) or self._ref(script)
-        if timeout is None:
-            reply = self.writes.execute(ref, keys, args, self.write_timeout)
-        else:
-            reply = self.calls.execute(ref, keys, args, timeout)
-        reply = check(script, reply)
+        pool, bound = self.pool_for(timeout)
+        reply = check(script, pool.execute(ref, keys, args, bound))
         if isinstance(reply, Exception):
             raise reply
         return reply
