@@ -27,8 +27,10 @@ stop-all within 1 s, none lost.
 
 ``--leases 1000,10000,100000`` runs only this, once per size: N token-driven
 native electors on one plain server (and, with ``--cluster``, on the
-3-master cluster): the time until all lead and the time ``stop()`` of all
-takes, each also per lease, threads, server connections and RSS added (and
+3-master cluster): the time until all lead; the time ``redlease.stop_all``
+takes for all but a sample (their releases share round trips), and per
+``stop()`` of the sample stopped one by one first (each waits for its own
+release's round trip); each also per lease; threads, server connections and RSS added (and
 KiB per lease), the servers' CPU while every lease leads (their renewals),
 then the issue's targets marked met or not met, held per
 lease at every size (100,000 leading within 10 s is 100 us a lease; stop-all
@@ -114,6 +116,10 @@ class Row:
     p99_idle: float = float("nan")
     p99_gil: float = float("nan")
     stop_all: float = float("nan")
+    stopped_all: int = 0
+    """How many leases ``stop_all`` timed (``--leases``: all but the one-by-one sample)."""
+    stop_each: float = float("nan")
+    """``--leases``: microseconds per ``stop()`` of the sample stopped one by one."""
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -172,7 +178,7 @@ def lead_all(group: list[redlease.Elector]) -> float:
     return time.monotonic() - started
 
 
-def stop_all(group: list[redlease.Elector]) -> float:
+def stop_each(group: list[redlease.Elector]) -> float:
     """Seconds ``stop()`` of every elector, one after another, takes."""
     started = time.monotonic()
     for e in group:
@@ -198,7 +204,7 @@ def electors_scenario(port: int, engine: str, count: int, seconds: float) -> Row
     row.p99_idle, row.p99_gil = windows(leases, seconds)
     kept = sum(1 for e in group if e.token())
     row.extra["kept through the hog"] = f"{kept}/{count}"
-    row.stop_all = stop_all(group)
+    row.stop_all = stop_each(group)
     client.close()
     observer.close()
     return row
@@ -315,7 +321,7 @@ def cluster_scenario(port: int, count: int, seconds: float) -> Row:
     row.p99_idle, row.p99_gil = windows(leases, seconds)
     kept = sum(1 for e in group if e.token() == tokens[e.config.name])
     row.extra["kept through the hog"] = f"{kept}/{count}"
-    row.stop_all = stop_all(group)
+    row.stop_all = stop_each(group)
     client.close()
     for m in masters:
         m.close()
@@ -367,7 +373,14 @@ def leases_scenario(port: int, count: int, cluster: bool) -> Row:
     row.extra["leading"] = f"{sum(1 for e in group if e.token())}/{count}"
     row.extra["threads"] = added_thread_names(base_names)
     row.extra["server_cpu"] = f"{server_cpu(masters, RENEWING_WINDOW):.0f}"
-    row.stop_all = stop_all(group)
+    # A sample stopped one by one (each stop() waits for its own release's
+    # round trip), then the rest with one redlease.stop_all (their releases
+    # share round trips).
+    sample, rest = group[: stop_sample(count)], group[stop_sample(count) :]
+    row.stop_each = us_per_lease(stop_each(sample), len(sample))
+    started = time.monotonic()
+    redlease.stop_all(rest)
+    row.stop_all, row.stopped_all = time.monotonic() - started, len(rest)
     client.close()
     for m in masters:
         m.close()
@@ -375,6 +388,13 @@ def leases_scenario(port: int, count: int, cluster: bool) -> Row:
 
 
 RENEWING_WINDOW = 2.0
+STOP_SAMPLE = 1000
+
+
+def stop_sample(count: int) -> int:
+    """How many of ``count`` leases are stopped one by one before the rest stop together."""
+    return min(STOP_SAMPLE, count // 10)
+
 """Seconds over which the server's CPU is read while every lease leads (and renews)."""
 
 
@@ -474,7 +494,7 @@ def lease_targets(row: Row) -> list[Check]:
         Check(
             "stop all, per lease",
             PLAIN_STOP_US,
-            us_per_lease(row.stop_all, row.count),
+            us_per_lease(row.stop_all, row.stopped_all),
             "us",
             "100,000 in 5 s",
         ),
@@ -486,28 +506,36 @@ def lease_targets(row: Row) -> list[Check]:
 def print_leases(rows: list[Row]) -> None:
     """The ``--leases`` table, the spread of the per-lease times, the targets; one JSON line."""
     print(
-        "| server | leases | all leading | us/lease | stop all | us/lease | threads added "
-        "| server conns added | RSS added | KiB/lease | server CPU renewing |"
+        "| server | leases | all leading | us/lease | stop_all | of | us/lease "
+        "| stop() each, us | threads added | server conns added | RSS added | KiB/lease "
+        "| server CPU renewing |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: |"
+    )
     for r in rows:
-        lead_us, stop_us = us_per_lease(r.to_lead, r.count), us_per_lease(r.stop_all, r.count)
+        lead_us = us_per_lease(r.to_lead, r.count)
+        stop_us = us_per_lease(r.stop_all, r.stopped_all)
         print(
             f"| {where_of(r)} | {r.count:,} | {r.to_lead:.2f} s | {lead_us:.1f} "
-            f"| {r.stop_all:.2f} s | {stop_us:.1f} | {r.threads} "
-            f"| {r.connections} | {r.rss:.0f} MiB | {kib_per_lease(r):.2f} "
+            f"| {r.stop_all:.2f} s | {r.stopped_all:,} | {stop_us:.1f} | {r.stop_each:.1f} "
+            f"| {r.threads} | {r.connections} | {r.rss:.0f} MiB | {kib_per_lease(r):.2f} "
             f"| {r.extra['server_cpu']}% |"
         )
     print(
-        "\nserver CPU renewing: what the servers spent while every lease led (renewals every "
-        f"{RENEW:g} s), in percent of one CPU; a stop's release waits behind those renewals."
+        "\nstop_all: redlease.stop_all of every lease but a sample (their releases share "
+        "round trips); stop() each: the sample stopped one by one first, each waiting for its "
+        "own release's round trip.\nserver CPU renewing: what the servers spent while every "
+        f"lease led (renewals every {RENEW:g} s), in percent of one CPU; a lone release waits "
+        "behind those renewals."
     )
     for scenario in (PLAIN_LEASES, CLUSTER_LEASES):
         sized = sorted((r for r in rows if r.scenario == scenario), key=lambda r: r.count)
         if len(sized) > 1 and sized[0].count < sized[-1].count:
             small, large = sized[0], sized[-1]
             lead = (large.to_lead / large.count) / (small.to_lead / small.count)
-            stop = (large.stop_all / large.count) / (small.stop_all / small.count)
+            stop = (large.stop_all / large.stopped_all) / (small.stop_all / small.stopped_all)
             print(
                 f"\n{scenario}: per lease at {large.count:,} against {small.count:,}: "
                 f"to lead {lead:.2f}x, to stop {stop:.2f}x (flat is 1.00x)"
@@ -535,8 +563,10 @@ def print_leases(rows: list[Row]) -> None:
             "leading": int(r.extra["leading"].partition("/")[0]),
             "to_lead_s": r.to_lead,
             "stop_all_s": r.stop_all,
+            "stop_all_leases": r.stopped_all,
             "us_per_lease_to_lead": us_per_lease(r.to_lead, r.count),
-            "us_per_lease_to_stop": us_per_lease(r.stop_all, r.count),
+            "us_per_lease_to_stop": us_per_lease(r.stop_all, r.stopped_all),
+            "us_per_stop_one_by_one": r.stop_each,
             "threads_added": r.threads,
             "thread_names_added": r.extra["threads"],
             "server_connections_added": r.connections,

@@ -186,6 +186,7 @@ PINNED: dict[str, str | None] = {
     "redlease.aio.with_lock": "(locker, name, fn, *, ttl=30.0, wait=0.0, retry_interval=0.1, auto_renew=True)",
     "redlease.default_locker": "(client=None, *, prefix='redlease:lock:', engine='auto')",
     "redlease.evict": "(client, name)",
+    "redlease.stop_all": "(electors, timeout=None)",
     "redlease.lock.Lock": "(locker, name, owner, fencing_token, ttl_ms)",
     "redlease.lock.Lock.refresh": "(self)",
     "redlease.lock.Lock.release": "(self)",

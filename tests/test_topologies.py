@@ -190,6 +190,28 @@ def test_cluster_contenders_hand_over_with_increasing_tokens(cluster: RedisClust
     assert t2 > t1
 
 
+def test_stop_all_on_a_cluster_releases_every_lease_one_by_one(
+    engine: str, cluster: RedisCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Names on many slots do not share a batch: each release goes alone, and all go."""
+    import redlease._election.runloop as runloop
+
+    batched: list[int] = []
+    real = runloop.run_batch
+    monkeypatch.setattr(
+        runloop, "run_batch", lambda eng, reqs: batched.append(len(reqs)) or real(eng, reqs)
+    )
+    group = [redlease.Elector(cluster, f"{{stopall{i}}}", ttl=5, engine=engine) for i in range(12)]
+    for e in group:
+        e.start(None)
+    for e in group:
+        elected_token(e)
+    redlease.stop_all(group)
+    assert batched == []
+    assert all(e.token() is None for e in group)
+    assert sum(cluster.exists(f"{{stopall{i}}}:leader") for i in range(12)) == 0
+
+
 def test_native_engine_refuses_a_cluster_client(
     cluster: RedisCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -89,7 +89,9 @@ def close_all_engines() -> None:
 
     # Every Elector's engine is a shared one (one per client and engine kind).
     with select._shared_lock:
-        engines = [e for _, shared in select._shared.values() for e in list(shared.values())]
+        # A copy first: a client collected meanwhile drops its entry (``_forget``).
+        entries = list(select._shared.values())
+        engines = [e for _, shared in entries for e in list(shared.values())]
     for engine in engines:
         with contextlib.suppress(Exception):
             engine.close()

@@ -13,7 +13,7 @@ asyncio.
 
 from . import aio
 from ._config import DEFAULT_TTL, Config
-from ._election.elector import Elector, Fencer
+from ._election.elector import Elector, Fencer, stop_all
 from ._election.evict import evict
 from ._election.partitions import Partitions
 from ._election.pipeline import FencedPipeline
@@ -70,5 +70,6 @@ __all__ = [
     "aio",
     "default_locker",
     "evict",
+    "stop_all",
     "with_lock",
 ]

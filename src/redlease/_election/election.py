@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from .. import _scripts
 from .._config import Config
 from .._engine import Engine, Keeper, is_cluster, run_one, sharded_notices, shared_engine
-from .._engine.base import NoticeSubscription
+from .._engine.base import NoticeSubscription, ScriptRequest
 from .._engine.family import threaded
 from .._engine.forksafe import ForkSafeLock
 from .._engine.notices import NO_NOTICES, ChannelRefusals
@@ -489,13 +489,21 @@ class Election:
 
     def release(self) -> None:
         try:
-            reply, _ = run_one(
-                self.engine,
-                (_RELEASE, (self.keys.leader,), (self.instance_id, self.sharded_notice)),
-                timeout=self.config.renew_interval,
-            )
+            reply: Any = run_one(
+                self.engine, self.release_request(), timeout=self.config.renew_interval
+            )[0]
         except Exception as exc:  # as an acquire's: reported, never fatal
-            self.report(exc)
+            reply = exc
+        self.after_release(reply)
+
+    def release_request(self) -> ScriptRequest:
+        """The call that gives this instance's lease back (ownership-checked)."""
+        return _RELEASE, (self.keys.leader,), (self.instance_id, self.sharded_notice)
+
+    def after_release(self, reply: Any) -> None:
+        """A release's reply, or the exception in its place (reported, never raised)."""
+        if isinstance(reply, Exception):
+            self.report(reply)
             return
         if released(reply)[1]:
             self.refusals.publish_refused(self.keys.leader)
@@ -559,4 +567,3 @@ def instance_text(value: object) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return str(value)
-

@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._engine import ACTIVE, Engine, Keeper
 from .._engine.base import NoticeSubscription
-from .._engine.driver import driver
+from .._engine.driver import BATCH, driver, run_batch
 from .._engine.timing import NOTICE_CATCH_UP
 from .election import Election, LeaderFn, Run, instance_text
 from .term import Reason, Term, end_term
@@ -40,6 +40,10 @@ def run_here(election: Election, run: Run, fn: LeaderFn | None) -> None:
     loop = RunLoop(election, run, fn, driven=False)
     loop.notices = notices
     loop.run_here()
+
+
+UNSENT: Any = object()
+"""``RunLoop.finish_held``'s reply when no release was sent for it: it sends its own."""
 
 
 class RunLoop:
@@ -347,26 +351,41 @@ class RunLoop:
             end_term(term, reason)
 
     def _after_term(self) -> None:
+        if self._drain_term():
+            self.election.release()
+        self._term_over()
+
+    def _drain_term(self) -> bool:
+        """The ended term's worker joined and its events read; True when a release is due."""
         election, run, worker = self.election, self.run, self.worker
         election.drain(self.keeper)
         if worker is not None:
             worker.join()
             run.own_threads.discard(worker.thread)
             self.worker = None
-        if self.reason != "lost":
-            election.release()
-        run.term = None
+            if worker.error is not None:
+                run.error = worker.error
+        return self.reason != "lost"
+
+    def _term_over(self) -> None:
+        """After the release (or a lost lease): the term is over, the run contends."""
+        election = self.election
+        self.run.term = None
         election.events.stepped_down(self.token, self.reason)
         election.emit(election.observer.on_stepped_down)
         self.token = 0
         self.phase = self.CONTEND
-        if worker is not None and worker.error is not None:
-            run.error = worker.error
 
     def _finish(self) -> None:
         if self.phase == self.DONE:
             return
-        election, run = self.election, self.run
+        if self._wind_down():
+            self.election.release()
+        self._close()
+
+    def _wind_down(self) -> bool:
+        """The run's end up to its release; True when a release is due (``_close`` follows it)."""
+        election = self.election
         # Unsubscribed before the release: the run's own notice is no news,
         # and thousands of runs stopping together should not flood the listener.
         if self.notices is not None:
@@ -387,8 +406,13 @@ class RunLoop:
                 self._begin(token, prefetched[1])
         if self.phase == self.LEAD:
             self._end_term("stopped")
+        return self.phase == self.DRAIN and self._drain_term()
+
+    def _close(self) -> None:
+        """The run's end after its release: the term over, the keeper closed, the run done."""
+        election, run = self.election, self.run
         if self.phase == self.DRAIN:
-            self._after_term()
+            self._term_over()
         self.phase = self.DONE
         if self.driven:
             driver().unwatch(self)
@@ -409,27 +433,117 @@ class RunLoop:
     # -- stop (on the caller's thread) ---------------------------------------------------
 
     def stop(self, timeout: float | None) -> None:
+        # Without a leader function, nothing to wait for but a step in
+        # progress: the run ends here, without a hand-over to the driver
+        # thread and back.
+        if self.hold_stopped(timeout):
+            self.finish_held(UNSENT)
+
+    # -- a batched stop (``stop_all``, on the caller's thread) ----------------------------
+
+    def hold_stopped(self, timeout: float | None, *, ask_first: bool = True) -> bool:
+        """Ask the run to end; True when it is now held here, wound down to its release.
+
+        Only a run without a leader function can be held (one with a function
+        ends when that returns, on the driver). A held run's release is due
+        when ``release_due`` says so; ``finish_held`` ends it. False: the run
+        was asked to end, and ends on its own (or had ended).
+
+        ``ask_first``: the run is asked to end before it is waited for, so a
+        step in progress ends it (and releases) at once; without, that step
+        runs its course and the run ends here (a batched stop's release).
+        """
         run = self.run
-        run.stopping.set()
-        if self.fn is None:
-            # Nothing to wait for but a step in progress: end the run here,
-            # without a hand-over to the driver thread and back.
-            acquired = self.busy.acquire(timeout=-1 if timeout is None else max(timeout, 0))
-            if acquired:
-                thread = threading.current_thread()
-                run.own_threads.add(thread)
-                try:
-                    self._finish()
-                except BaseException as exc:
-                    run.error = exc
-                    self.phase = self.DONE
-                    self._done()
-                finally:
-                    run.own_threads.discard(thread)
-                    self.busy.release()
-                return
-        run.keeper.notify()
-        self.poke()
+        if ask_first:
+            run.stopping.set()
+        if self.fn is None and self.busy.acquire(
+            timeout=-1 if timeout is None else max(timeout, 0)
+        ):
+            run.stopping.set()
+            if self.phase == self.DONE:
+                self.busy.release()
+                return False
+            run.own_threads.add(threading.current_thread())
+            try:
+                self._wind_down()
+            except BaseException as exc:
+                self._failed(exc)
+                return False
+            return True
+        run.request_stop()
+        return False
+
+    @property
+    def release_due(self) -> bool:
+        """A held run's term ended without losing the lease: it is to be given back."""
+        return self.phase == self.DRAIN and self.reason != "lost"
+
+    def finish_held(self, reply: Any) -> None:
+        """End a held run, given its release's reply (the exception in its place; or
+        ``UNSENT``: the release is sent here)."""
+        try:
+            if self.release_due:
+                if reply is UNSENT:
+                    self.election.release()
+                else:
+                    self.election.after_release(reply)
+            self._close()
+        except BaseException as exc:
+            self._failed(exc)
+            return
+        self._let_go()
+
+    def _failed(self, exc: BaseException) -> None:
+        self.run.error = exc
+        self.phase = self.DONE
+        self._done()
+        self._let_go()
+
+    def _let_go(self) -> None:
+        self.run.own_threads.discard(threading.current_thread())
+        self.busy.release()
+
+
+def end_together(loops: Iterable[RunLoop], deadline: float | None) -> None:
+    """Stop every run of ``loops`` as ``RunLoop.stop`` would, their releases sharing
+    round trips: a batch of at most ``BATCH`` per engine.
+
+    Each run is held from the moment its term winds down to its release's
+    reply, as a lone stop holds it. A run that cannot share a batch (a leader
+    function still running, a cluster, the replication guard) is asked to
+    end and ends on its own, or releases alone.
+    """
+    groups: dict[int, list[RunLoop]] = {}
+
+    def flush(group: list[RunLoop]) -> None:
+        held, replies = list(group), []
+        group.clear()
+        try:
+            engine = held[0].election.engine
+            replies = run_batch(engine, [loop.election.release_request() for loop in held])
+        finally:
+            # Every held run ends here, whatever happened to the batch.
+            unsent = RuntimeError("the batched release was cut short: its outcome is unknown")
+            for i, loop in enumerate(held):
+                loop.finish_held(replies[i] if i < len(replies) else unsent)
+
+    try:
+        for loop in loops:
+            left = None if deadline is None else deadline - time.monotonic()
+            if not loop.hold_stopped(left, ask_first=False):
+                continue
+            election = loop.election
+            if not (loop.release_due and election.batchable):
+                loop.finish_held(UNSENT)
+                continue
+            group = groups.setdefault(id(election.engine), [])
+            group.append(loop)
+            if len(group) >= BATCH:
+                flush(group)
+    finally:
+        for group in groups.values():
+            if group:
+                flush(group)
 
 
 class _LeaderThread:

@@ -99,6 +99,18 @@ class Contender(Timed, Protocol):
         ...
 
 
+def run_batch(engine: Any, requests: list[Any]) -> list[Any]:
+    """At most ``BATCH`` calls in one round trip: a reply each, or the exception in
+    its place (one that failed the whole batch is each call's)."""
+    try:
+        replies: list[Any] = engine.run(requests, timeout=BATCH_TIMEOUT)[0]
+        if len(replies) != len(requests):
+            raise RuntimeError(f"a batch of {len(requests)} calls got {len(replies)} replies")
+    except Exception as exc:
+        replies = [exc] * len(requests)
+    return replies
+
+
 def _lister(keeper: Any) -> Any:
     """The native renewer that lists ``keeper``'s wake-ups, or None (look at it every tick)."""
     renewer = getattr(keeper, "renewer", None)
@@ -337,14 +349,7 @@ class Driver:
                 for start in range(0, len(entries), BATCH):
                     chunk = entries[start : start + BATCH]
                     sent = time.monotonic()
-                    try:
-                        replies: list[Any] = engine.run(
-                            [request for _, request in chunk], timeout=BATCH_TIMEOUT
-                        )[0]
-                        if len(replies) != len(chunk):
-                            raise RuntimeError("a batched acquire lost replies")
-                    except Exception as exc:  # each step reports it as its acquire's error
-                        replies = [exc] * len(chunk)
+                    replies = run_batch(engine, [request for _, request in chunk])
                     for (contender, _), reply in zip(chunk, replies, strict=True):
                         del held[contender]
                         contender.prefetch(reply, sent)
