@@ -189,6 +189,45 @@ def test_one_elector_writes_from_one_loop_then_another_each_on_its_own_connectio
     e._core.engine.close()
 
 
+def test_loops_running_at_once_on_two_threads_each_write_on_their_own_connection(
+    redis_server: RedisServer, client: redis.Redis, engine: str
+) -> None:
+    """A write never rides a writer whose loop runs on another thread right now."""
+    import threading
+
+    client.set(f"{NAME}:fence", 100)
+    e = redlease.aio.Elector(async_client(redis_server), NAME, ttl=5.0, engine=engine)
+    both_running = threading.Barrier(2, timeout=10)
+    writers: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    async def writes(tag: str) -> None:
+        assert await e.fence_set(101, f"{NAME}:{tag}0", 0)
+        both_running.wait()  # the other loop runs, and has written, from here on
+        for i in range(1, 50):
+            assert await e.fence_set(101, f"{NAME}:{tag}{i}", i)
+            writers.setdefault(tag, loop_writer(e))
+            await asyncio.sleep(0)
+
+    def on_a_thread(tag: str) -> None:
+        try:
+            asyncio.run(writes(tag))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=on_a_thread, args=(tag,)) for tag in "xy"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    for tag in "xy":
+        assert client.mget([f"{NAME}:{tag}{i}" for i in range(50)]) == [
+            str(i).encode() for i in range(50)
+        ]
+    e._core.engine.close()
+
+
 class _ShiftedClockLoop(asyncio.SelectorEventLoop):
     """A loop with its own clock and futures, as a third-party loop may have."""
 

@@ -317,8 +317,8 @@ class Fence:
         fewer per write.
         """
         if self._plain(token, key, value):
-            loop_ref, writer = self._loop_writer  # this loop's, when it wrote last
-            if writer is not None and loop_ref() is _running_loop():
+            writer = self._loop_writer[1]  # the loop's that wrote last
+            if writer is not None and writer.running_here():
                 keys, args = (self._applied_key, key), (token, value)
                 try:
                     reply = await writer.write(FENCE_SET, keys, args)  # type: ignore[arg-type]

@@ -101,6 +101,7 @@ Put = Callable[[Script, Sequence["str | bytes"], Sequence[EncodableT], bool], No
 
 _Future = asyncio.Future
 _monotonic = time.monotonic
+_get_ident = threading.get_ident
 
 # One call in flight: its future, what to resend on NOSCRIPT, and its deadline.
 _Entry = tuple["asyncio.Future[Any]", Script, Sequence["str | bytes"], Sequence[EncodableT], float]
@@ -146,6 +147,21 @@ class LoopWriter:
         # this writer lives on in the engine's table of writers per loop.
         self._timer = False
         self._closed = False
+
+    def running_here(self) -> bool:
+        """True when this writer's loop is the one running on the calling thread.
+
+        For asyncio's own loops, without ``asyncio.get_running_loop()``
+        (which on Python 3.11 asks the kernel for the process id on every
+        call): a thread runs one loop at a time, and a running loop knows
+        its thread.
+        """
+        loop = self._loop_ref()
+        if loop is None:
+            return False
+        if self._plain_loop:
+            return getattr(loop, "_thread_id", None) == _get_ident()
+        return loop is asyncio._get_running_loop()
 
     @property
     def in_flight(self) -> int:
