@@ -161,7 +161,10 @@ class LoopWriter:
             return False
         if self._plain_loop:
             return getattr(loop, "_thread_id", None) == _get_ident()
-        return loop is asyncio._get_running_loop()
+        try:
+            return loop is asyncio.get_running_loop()
+        except RuntimeError:  # no loop runs on this thread
+            return False
 
     @property
     def in_flight(self) -> int:
