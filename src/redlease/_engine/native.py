@@ -125,7 +125,6 @@ class NativeEngine(Pools):
         """
         if not batch:
             return [], 0
-        pool, bound = self.pool_for(timeout)
         refs = self._refs
         first = batch[0]
         if len(batch) == 1 and type(first) is not ScriptRun:
@@ -134,6 +133,7 @@ class NativeEngine(Pools):
             try:
                 if wait is None:
                     return [self.call_one(script, keys, args, timeout)], 0
+                pool, bound = self.pool_for(timeout)
                 ref = refs.get(script.sha) or self._ref(script)
                 reply, acked = pool.execute_wait(
                     ref, keys, args, bound, wait.min_replicas, wait.timeout_ms
@@ -142,6 +142,7 @@ class NativeEngine(Pools):
                 return [exc], 0
             return [check(script, reply)], acked
         requests: list[BatchItem] = batch if type(batch) is list else list(batch)
+        pool, bound = self.pool_for(timeout)
         if wait is None:
             replies, acked, flags = _native.execute_scripts(pool, requests, refs, self._ref, bound)
         else:
