@@ -376,7 +376,8 @@ def leases_scenario(port: int, count: int, cluster: bool) -> Row:
     # A sample stopped one by one (each stop() waits for its own release's
     # round trip), then the rest with one redlease.stop_all (their releases
     # share round trips).
-    sample, rest = group[: stop_sample(count)], group[stop_sample(count) :]
+    one_by_one = stop_sample(count)
+    sample, rest = group[:one_by_one], group[one_by_one:]
     row.stop_each = us_per_lease(stop_each(sample), len(sample))
     started = time.monotonic()
     redlease.stop_all(rest)
@@ -388,14 +389,15 @@ def leases_scenario(port: int, count: int, cluster: bool) -> Row:
 
 
 RENEWING_WINDOW = 2.0
+"""Seconds over which the server's CPU is read while every lease leads (and renews)."""
+
 STOP_SAMPLE = 1000
+"""At most this many leases (a tenth of them at fewer) are stopped one by one."""
 
 
 def stop_sample(count: int) -> int:
     """How many of ``count`` leases are stopped one by one before the rest stop together."""
     return min(STOP_SAMPLE, count // 10)
-
-"""Seconds over which the server's CPU is read while every lease leads (and renews)."""
 
 
 def server_cpu(masters: list[redis.Redis], seconds: float) -> float:
