@@ -451,3 +451,18 @@ def aio_client(server: Any) -> Any:
     import redis.asyncio
 
     return redis.asyncio.Redis(host="127.0.0.1", port=server.port, socket_timeout=5)
+
+
+def watch_release_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the batched releases ``redlease.stop_all`` sends from now on, in order."""
+    import redlease._election.runloop as runloop
+
+    sizes: list[int] = []
+    real = runloop.run_batch
+
+    def watched(engine: Any, requests: list[Any]) -> list[Any]:
+        sizes.append(len(requests))
+        return real(engine, requests)
+
+    monkeypatch.setattr(runloop, "run_batch", watched)
+    return sizes

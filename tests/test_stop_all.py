@@ -11,8 +11,7 @@ import pytest
 import redis
 
 import redlease
-import redlease._election.runloop as runloop
-from helpers import elected_token, wait_until
+from helpers import elected_token, wait_until, watch_release_batches
 from redlease._engine.driver import BATCH
 from redlease._testing import RedisServer
 
@@ -36,19 +35,6 @@ class Recorder(redlease.Observer):
             self.errors.append(err)
 
 
-def _batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The sizes of the batched releases ``stop_all`` sends, in order."""
-    sizes: list[int] = []
-    real = runloop.run_batch
-
-    def watched(engine: Any, requests: list[Any]) -> list[Any]:
-        sizes.append(len(requests))
-        return real(engine, requests)
-
-    monkeypatch.setattr(runloop, "run_batch", watched)
-    return sizes
-
-
 def _all_lead(group: list[redlease.Elector]) -> list[int]:
     return [wait_until(e.token, timeout=20, what=f"{e.config.name} leads") for e in group]
 
@@ -66,7 +52,7 @@ def test_stop_all_releases_every_lease_in_shared_round_trips(
         e.start(None)
     tokens = _all_lead(group)
     assert all(t >= 1 for t in tokens)
-    sizes = _batches(monkeypatch)
+    sizes = watch_release_batches(monkeypatch)
     redlease.stop_all(group)
     assert sizes == [BATCH, count - BATCH], (
         f"the releases did not share round trips: batches {sizes}, errors {observer.errors[:3]}"
@@ -79,6 +65,22 @@ def test_stop_all_releases_every_lease_in_shared_round_trips(
     redlease.stop_all(group)
     group[0].stop()
     assert sizes == [BATCH, count - BATCH]
+
+
+def test_stop_all_batches_the_releases_over_tls(
+    make_tls_server: Any, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = make_tls_server()
+    client = server.client()
+    group = [redlease.Elector(client, f"tls{i}", ttl=30, engine=engine) for i in range(20)]
+    for e in group:
+        e.start(None)
+    _all_lead(group)
+    sizes = watch_release_batches(monkeypatch)
+    redlease.stop_all(group)
+    assert sizes == [20]
+    assert client.exists(*[f"tls{i}:leader" for i in range(20)]) == 0
+    client.close()
 
 
 def test_a_lease_stop_all_releases_goes_at_once_to_a_waiting_contender(

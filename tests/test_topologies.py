@@ -23,7 +23,7 @@ from redis.sentinel import Sentinel
 import redlease
 import redlease._engine.select
 import redlease.aio
-from helpers import elected_token, require_native, wait_until
+from helpers import elected_token, require_native, wait_until, watch_release_batches
 from redlease._testing import ClusterSet, RedisServer, SentinelSet
 from redlease._testing._common import client_module
 
@@ -113,6 +113,22 @@ def test_sentinel_master_client_on_the_python_engine(
     assert int(client.get("sentinel-py:fence:applied")) == token
 
 
+def test_stop_all_behind_sentinel_batches_the_releases_on_the_master(
+    sentinel_set: SentinelSet, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = sentinel_set.master_for("svc", socket_timeout=1)
+    group = [redlease.Elector(client, f"s-stopall{i}", ttl=5, engine=engine) for i in range(20)]
+    for e in group:
+        e.start(None)
+    for e in group:
+        elected_token(e)
+    sizes = watch_release_batches(monkeypatch)
+    redlease.stop_all(group)
+    assert sizes == [20]
+    assert all(e.token() is None for e in group)
+    assert client.exists(*[f"s-stopall{i}:leader" for i in range(20)]) == 0
+
+
 def test_native_engine_refuses_a_sentinel_client_and_says_why(
     sentinel: Sentinel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -194,13 +210,7 @@ def test_stop_all_on_a_cluster_releases_every_lease_one_by_one(
     engine: str, cluster: RedisCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Names on many slots do not share a batch: each release goes alone, and all go."""
-    import redlease._election.runloop as runloop
-
-    batched: list[int] = []
-    real = runloop.run_batch
-    monkeypatch.setattr(
-        runloop, "run_batch", lambda eng, reqs: batched.append(len(reqs)) or real(eng, reqs)
-    )
+    batched = watch_release_batches(monkeypatch)
     group = [redlease.Elector(cluster, f"{{stopall{i}}}", ttl=5, engine=engine) for i in range(12)]
     for e in group:
         e.start(None)
