@@ -257,11 +257,15 @@ def test_a_forked_child_inherits_no_running_notice_thread(
                 own = make_engine(redis.Redis(port=redis_server.port), "native")
                 mine = own.notices(client).listen("forked-child", lambda _p: None)
                 r = redis.Redis(port=redis_server.port)
-                deadline = time.monotonic() + 5
-                while time.monotonic() < deadline and not subscribed(r, "forked-child:released"):
+                # Generous bounds: this runs under the sanitizers too. Exit 3: the
+                # child's listener never subscribed; 2: it did, the notice never came.
+                deadline = time.monotonic() + 20
+                while not subscribed(r, "forked-child:released"):
+                    if time.monotonic() > deadline:
+                        os._exit(3)
                     time.sleep(0.01)
                 r.publish("forked-child:released", b"x")
-                code = 0 if mine.wait(5) else 2
+                code = 0 if mine.wait(10) else 2
                 mine.cancel()
         finally:
             os._exit(code)

@@ -214,7 +214,13 @@ def test_sentinel_failover_promotes_a_replica_and_the_sentinels_say_so() -> None
 
 
 def test_sentinel_kill_master_with_passwords_promotes_the_replica() -> None:
-    with SentinelSet(password="data-secret", sentinel_password="sentinel-secret") as topology:
+    # The restarted node comes back empty. Should the sentinels judge the new
+    # master down before that node has synced (a host stalled past
+    # down-after-ms), Redis itself would promote the empty node and the data
+    # would be gone; a down-after of 4 s keeps a loaded host from doing so.
+    with SentinelSet(
+        password="data-secret", sentinel_password="sentinel-secret", down_after_ms=4000
+    ) as topology:
         old_node = topology.master()
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(host="127.0.0.1", port=old_node.port, password="wrong", **FAST).ping()
