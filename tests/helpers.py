@@ -466,3 +466,25 @@ def watch_release_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(runloop, "run_batch", watched)
     return sizes
+
+
+class HeldDriver:
+    """A driver step that holds the driver thread until ``release()``.
+
+    What is poked meanwhile is due together when the driver comes back, as
+    followers whose polls fall due at one instant are. Without it, starting
+    runs one after another races the driver: on a loaded host it may wake
+    between two starts and send a lone acquire (never batched) each time.
+    """
+
+    def __init__(self) -> None:
+        self.holding = threading.Event()
+        self._released = threading.Event()
+
+    def step(self) -> float | None:
+        self.holding.set()
+        self._released.wait(30.0)
+        return None
+
+    def release(self) -> None:
+        self._released.set()

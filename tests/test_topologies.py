@@ -206,20 +206,104 @@ def test_cluster_contenders_hand_over_with_increasing_tokens(cluster: RedisClust
     assert t2 > t1
 
 
-def test_stop_all_on_a_cluster_releases_every_lease_one_by_one(
+def _masters_of(cluster: RedisCluster, names: list[str]) -> dict[str, str]:
+    """The master the cluster names for each name's slot."""
+    return {name: cluster.get_node_from_key(f"{name}:leader").name for name in names}
+
+
+def test_stop_all_on_a_cluster_batches_the_releases_per_master(
     engine: str, cluster: RedisCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Names on many slots do not share a batch: each release goes alone, and all go."""
+    """Names on many slots share a batch per master: one round trip a master, and all go."""
     batched = watch_release_batches(monkeypatch)
-    group = [redlease.Elector(cluster, f"{{stopall{i}}}", ttl=5, engine=engine) for i in range(12)]
+    names = [f"{{stopall{i}}}" for i in range(12)]
+    group = [redlease.Elector(cluster, name, ttl=5, engine=engine) for name in names]
     for e in group:
         e.start(None)
     for e in group:
         elected_token(e)
     redlease.stop_all(group)
-    assert batched == []
+    masters = _masters_of(cluster, names)
+    per_master = sorted(list(masters.values()).count(m) for m in set(masters.values()))
+    assert sorted(batched) == per_master
     assert all(e.token() is None for e in group)
-    assert sum(cluster.exists(f"{{stopall{i}}}:leader") for i in range(12)) == 0
+    assert sum(cluster.exists(f"{name}:leader") for name in names) == 0
+
+
+def _one_owner_for_all(monkeypatch: pytest.MonkeyPatch, cluster: RedisCluster) -> str:
+    """The client's slot map, as grouping reads it, names one master for every slot
+    (a map gone stale): batches then meet the other masters' names there."""
+    import redlease._election.election as election
+
+    only = cluster.get_primaries()[0].name
+    monkeypatch.setattr(election, "slot_owner", lambda _client, _key: only)
+    return only
+
+
+def test_a_release_its_batch_met_on_the_wrong_master_goes_again_alone(
+    engine: str, cluster: RedisCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = [f"{{rerouted{i}}}" for i in range(12)]
+    group = [redlease.Elector(cluster, name, ttl=5, engine=engine) for name in names]
+    for e in group:
+        e.start(None)
+    for e in group:
+        elected_token(e)
+    only = _one_owner_for_all(monkeypatch, cluster)
+    masters = _masters_of(cluster, names)
+    assert set(masters.values()) - {only}, "the names all live on one master"
+    batched = watch_release_batches(monkeypatch)
+    redlease.stop_all(group)
+    # One batch, to the first name's master; the others answered MOVED, did not
+    # run, and were released alone: every lease is given back, none left to expire.
+    assert batched == [12]
+    assert all(e.token() is None for e in group)
+    assert sum(cluster.exists(f"{name}:leader") for name in names) == 0
+
+
+@pytest.mark.parametrize("stale_map", [False, True], ids=["map", "stale-map"])
+def test_cluster_acquires_due_together_share_a_round_trip_per_master(
+    engine: str, cluster: RedisCluster, monkeypatch: pytest.MonkeyPatch, stale_map: bool
+) -> None:
+    """The driver's batched acquires on a cluster: a batch per master, each run its
+    own reply; with a stale map the names of other masters are answered MOVED and
+    acquire alone, and every run still leads."""
+    from helpers import HeldDriver
+    from redlease._engine import driver as driver_module
+
+    if stale_map:
+        _one_owner_for_all(monkeypatch, cluster)
+    sizes: list[int] = []
+    real = driver_module.run_batch
+
+    def watched(engine_: Any, requests: list[Any]) -> list[Any]:
+        sizes.append(len(requests))
+        return real(engine_, requests)
+
+    monkeypatch.setattr(driver_module, "run_batch", watched)
+    names = [f"{{acq{int(stale_map)}-{i}}}" for i in range(24)]
+    group = [redlease.Elector(cluster, name, ttl=5, engine=engine) for name in names]
+    held = HeldDriver()
+    try:
+        driver_module.driver().poke(held)
+        assert held.holding.wait(10.0)
+        for e in group:
+            e.start(None)  # each first step due now, the driver still held
+        held.release()
+        wait_until(lambda: all(e.token() for e in group), timeout=15, what="24 elections")
+        assert all(
+            cluster.get(f"{name}:leader") == e.instance_id.encode()
+            for name, e in zip(names, group, strict=True)
+        )
+    finally:
+        held.release()
+        redlease.stop_all(group)
+    if stale_map:
+        assert sizes[:1] == [24]
+    else:
+        masters = _masters_of(cluster, names)
+        per_master = sorted(list(masters.values()).count(m) for m in set(masters.values()))
+        assert sorted(sizes[: len(per_master)]) == per_master
 
 
 def test_native_engine_refuses_a_cluster_client(

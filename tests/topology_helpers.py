@@ -78,7 +78,8 @@ def assert_in_family(exc: BaseException, family: str, *names: str) -> None:
 
 
 def close_all_engines() -> None:
-    """Close the engine of every Elector still alive (its connections and Sentinel watcher).
+    """Close the engine of every Elector still alive (its connections and Sentinel watcher),
+    and forget it.
 
     A stopped Elector keeps its engine for a later start; on a Sentinel client
     the engine's ``+switch-master`` watcher thread keeps retrying sentinels
@@ -95,6 +96,13 @@ def close_all_engines() -> None:
     for engine in engines:
         with contextlib.suppress(Exception):
             engine.close()
+    # A closed engine is never handed out again: the next Elector on a client a
+    # module shares (its cluster's, say) gets a new one.
+    with select._shared_lock:
+        for _, shared in entries:
+            for kind, engine in list(shared.items()):
+                if engine in engines:
+                    shared.pop(kind, None)
     # Engines of electors already collected: their listeners outlive them.
     for listener in list(failover._live_listeners):
         listener.close()

@@ -13,7 +13,6 @@ import gc
 import json
 import os
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 
@@ -22,6 +21,7 @@ import redis
 
 import redlease
 from helpers import (
+    HeldDriver,
     ReportingProcess,
     gil_call_size,
     hold_gil_at_least,
@@ -278,28 +278,6 @@ def test_many_auto_renewed_locks_share_the_keeper_and_each_watchdog_still_sees_i
         locker.close()
         client.close()
         observer.close()
-
-
-class HeldDriver:
-    """A driver step that holds the driver thread until ``release()``.
-
-    What is poked meanwhile is due together when the driver comes back, as
-    followers whose polls fall due at one instant are. Without it, starting
-    runs one after another races the driver: on a loaded host it may wake
-    between two starts and send a lone acquire (never batched) each time.
-    """
-
-    def __init__(self) -> None:
-        self.holding = threading.Event()
-        self._released = threading.Event()
-
-    def step(self) -> float | None:
-        self.holding.set()
-        self._released.wait(30.0)
-        return None
-
-    def release(self) -> None:
-        self._released.set()
 
 
 def test_followers_that_poll_together_share_a_round_trip_and_each_reads_its_own_reply(

@@ -27,10 +27,12 @@ from .. import _scripts
 from .._config import Config
 from .._engine import Engine, Keeper, is_cluster, run_one, sharded_notices, shared_engine
 from .._engine.base import NoticeSubscription, ScriptRequest
+from .._engine.client import slot_owner
 from .._engine.family import threaded
 from .._engine.forksafe import ForkSafeLock
 from .._engine.notices import NO_NOTICES, ChannelRefusals
-from .._engine.replies import released
+from .._engine.replies import released, rerouted
+from .._engine.replytable import CLUSTER
 from .._errors import ConfigError
 from .._keys import ElectionKeys, has_hash_tag
 from .._log import Events
@@ -215,6 +217,7 @@ class Election:
         "_started",
         "batchable",
         "client",
+        "cluster",
         "config",
         "engine",
         "events",
@@ -264,10 +267,11 @@ class Election:
         self._refusals: ChannelRefusals | None = None
         self.observer = observer or _NO_OBSERVER
         self.keys = ElectionKeys(self.config.name)
-        # Acquires of many started runs on this engine may share a round trip:
-        # not on a cluster (one connection, one node) nor with the guard (each
-        # acquire waits for its own WAIT).
-        self.batchable = not is_cluster(client) and not self.config.guard.enabled
+        # Acquires (and stop_all's releases) of many runs on this engine may
+        # share a round trip (``batch_route``): not with the guard (each waits
+        # for its own WAIT).
+        self.batchable = not self.config.guard.enabled
+        self.cluster = is_cluster(client)
         self.events = Events(
             "elector", self.config.name, self.config.instance_id, adopt=self.family.adopter
         )
@@ -394,6 +398,25 @@ class Election:
         if reply is None:
             return None
         return Leader(instance_text(reply[0]), int(reply[1]))
+
+    def batch_route(self) -> object | None:
+        """What this election's acquire or release shares a round trip by; None: alone.
+
+        Its engine; on a cluster, its engine and the master the client's slot
+        map names for the name's slot (a batch goes to its first call's node).
+        A call that met another node's keys there is answered MOVED or ASK,
+        and goes again alone (``replies.rerouted``).
+        """
+        if not self.batchable:
+            return None
+        if not self.cluster:
+            return self.engine
+        owner = slot_owner(self.client, self.keys.leader)
+        return None if owner is None else (self.engine, owner)
+
+    def rerouted(self, reply: object) -> bool:
+        """A batched acquire's or release's reply says: send it again alone (see above)."""
+        return self.cluster and rerouted(reply, CLUSTER)
 
     def claim(self, stop: threading.Event) -> Run | None:
         """Reserve this election's one run; None when ``stop`` is already set.

@@ -250,9 +250,9 @@ def stop_all(electors: Iterable[Elector], timeout: float | None = None) -> None:
 
     The same as calling ``e.stop(timeout)`` for each, one after another,
     except that the leases of runs started without a leader function are
-    given back in batches (one round trip per few hundred on a plain or
-    Sentinel server) rather than one round trip each, and every run is asked
-    to end before any is waited for. ``timeout`` bounds the whole call; what
+    given back in batches (one round trip per few hundred, per master on a
+    Cluster) rather than one round trip each, and every run is asked to end
+    before any is waited for. ``timeout`` bounds the whole call; what
     has not ended by then ends on its own.
 
     Raises the first leader function exception (in the order given) once

@@ -272,24 +272,28 @@ class RunLoop:
 
     # -- the driver's batched acquires (``_engine.driver.Contender``) --------------------------
 
-    def hold_acquire(self) -> tuple[Engine, Any] | None:
+    def hold_acquire(self) -> tuple[object, Engine, Any] | None:
         """The acquire this run's next step would send now, the run held; or None."""
         if not self.busy.acquire(blocking=False):
             return None  # a step or a stop is under way
         run, election = self.run, self.election
+        route = None
         if (
-            self.phase != self.CONTEND
-            or self.prefetched is not None
-            or not election.batchable
-            or run.should_stop()
-            or (not run.noticed and time.monotonic() < self.not_before)
+            self.phase == self.CONTEND
+            and self.prefetched is None
+            and not run.should_stop()
+            and (run.noticed or time.monotonic() >= self.not_before)
         ):
+            route = election.batch_route()
+        if route is None:
             self.busy.release()
             return None
-        return election.engine, election.acquire_request()
+        return route, election.engine, election.acquire_request()
 
     def prefetch(self, reply: Any, sent: float) -> None:
-        self.prefetched = (reply, sent)
+        # Redirected in its batch, the acquire did not run: the step sends it alone.
+        if not self.election.rerouted(reply):
+            self.prefetched = (reply, sent)
         self.busy.release()
 
     def unhold(self) -> None:
@@ -506,14 +510,16 @@ class RunLoop:
 
 def end_together(loops: Iterable[RunLoop], deadline: float | None) -> None:
     """Stop every run of ``loops`` as ``RunLoop.stop`` would, their releases sharing
-    round trips: a batch of at most ``BATCH`` per engine.
+    round trips: a batch of at most ``BATCH`` per engine (per engine and node
+    on a cluster: ``Election.batch_route``).
 
     Each run is held from the moment its term winds down to its release's
     reply, as a lone stop holds it. A run that cannot share a batch (a leader
-    function still running, a cluster, the replication guard) is asked to
-    end and ends on its own, or releases alone.
+    function still running, the replication guard) is asked to end and ends
+    on its own, or releases alone; so does a release its batch's node
+    redirected (it did not run).
     """
-    groups: dict[int, list[RunLoop]] = {}
+    groups: dict[object, list[RunLoop]] = {}
 
     def flush(group: list[RunLoop]) -> None:
         held, replies = list(group), []
@@ -525,18 +531,19 @@ def end_together(loops: Iterable[RunLoop], deadline: float | None) -> None:
             # Every held run ends here, whatever happened to the batch.
             unsent = RuntimeError("the batched release was cut short: its outcome is unknown")
             for i, loop in enumerate(held):
-                loop.finish_held(replies[i] if i < len(replies) else unsent)
+                reply = replies[i] if i < len(replies) else unsent
+                loop.finish_held(UNSENT if loop.election.rerouted(reply) else reply)
 
     try:
         for loop in loops:
             left = None if deadline is None else deadline - time.monotonic()
             if not loop.hold_stopped(left, ask_first=False):
                 continue
-            election = loop.election
-            if not (loop.release_due and election.batchable):
+            route = loop.election.batch_route() if loop.release_due else None
+            if route is None:
                 loop.finish_held(UNSENT)
                 continue
-            group = groups.setdefault(id(election.engine), [])
+            group = groups.setdefault(route, [])
             group.append(loop)
             if len(group) >= BATCH:
                 flush(group)

@@ -320,6 +320,21 @@ _refreshes_lock = ForkSafeLock()  # guards _refreshes only, never held across a 
 _refreshes: weakref.WeakKeyDictionary[Any, _Refreshes] = weakref.WeakKeyDictionary()
 
 
+def slot_owner(client: Any, key: str | bytes) -> str | None:
+    """``"host:port"`` of the master a cluster ``client``'s slot map names for ``key``.
+
+    None when the map names none (the slot is not covered, or no map yet).
+    A hint for grouping calls by node, never a route by itself: each engine
+    routes a call, and follows a redirection, on its own.
+    """
+    try:
+        node = client.get_node_from_key(key)
+    except Exception:  # SlotNotCoveredError and its like: no owner to group by
+        return None
+    name = getattr(node, "name", None)
+    return name if isinstance(name, str) else None
+
+
 def refresh_slot_map(client: Any, asked: float | None = None) -> None:
     """Refresh a cluster client's slot map, unless a refresh began after ``asked``.
 

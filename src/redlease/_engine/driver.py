@@ -81,17 +81,21 @@ class Contender(Timed, Protocol):
     step then reads its own reply.
     """
 
-    def hold_acquire(self) -> tuple[Any, Any] | None:
-        """``(engine, request)`` of the acquire the next step would send now, or None.
+    def hold_acquire(self) -> tuple[object, Any, Any] | None:
+        """``(route, engine, request)`` of the acquire the next step would send now, or None.
 
-        When it returns a request the item is held (no step or stop of it
-        runs) until ``prefetch`` or ``unhold``; when it returns None it is
-        not held.
+        Acquires of one ``route`` (hashable: an engine, or an engine and a
+        cluster node) share round trips on ``engine``. When it returns a
+        request the item is held (no step or stop of it runs) until
+        ``prefetch`` or ``unhold``; when it returns None it is not held.
         """
         ...
 
     def prefetch(self, reply: Any, sent: float) -> None:
-        """The batched acquire's reply (or the exception in its place); ends the hold."""
+        """The batched acquire's reply (or the exception in its place); ends the hold.
+
+        A reply that says the acquire did not run and belongs to another node
+        is dropped: the step sends the acquire alone."""
         ...
 
     def unhold(self) -> None:
@@ -323,15 +327,16 @@ class Driver:
             self._sweep()
 
     def _prefetch(self, due: list[Timed]) -> None:
-        """Send the acquires that due contending runs are about to make, a batch per engine.
+        """Send the acquires that due contending runs are about to make, a batch per route.
 
         A run that contends now hands over its acquire (``Contender``); runs
-        on one engine share one round trip, and each step then reads its own
+        of one route (an engine; an engine and a node on a cluster) share a
+        round trip, and each step then reads its own
         reply. A lone acquire is left to its step. Each run is held from its
         request to its reply, so a ``stop()`` meanwhile waits and then finds
         the reply (and gives back a lease it won).
         """
-        groups: dict[int, tuple[Any, list[tuple[Contender, Any]]]] = {}
+        groups: dict[object, tuple[Any, list[tuple[Contender, Any]]]] = {}
         held: dict[Contender, None] = {}  # insertion-ordered, O(1) removal
         try:
             for item in due:
@@ -341,8 +346,8 @@ class Driver:
                     continue
                 contender: Contender = item  # type: ignore[assignment]
                 held[contender] = None
-                engine, request = want
-                groups.setdefault(id(engine), (engine, []))[1].append((contender, request))
+                route, engine, request = want
+                groups.setdefault(route, (engine, []))[1].append((contender, request))
             for engine, entries in groups.values():
                 if len(entries) < 2:
                     continue

@@ -114,6 +114,19 @@ def resent(reply: object, topology: int) -> bool:
     return kind != NOSCRIPT and resends(kind, wrapped, topology)
 
 
+def rerouted(reply: object, topology: int) -> bool:
+    """Whether a call of a batch answered ``reply`` goes again alone, on its single-call path.
+
+    A batch goes to the node of its first call's keys; on a cluster a call
+    whose keys that node does not serve is answered MOVED or ASK, did not
+    run, and is sent again by itself, to its own node, where the single-call
+    path follows the redirection as the table says (``replytable.resends``).
+    Anywhere the table does not follow them, MOVED and ASK are answers.
+    """
+    kind, wrapped = kind_and_wrapped(reply)
+    return kind in (MOVED, ASK) and resends(kind, wrapped, topology)
+
+
 def is_failover_reply(reply: object) -> bool:
     """READONLY, MASTERDOWN or NOREPLICAS: a term answered so ends at once."""
     return classify(reply) in (FAILOVER, NOREPLICAS)
