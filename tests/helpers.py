@@ -457,14 +457,26 @@ def watch_release_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The sizes of the batched releases ``redlease.stop_all`` sends from now on, in order."""
     import redlease._election.runloop as runloop
 
+    return watch_batches(monkeypatch, runloop)
+
+
+def watch_acquire_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the batched acquires the driver sends from now on, in order."""
+    from redlease._engine import driver
+
+    return watch_batches(monkeypatch, driver)
+
+
+def watch_batches(monkeypatch: pytest.MonkeyPatch, module: ModuleType) -> list[int]:
+    """The sizes of the batches ``module``'s ``run_batch`` sends from now on, in order."""
     sizes: list[int] = []
-    real = runloop.run_batch
+    real = module.run_batch
 
     def watched(engine: Any, requests: list[Any]) -> list[Any]:
         sizes.append(len(requests))
         return real(engine, requests)
 
-    monkeypatch.setattr(runloop, "run_batch", watched)
+    monkeypatch.setattr(module, "run_batch", watched)
     return sizes
 
 

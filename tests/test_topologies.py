@@ -206,6 +206,16 @@ def test_cluster_contenders_hand_over_with_increasing_tokens(cluster: RedisClust
     assert t2 > t1
 
 
+def _leading(cluster: RedisCluster, names: list[str], engine: str) -> list[redlease.Elector]:
+    """A started Elector per name, each leading."""
+    group = [redlease.Elector(cluster, name, ttl=5, engine=engine) for name in names]
+    for e in group:
+        e.start(None)
+    for e in group:
+        elected_token(e)
+    return group
+
+
 def _masters_of(cluster: RedisCluster, names: list[str]) -> dict[str, str]:
     """The master the cluster names for each name's slot."""
     return {name: cluster.get_node_from_key(f"{name}:leader").name for name in names}
@@ -217,11 +227,7 @@ def test_stop_all_on_a_cluster_batches_the_releases_per_master(
     """Names on many slots share a batch per master: one round trip a master, and all go."""
     batched = watch_release_batches(monkeypatch)
     names = [f"{{stopall{i}}}" for i in range(12)]
-    group = [redlease.Elector(cluster, name, ttl=5, engine=engine) for name in names]
-    for e in group:
-        e.start(None)
-    for e in group:
-        elected_token(e)
+    group = _leading(cluster, names, engine)
     redlease.stop_all(group)
     masters = _masters_of(cluster, names)
     per_master = sorted(list(masters.values()).count(m) for m in set(masters.values()))
@@ -244,11 +250,7 @@ def test_a_release_its_batch_met_on_the_wrong_master_goes_again_alone(
     engine: str, cluster: RedisCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     names = [f"{{rerouted{i}}}" for i in range(12)]
-    group = [redlease.Elector(cluster, name, ttl=5, engine=engine) for name in names]
-    for e in group:
-        e.start(None)
-    for e in group:
-        elected_token(e)
+    group = _leading(cluster, names, engine)
     only = _one_owner_for_all(monkeypatch, cluster)
     masters = _masters_of(cluster, names)
     assert set(masters.values()) - {only}, "the names all live on one master"
@@ -268,19 +270,12 @@ def test_cluster_acquires_due_together_share_a_round_trip_per_master(
     """The driver's batched acquires on a cluster: a batch per master, each run its
     own reply; with a stale map the names of other masters are answered MOVED and
     acquire alone, and every run still leads."""
-    from helpers import HeldDriver
+    from helpers import HeldDriver, watch_acquire_batches
     from redlease._engine import driver as driver_module
 
     if stale_map:
         _one_owner_for_all(monkeypatch, cluster)
-    sizes: list[int] = []
-    real = driver_module.run_batch
-
-    def watched(engine_: Any, requests: list[Any]) -> list[Any]:
-        sizes.append(len(requests))
-        return real(engine_, requests)
-
-    monkeypatch.setattr(driver_module, "run_batch", watched)
+    sizes = watch_acquire_batches(monkeypatch)
     names = [f"{{acq{int(stale_map)}-{i}}}" for i in range(24)]
     group = [redlease.Elector(cluster, name, ttl=5, engine=engine) for name in names]
     held = HeldDriver()
