@@ -215,7 +215,6 @@ class Election:
         "_refusals",
         "_run",
         "_started",
-        "batchable",
         "client",
         "cluster",
         "config",
@@ -267,10 +266,6 @@ class Election:
         self._refusals: ChannelRefusals | None = None
         self.observer = observer or _NO_OBSERVER
         self.keys = ElectionKeys(self.config.name)
-        # Acquires (and stop_all's releases) of many runs on this engine may
-        # share a round trip (``batch_route``): not with the guard (each waits
-        # for its own WAIT).
-        self.batchable = not self.config.guard.enabled
         self.cluster = is_cluster(client)
         self.events = Events(
             "elector", self.config.name, self.config.instance_id, adopt=self.family.adopter
@@ -280,7 +275,7 @@ class Election:
             self.keys.applied,
             self.config.name,
             self.events,
-            cluster=is_cluster(client),
+            cluster=self.cluster,
             guard=self.guard,
             failovers=self,
         )
@@ -405,9 +400,10 @@ class Election:
         Its engine; on a cluster, its engine and the master the client's slot
         map names for the name's slot (a batch goes to its first call's node).
         A call that met another node's keys there is answered MOVED or ASK,
-        and goes again alone (``replies.rerouted``).
+        and goes again alone (``replies.rerouted``). None with the replication
+        guard: each call waits for its own WAIT.
         """
-        if not self.batchable:
+        if self.guard.enabled:
             return None
         if not self.cluster:
             return self.engine
