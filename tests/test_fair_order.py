@@ -87,6 +87,50 @@ def busy(load: str) -> Iterator[None]:
         sys.setswitchinterval(switch)
 
 
+@contextlib.contextmanager
+def stall_watch() -> Iterator[list[float]]:
+    """The longest this process kept a thread from running, in seconds (``[gap]``).
+
+    A thread that sleeps 5 ms at a time, competing for the GIL and the CPU as
+    the waiters do, records the longest gap between two of its wake-ups.
+    """
+    longest = [0.0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        last = time.monotonic()
+        while not stop.is_set():
+            time.sleep(0.005)
+            now = time.monotonic()
+            longest[0] = max(longest[0], now - last)
+            last = now
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield longest
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def in_turn(locker: Locker, kind: str, interval: float, load: str) -> list[int]:
+    """The order ``serve_in_turn`` served its waiters in, run again (three runs at most)
+    when the order was not kept and the process was stalled past a place's life.
+
+    Fairness is promised to waiters that attempt within their place's life; a
+    host that freezes the whole process longer than that (a loaded CI machine)
+    makes a live waiter look dead, and it is passed, as it should be.
+    """
+    life = place_ms(interval) / 1000
+    for _ in range(3):
+        with stall_watch() as stalled:
+            served = serve_in_turn(locker, kind, interval, load)
+        if served == list(range(WAITERS)) or stalled[0] < life:
+            break
+    return served
+
+
 def serve_in_turn(locker: Locker, kind: str, interval: float, load: str) -> list[int]:
     """``WAITERS`` fair waiters, each queued before the next begins; the order they are served."""
     acquire = acquirer(locker, kind)
@@ -124,13 +168,13 @@ def serve_in_turn(locker: Locker, kind: str, interval: float, load: str) -> list
 def test_lock_waiters_are_served_in_arrival_order(
     locker: Locker, interval: float, load: str
 ) -> None:
-    assert serve_in_turn(locker, "lock", interval, load) == list(range(WAITERS))
+    assert in_turn(locker, "lock", interval, load) == list(range(WAITERS))
     assert places(locker, "lock") == 0
 
 
 @pytest.mark.parametrize("load", ["gil", "cpu"])
 def test_semaphore_waiters_are_served_in_arrival_order(locker: Locker, load: str) -> None:
-    assert serve_in_turn(locker, "semaphore", 0.01, load) == list(range(WAITERS))
+    assert in_turn(locker, "semaphore", 0.01, load) == list(range(WAITERS))
     assert places(locker, "semaphore") == 0
 
 
