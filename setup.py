@@ -174,13 +174,28 @@ def extensions() -> list[Extension]:
         extra_compile_args=compile_args,
         extra_link_args=link_args,
     )
-    return list(
-        cythonize(
+    # The asyncio writer's Python source, compiled as it is, with
+    # aiowriter.pxd making its class an extension type: one definition, which
+    # runs uncompiled where no extension is built.
+    writer = Extension(
+        "redlease._engine.aiowriter",
+        sources=["src/redlease/_engine/aiowriter.py"],
+        extra_compile_args=compile_args,
+        extra_link_args=link_args,
+    )
+    return [
+        *cythonize(
             [ext],
             language_level=3,
             compiler_directives={"boundscheck": False, "wraparound": False},
-        )
-    )
+        ),
+        # Annotations stay hints: a ``float`` parameter takes an int, as in Python.
+        *cythonize(
+            [writer],
+            language_level=3,
+            compiler_directives={"annotation_typing": False, "binding": True},
+        ),
+    ]
 
 
 setup(

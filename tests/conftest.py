@@ -199,6 +199,61 @@ def engine(request: pytest.FixtureRequest) -> str:
     return name
 
 
+def writer_compiled() -> bool:
+    """Whether the installed asyncio writer is the compiled one."""
+    import redlease._engine.aiowriter as installed
+
+    return not installed.__file__.endswith(".py")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test using ``writer_build`` runs with the writer as built, and once more with the
+    writer's uncompiled source where the built one is compiled (on every engine it runs on)."""
+    if "writer_build" in metafunc.fixturenames:
+        builds = ["built", "source"] if writer_compiled() else ["built"]
+        metafunc.parametrize("writer_build", builds, indirect=True)
+
+
+@pytest.fixture
+def writer_build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The asyncio writer as installed (``built``), or from its Python source (``source``).
+
+    Where the extension is built, ``aiowriter.py`` is compiled too and the
+    compiled one is what both engines use; ``source`` runs the test with the
+    uncompiled module (what an install without a compiler runs), so that both
+    forms are held to the same behaviour. ``REDLEASE_REQUIRE_NATIVE=1`` makes
+    a missing compiled writer fail.
+    """
+    build: str = request.param
+    if build == "built":
+        if os.environ.get("REDLEASE_REQUIRE_NATIVE") == "1":
+            assert writer_compiled(), "the asyncio writer was not compiled"
+        return build
+    from redlease._engine import native as native_engine
+    from redlease._engine import python as python_engine
+
+    monkeypatch.setattr(python_engine, "LoopWriter", source_writer())
+    monkeypatch.setattr(native_engine, "LoopWriter", source_writer())
+    return build
+
+
+@functools.cache
+def source_writer() -> type:
+    """``LoopWriter`` from ``aiowriter.py`` itself, loaded beside the compiled module."""
+    import importlib.util
+
+    import redlease._engine
+
+    path = Path(redlease._engine.__file__).with_name("aiowriter.py")
+    spec = importlib.util.spec_from_file_location("redlease._engine._aiowriter_source", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    writer: type = module.LoopWriter
+    assert "__dict__" in vars(writer), "a class of Python source keeps its attributes in a dict"
+    return writer
+
+
 @pytest.fixture
 def black_hole() -> Iterator[BlackHole]:
     """A loopback TCP server that accepts connections and never answers."""

@@ -26,6 +26,9 @@ import redlease
 import redlease.aio
 from redlease._testing import RedisServer
 
+# Each test also runs with the asyncio writer's uncompiled source (conftest).
+pytestmark = pytest.mark.usefixtures("writer_build")
+
 PREFIX = "t:cancel:"
 TASKS = 300
 """Concurrent calls cancelled at random per scenario."""

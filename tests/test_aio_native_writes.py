@@ -29,6 +29,9 @@ from redlease._testing._common import client_module
 from tls_helpers import require_native_tls
 from topology_helpers import assert_in_family
 
+# Each test also runs with the asyncio writer's uncompiled source (conftest).
+pytestmark = pytest.mark.usefixtures("writer_build")
+
 NAME = "aiow"
 
 

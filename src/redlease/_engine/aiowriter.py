@@ -36,6 +36,14 @@ is open.
 The connection is a ``Conn``: the native ``LoopConn`` (C encoding and
 parsing) or ``PyLoopConn`` (redis-py's connect and handshake, hiredis
 parsing, in ``pyloopconn``) for the pure-Python engine.
+
+Where the native extension is built, this module is compiled too, as it is,
+with ``aiowriter.pxd`` declaring ``LoopWriter``'s fields (an extension type:
+a write's and a reply's attribute reads are C fields, not dictionary
+lookups); both engines then use the compiled writer. This source stays its
+one definition, runs unchanged where nothing is compiled, and the asyncio
+writer tests run against both forms. Keep it to what both run alike: every
+attribute set on a ``LoopWriter`` is declared there.
 """
 
 from __future__ import annotations
