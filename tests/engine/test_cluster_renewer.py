@@ -111,6 +111,13 @@ def test_200_cluster_electors_share_one_renewer_thread_and_one_renewal_connectio
         # ``leases`` counts those waiting in the timer heap: one whose renewal is in
         # flight is out of it for that round trip.
         wait_until(lambda: renewer.leases == len(group), 10, what="every lease in the heap")
+        # A renewal connection opens with the first renewal it carries, a
+        # third of a TTL after the acquires (which may all be done sooner).
+        wait_until(
+            lambda: all(renewal_clients(renewer, m) >= 1 for m in masters),
+            10,
+            what="a renewal connection on every master",
+        )
         assert [renewal_clients(renewer, m) for m in masters] == [1] * len(masters)
         assert threads_named("redlease-renew") - before_renewers == 1
         # The driver, the renewer, the process's one notice reader (every
