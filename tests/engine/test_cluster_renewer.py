@@ -17,7 +17,7 @@ import pytest
 import redis
 
 import redlease
-from engine_helpers import RENEW, endpoint_at, native_ref, wait_state
+from engine_helpers import RENEW, endpoint_at, native_ref, threads, wait_state
 from helpers import require_native, wait_until
 from redlease._engine import ACTIVE, LOST
 from redlease._engine.base import LATENESS_BUCKETS
@@ -36,10 +36,6 @@ NAME = "renewer-test"
 def _close_engines() -> Iterator[None]:
     yield
     close_all_engines()
-
-
-def threads() -> int:
-    return len(os.listdir("/proc/self/task"))
 
 
 def threads_named(name: str) -> int:

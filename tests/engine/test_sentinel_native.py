@@ -11,6 +11,7 @@ import redis
 import redis.sentinel
 
 import redlease
+from engine_helpers import threads
 from helpers import (
     ClosedPort,
     Events,
@@ -253,12 +254,6 @@ def test_target_and_pool_through_the_sentinels(sentinel_set: SentinelSet) -> Non
         pool.close()
 
 
-def _threads() -> int:
-    import os
-
-    return len(os.listdir("/proc/self/task"))
-
-
 def test_many_sentinel_leases_share_one_renewer_and_follow_failovers(
     sentinel_set_fresh: SentinelSet,
 ) -> None:
@@ -267,7 +262,7 @@ def test_many_sentinel_leases_share_one_renewer_and_follow_failovers(
     sset = sentinel_set_fresh
     client = sset.master_for(socket_timeout=2)
     count = 200
-    before = _threads()
+    before = threads()
     group = [_elector(client, f"many{i}", ttl=2.0) for i in range(count)]
     try:
         for e in group:
@@ -283,7 +278,7 @@ def test_many_sentinel_leases_share_one_renewer_and_follow_failovers(
         # flight is out of it for that round trip, so the count is read until whole.
         wait_until(lambda: renewer.leases == count, 10, what="every lease in the heap")
         # The driver, the renewer, the notice reader and the switch watcher.
-        assert _threads() - before <= 5, _threads() - before
+        assert threads() - before <= 5, threads() - before
         renewed = renewer.sent[0]
         time.sleep(2.5)
         assert renewer.sent[0] >= renewed + count, "the shared renewer does not renew them"
@@ -316,7 +311,7 @@ def test_many_sentinel_leases_share_one_renewer_and_follow_failovers(
             renewed = renewer.sent[0]
             time.sleep(2.0)
             assert renewer.sent[0] >= renewed + count
-        assert _threads() - before <= 5, _threads() - before
+        assert threads() - before <= 5, threads() - before
     finally:
         for e in group:
             e.stop(timeout=STOP_WITHIN)
