@@ -232,8 +232,9 @@ def writer_build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     from redlease._engine import native as native_engine
     from redlease._engine import python as python_engine
 
-    monkeypatch.setattr(python_engine, "LoopWriter", source_writer())
-    monkeypatch.setattr(native_engine, "LoopWriter", source_writer())
+    writer = source_writer()
+    monkeypatch.setattr(python_engine, "LoopWriter", writer)
+    monkeypatch.setattr(native_engine, "LoopWriter", writer)
     return build
 
 
