@@ -99,9 +99,30 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[tuple[float, str, str, str, Any, threading.Thread]] = []
         self.mutex = threading.Lock()
+        self.watched: list[Partitions] = []
+        self.doubled: list[tuple[float, str, str, list[str]]] = []
+
+    def watch(self, members: Sequence[Partitions]) -> None:
+        """From now on, each ``on_assigned`` also asks ``members`` (and those watched
+        before) whether they own the partition.
+
+        A member whose ``owned()`` lists a partition as another member is
+        assigned it believed it held the partition at the same time:
+        ``doubled`` keeps ``(at, assigned member, partition, the others)``.
+        """
+        with self.mutex:
+            self.watched = [*self.watched, *members]
 
     def callbacks(self, member_id: str) -> dict[str, Any]:
         def assigned(partition: str, token: int) -> None:
+            others = [
+                m.member_id
+                for m in self.watched
+                if m.member_id != member_id and partition in m.owned()
+            ]
+            if others:
+                with self.mutex:
+                    self.doubled.append((time.monotonic(), member_id, partition, others))
             self.add(member_id, "assigned", partition, token)
 
         def revoked(partition: str, reason: str) -> None:

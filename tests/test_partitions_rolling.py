@@ -93,15 +93,16 @@ def test_a_rolling_restart_of_every_member_leaves_no_partition_unowned_for_a_ttl
     client = plain
     record = Recorder()
     name = "rolling"
-    group = [
-        started(m) for m in members_of(client, name, engine, ["a1", "b1", "c1"], N, TTL, record)
-    ]
+    members = members_of(client, name, engine, ["a1", "b1", "c1"], N, TTL, record)
+    record.watch(members)
+    group = [started(m) for m in members]
     wait_balanced(group, N, timeout=3 * TTL + 5)
     (reader,) = members_of(client, name, engine, ["reader"], N, TTL)  # never started: reads
 
     with AssignmentSampler(reader) as sampler:
         for index, successor in enumerate(["a2", "b2", "c2"]):
             (newcomer,) = members_of(client, name, engine, [successor], N, TTL, record)
+            record.watch([newcomer])
             leaving = group[index]
             leaving.stop()
             assert leaving.owned() == {}
