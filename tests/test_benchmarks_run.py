@@ -9,6 +9,7 @@ here.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -102,15 +103,46 @@ def test_many_leases_measures_each_size_and_holds_it_to_the_targets() -> None:
     assert isinstance(row["threads_added"], int) and isinstance(row["rss_added_mib"], float)
     assert row["kib_per_lease"] == row["rss_added_mib"] * 1024 / 200
     targets = {t["target"]: t for t in report["targets"]}
+    # The memory bound is the for 100,000 leases (see the next test).
     assert set(targets) == {
         "all leading",
         "threads added",
         "to lead, per lease",
         "stop all, per lease",
-        "memory, per lease",
     }
     assert targets["all leading"]["met"] is True
     assert all(isinstance(t["met"], bool) for t in targets.values())
+
+
+def test_many_leases_holds_memory_per_lease_to_its_bound_from_100000_leases() -> None:
+    spec = importlib.util.spec_from_file_location("many_leases", BENCHMARKS / "many_leases.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(BENCHMARKS))
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        del sys.modules[spec.name]
+
+    def checks(count: int, rss_mib: float) -> dict[str, Any]:
+        row = module.Row(
+            module.PLAIN_LEASES,
+            count,
+            to_lead=1.0,
+            rss=rss_mib,
+            stop_all=1.0,
+            stopped_all=count,
+            extra={"leading": f"{count}/{count}"},
+        )
+        return {check.what: check for check in module.lease_targets(row)}
+
+    assert "memory, per lease" not in checks(99_999, 400.0)
+    memory = checks(100_000, 300.0)["memory, per lease"]
+    assert memory.bound == 3.0 and memory.measured == 300.0 * 1024 / 100_000
+    assert memory.met is False  # 3.07 KiB a lease
+    assert checks(100_000, 290.0)["memory, per lease"].met is True
 
 
 def test_bad_options_are_refused_naming_the_rule_and_the_value() -> None:
