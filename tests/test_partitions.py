@@ -562,6 +562,28 @@ def test_a_failing_redis_shrinks_owned_as_leases_can_no_longer_be_proven(
     assert all(after[p] > before[p] for p in after)
 
 
+def test_a_fenced_write_answered_readonly_reports_its_partition_lost_at_once(
+    engine: str, started: Callable[[Partitions], Partitions]
+) -> None:
+    # A ttl of 30 s: the member looks at the group every 7.5 s and renews every 10 s,
+    # so only the write's own wake-up reports the loss within a second.
+    with RedisServer() as server, RedisServer() as master:
+        client = server.client()
+        record = Recorder()
+        member = started(make(client, engine, "m1", 2, ttl=30.0, **record.callbacks("m1")))
+        wait_until(lambda: len(member.owned()) == 2, what="both owned")
+        fencer = member.fencer("0")
+        assert fencer.set("data:0", "m1")
+        client.replicaof(*master.address)  # read-only from now on
+        with pytest.raises(redis.exceptions.ReadOnlyError, match="read only replica"):
+            fencer.set("data:0", "m1 again")
+        answered = time.monotonic()
+        assert "0" not in member.owned()
+        wait_until(lambda: ("0", "lost") in record.of("m1", "revoked"), 5, what="reported")
+        assert time.monotonic() - answered < 1.0
+        client.close()
+
+
 _MEMBER = textwrap.dedent(
     """
     import json, sys, redis

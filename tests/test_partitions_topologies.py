@@ -70,7 +70,7 @@ def tenures_of(record: Recorder) -> dict[str, list[Tenure]]:
     ``on_revoked`` returned, so one that overlaps its successor in these
     records overlapped it at Redis. A ``"lost"`` one ended earlier than its
     record: ``owned()`` drops a lease the moment it can no longer be proven,
-    and the member reports it at its next step.
+    and the member reports it once its run thread is not in a call to Redis.
     """
     tenures: dict[str, list[Tenure]] = {}
     opened: dict[tuple[str, str], tuple[float, int]] = {}

@@ -44,6 +44,7 @@ import bisect
 import functools
 import hashlib
 import json
+import math
 import random
 import threading
 import time
@@ -448,11 +449,15 @@ class Member:
         lease cannot have expired at Redis before then, whatever the
         renewer's thread is doing.
         """
+        return now < self.proven_until(tenure)
+
+    def proven_until(self, tenure: _Tenure) -> float:
+        """When ``tenure``'s lease stops being proven (monotonic); 0 once its term ended."""
         keeper = tenure.keeper
         if keeper.token != tenure.token:
-            return False
+            return 0.0
         renewed: float = getattr(keeper, "renewed_at", 0.0)
-        return now < max(tenure.acquired_at, renewed) + self.config.ttl
+        return max(tenure.acquired_at, renewed) + self.config.ttl
 
     def owned(self) -> dict[str, int]:
         with self.mutex:
@@ -477,12 +482,16 @@ class Member:
 
     def failover_seen(self, partition: str, token: int, exc: Exception) -> None:
         """A fenced write with ``partition``'s ``token`` was answered READONLY / MASTERDOWN /
-        NOREPLICAS: that tenure ends now (``owned()`` drops it; the next step reports it
-        ``"lost"``), not at its renewal deadline, as an elector's term does."""
+        NOREPLICAS: that tenure ends now (``owned()`` drops it, and the run thread,
+        woken, reports it ``"lost"``), not at its renewal deadline, as an elector's
+        term does."""
         with self.mutex:
             tenure = self.held.get(partition)
         if tenure is not None and token and tenure.token == token:
             tenure.keeper.lose(exc)
+            heartbeat = self.heartbeat
+            if heartbeat is not None:
+                heartbeat.notify()  # a pause sees the lease no longer proven
 
     def token_of(self, partition: str) -> int:
         """The token of ``partition`` while this member holds it for sure, else 0."""
@@ -619,7 +628,11 @@ class Member:
             heartbeat.notify()
 
     def pause(self, until: float) -> None:
-        """Wait until ``until``, a notice, a stop, or the heartbeat's loss."""
+        """Wait until ``until``, a notice, a stop, or the heartbeat's loss.
+
+        A lease that stops being proven meanwhile is reported ``"lost"`` as
+        it happens (``check_held``), not at the next step.
+        """
         heartbeat = self.heartbeat
         assert heartbeat is not None
         # A heartbeat already down (Redis out of reach) is no news: the backoff holds.
@@ -628,10 +641,17 @@ class Member:
             self.notices.deliver()
             if self.noticed or (joined and heartbeat.state != ACTIVE):
                 return
-            left = until - time.monotonic()
+            now = time.monotonic()
+            with self.mutex:
+                tenures = list(self.held.values())
+            first_end = min((self.proven_until(t) for t in tenures), default=math.inf)
+            if first_end <= now:
+                self.check_held()
+                continue
+            left = until - now
             if left <= 0:
                 return
-            heartbeat.wait(min(left, self.poll))
+            heartbeat.wait(min(left, self.poll, first_end - now))
 
     def backoff(self) -> float:
         """When to try again after a failed step: doubling from one poll, capped at the TTL."""
@@ -661,6 +681,7 @@ class Member:
         except Exception as exc:
             self.report(exc)
             return self.backoff()
+        self.check_held()  # a lease lost while the group was read is reported now
         self.errors_in_row = 0
         self.events.ok()
         return self.rebalance(members, holders, pttls)
