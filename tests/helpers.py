@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -10,6 +11,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
@@ -18,6 +20,28 @@ import pytest
 import redlease
 
 LOOPBACK = "127.0.0.1"
+
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def load_benchmark(filename: str, module_name: str) -> ModuleType:
+    """``benchmarks/<filename>`` loaded as the module ``module_name``, its functions to call.
+
+    Registered in ``sys.modules`` (dataclasses look their module up by name),
+    with ``benchmarks/`` on ``sys.path`` while it loads, for the benchmarks
+    it imports.
+    """
+    spec = importlib.util.spec_from_file_location(module_name, BENCHMARKS / filename)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module
 
 
 def require_native() -> ModuleType:

@@ -9,17 +9,14 @@ here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
-from helpers import require_native
+from helpers import BENCHMARKS, load_benchmark, require_native
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 CPU_SPLIT = {"sync_cpu_user_us_per_write", "sync_cpu_kernel_us_per_write"}
 FIGURES = {
     *CPU_SPLIT,
@@ -115,16 +112,7 @@ def test_many_leases_measures_each_size_and_holds_it_to_the_targets() -> None:
 
 
 def test_many_leases_holds_memory_per_lease_to_its_bound_from_100000_leases() -> None:
-    spec = importlib.util.spec_from_file_location("many_leases", BENCHMARKS / "many_leases.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(BENCHMARKS))
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-        del sys.modules[spec.name]
+    module = load_benchmark("many_leases.py", "redlease_many_leases")
 
     def checks(count: int, rss_mib: float) -> dict[str, Any]:
         row = module.Row(

@@ -7,7 +7,6 @@ alone) and in a live run (an entry pushed past the fence mid-run).
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -15,21 +14,17 @@ from types import ModuleType
 
 import pytest
 
+from helpers import BENCHMARKS, load_benchmark
 from process_helpers import processes_mentioning
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "chaos.py"
+SCRIPT = BENCHMARKS / "chaos.py"
 # A short soak: a handful of faults. TTL 1 s keeps the 3-TTL heal bound
 # generous on a busy machine.
 SHORT = ["--duration", "8", "--ttl", "1", "--contenders", "3", "--quiet", "--gap", "0.5-1"]
 
 
 def load_chaos() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("redlease_chaos_soak", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("chaos.py", "redlease_chaos_soak")
 
 
 def run_soak(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
