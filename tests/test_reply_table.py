@@ -302,11 +302,19 @@ _SITE_FAMILIES = [(site, "redis") for site in SITES] + [
 @pytest.mark.parametrize("reply", list(REPLIES))
 @pytest.mark.parametrize(("site", "family"), _SITE_FAMILIES)
 def test_both_engines_end_the_same(native_built: None, site: str, reply: str, family: str) -> None:
-    for _ in range(3):
+    for attempt in range(3):
         got: dict[str, tuple[object, object]] = {}
-        for engine in ("python", "native"):
-            with FakeRedis() as fake, client_of(fake, 1.0, family) as client:
-                got[engine] = SITES[site](fake, client, engine, REPLIES[reply])
+        try:
+            for engine in ("python", "native"):
+                with FakeRedis() as fake, client_of(fake, 1.0, family) as client:
+                    got[engine] = SITES[site](fake, client, engine, REPLIES[reply])
+        except AssertionError as exc:
+            # A site that never reached what it tests (no election within its
+            # 15 s wait, seen once on a loaded host, where a 0.1 s deadline is
+            # short) is tried again, like a timeout below; on the last try it fails.
+            if attempt == 2 or not str(exc).startswith("timed out after"):
+                raise
+            continue
         # A renewal's deadline is its interval (0.1 s here), which a loaded host
         # can stall the fake past. A timeout is tried again; a reply an engine
         # cannot read times it out on every try, and a wrong reading is no timeout.
