@@ -7,6 +7,7 @@ threading.active_count() would not.
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import threading
 import time
@@ -68,23 +69,19 @@ def grew(before: tuple[int, int], after: tuple[int, int]) -> bool:
 
 
 def test_many_terms_leak_no_threads_or_fds(client: redis.Redis, engine: str) -> None:
-    # Counted three times, each while a term is held: at term 20, term 160
-    # and term 301. A leak grows with the terms, so it shows in both spans of
-    # 140 terms; what a run opens once and keeps (a second pooled connection
-    # the first time two of its calls overlap) shows in one at most.
-    hold_at = (20, 160)
+    # Counted while a term is held: at term 20 and at term 300. A leak grows
+    # with the terms; what a run opens once and keeps (a second pooled
+    # connection the first time two of its calls overlap) does not. So where
+    # the first 280 terms grew, 280 more are counted: growth again is a leak.
+    marks = (20, 300, 580)
     terms: list[int] = []
-    gates = {n: threading.Semaphore(0) for n in hold_at}
-    done = threading.Event()
+    gates = {n: threading.Semaphore(0) for n in marks}
 
     def lead(term: redlease.Term, fencer: redlease.Fencer) -> None:
         terms.append(term.token)
-        if len(terms) in gates:
-            gates[len(terms)].acquire()  # hold this term while the main thread counts
-        if len(terms) >= 300:
-            done.set()
-        if len(terms) > 300:
-            term.wait()  # stay in term 301 while the main thread counts
+        gate = gates.get(len(terms))
+        if gate is not None:
+            gate.acquire()  # hold this term while the main thread counts
 
     # Terms end by returning, so their pace is the acquire's, not the TTL's.
     # A TTL that outlives a stall of a loaded host keeps the held terms from
@@ -93,36 +90,42 @@ def test_many_terms_leak_no_threads_or_fds(client: redis.Redis, engine: str) -> 
     e = redlease.Elector(
         client, "soak", ttl=0.5, renew_interval=0.1, acquire_interval=0.001, engine=engine
     )
-    e.start(lead)
     counts: list[tuple[int, int]] = []
     running: list[set[str]] = []
-    for n in hold_at:
-        wait_until(lambda n=n: len(terms) >= n, timeout=60, what=f"{n} terms")
+    lost: list[int] = []  # terms that began while a held one was being counted
+
+    def count_at(n: int) -> None:
+        wait_until(lambda: len(terms) >= n, timeout=60, what=f"{n} terms")
         counts.append(settled_threads_and_fds())
         running.append(what_runs())
-        gates[n].release()
-    assert done.wait(60), f"only {len(terms)} terms in 60 s"
-    wait_until(lambda: len(terms) > 300, timeout=30, what="term 301")  # counted mid-term too
-    held = len(terms)
-    counts.append(settled_threads_and_fds())
-    running.append(what_runs())
-    e.stop()
+        lost.append(len(terms) - n)
+
+    e.start(lead)
+    try:
+        count_at(marks[0])
+        gates[marks[0]].release()
+        count_at(marks[1])
+        if grew(counts[0], counts[1]):
+            gates[marks[1]].release()
+            count_at(marks[2])
+    finally:
+        for gate in gates.values():
+            gate.release()
+        e.stop()
     assert terms == sorted(set(terms)), "tokens must be unique and increasing"
-    # A leak is growth in both spans. A fall is something an earlier test
-    # left winding down (a notice listener still retrying its stopped
-    # server), not this run's.
-    early, mid, late = counts
-    assert not (grew(early, mid) and grew(mid, late)), (
-        f"threads/fds went from {early} to {mid} to {late} over terms 20, 160 and 301 "
-        f"({len(terms) - held} more terms while counting); added from term 20 to 160: "
-        f"{sorted(running[1] - running[0])}; from 160 to 301: {sorted(running[2] - running[1])}"
-    )
+    # A leak is growth in each span. A fall is something an earlier test left
+    # winding down (a notice listener still retrying its stopped server), not
+    # this run's.
+    spans = [
+        f"{counts[i]} to {counts[i + 1]} from term {marks[i]} to {marks[i + 1]}, "
+        f"adding {sorted(running[i + 1] - running[i])}"
+        for i in range(len(counts) - 1)
+    ]
+    detail = f"threads/fds went {'; then '.join(spans)} (terms begun while counting: {lost})"
+    assert not all(grew(x, y) for x, y in itertools.pairwise(counts)), detail
     # And never by more than that one-off opening: a pooled connection, or
     # one listener's thread and connection.
-    assert late[0] <= early[0] + 1 and late[1] <= early[1] + 1, (
-        f"threads/fds went from {early} to {late} over 280 terms; added: "
-        f"{sorted(running[2] - running[0])}"
-    )
+    assert counts[-1][0] <= counts[0][0] + 1 and counts[-1][1] <= counts[0][1] + 1, detail
 
 
 def test_start_stop_cycles_leak_no_threads_or_fds(client: redis.Redis, engine: str) -> None:
