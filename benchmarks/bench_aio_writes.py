@@ -19,8 +19,9 @@ on loopback TCP, through the public API:
   same EVALSHA pre-encoded once, sent on a bare socket that the loop watches
   (``add_reader``), one future per write, nothing parsed.
 
-Rounds are interleaved (round 1 of every contender, then round 2...) and the
-best round of each kept, since a shared machine only ever makes a round
+Rounds are interleaved (round 1 of every contender, then round 2...; each
+round's order rotated, so that none always goes first) and the best round
+of each kept, since a shared machine only ever makes a round
 slower; ratios are to redis-py in the same run. The asyncio rounds are also
 printed one by one with each round's ratio and the median of those ratios
 (``--asyncio-only`` skips the threaded rows). With one task a round is a
@@ -40,7 +41,8 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import redis
 import redis.asyncio
@@ -60,6 +62,7 @@ KEYS = (f"{NAME}:fence:applied", f"{NAME}:value")
 AsyncOp = Callable[[int], Awaitable[object]]
 NATIVE_4 = "native, 4 connections"
 BARE = "bare asyncio socket"
+T = TypeVar("T")
 
 
 class BareLoopSocket:
@@ -95,6 +98,18 @@ class BareLoopSocket:
     def close(self) -> None:
         self.loop.remove_reader(self.sock.fileno())
         self.sock.close()
+
+
+def turn_order(names: Sequence[T], turn: int) -> list[T]:
+    """The order the contenders ``names`` take in turn number ``turn``: each starts one in turn.
+
+    Whoever goes first follows whatever ran before (another case's heavier
+    load: its garbage, its server-side clean-up); in a fixed order one
+    contender would always pay for that and the others never. Rotated, each
+    does in an equal share of turns, and its best turn is a fair one.
+    """
+    k = turn % len(names) if names else 0
+    return [*names[k:], *names[:k]]
 
 
 def thread_rate(op: Callable[[int], object], threads: int, seconds: float) -> float:
@@ -174,11 +189,10 @@ async def asyncio_rows(
     every: dict[str, dict[int, list[float]]] = {name: {tasks: [], 1: []} for name in ops}
     lateness: list[float] = []
     turns = max(1, round(seconds / turn)) if turn else 1
-    for _ in range(rounds * turns):
+    for n in range(rounds * turns):
         for count in (tasks, 1):
-            for name, op in ops.items():
-                if name == BARE and count != 1:
-                    continue
+            for name in turn_order([name for name in ops if count == 1 or name != BARE], n):
+                op = ops[name]
                 if turns == 1 or not every[name][count]:
                     await async_rate(op, count, 0.05)  # connect, warm up
                 window = None

@@ -63,7 +63,7 @@ import redis
 import redis.utils
 
 import redlease
-from bench_aio_writes import BARE, SCRIPT, asyncio_rows, sync_rows
+from bench_aio_writes import BARE, SCRIPT, asyncio_rows, sync_rows, turn_order
 from bench_fence_pipeline import (
     NAME,
     TOKEN,
@@ -290,7 +290,8 @@ def interleaved_rates(
 
     Every op runs as long as ``best_rate`` would run it, but in turns of
     about 0.1 s (a few hundred pipelines), each op's turn after the
-    other's, and its figure is its best turn. A burst of load from
+    other's (in ``turn_order``: who goes first rotates), and its figure is
+    its best turn. A burst of load from
     elsewhere on a shared host then slows a turn of every contender alike
     instead of all the rounds of one of them, so their ratios keep meaning
     something; and the more turns, the likelier each contender meets a
@@ -298,9 +299,9 @@ def interleaved_rates(
     """
     turns = max(1, round(seconds / SLICE))
     best = dict.fromkeys(ops, 0.0)
-    for _ in range(rounds * turns):
-        for name, op in ops.items():
-            best[name] = max(best[name], best_rate(op, per_call, seconds / turns, 1))
+    for n in range(rounds * turns):
+        for name in turn_order(list(ops), n):
+            best[name] = max(best[name], best_rate(ops[name], per_call, seconds / turns, 1))
     return best
 
 
