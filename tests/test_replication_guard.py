@@ -7,6 +7,7 @@ is what "replication held back" looks like to ``WAIT``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,6 +30,7 @@ from helpers import (
 )
 from redlease._engine import is_failover_reply
 from redlease._testing import RedisServer
+from redlease._testing._common import client_module
 
 
 class Replicated:
@@ -319,6 +321,51 @@ def test_readonly_on_a_fenced_write_ends_the_term_before_the_next_renewal(
     finally:
         client.execute_command("REPLICAOF", "NO", "ONE")
         e.stop()
+
+
+@pytest.mark.parametrize("via", ["Fencer.set", "Elector.fence_set"])
+def test_readonly_on_an_asyncio_fenced_write_ends_the_term_before_the_next_renewal(
+    redis_server: RedisServer,
+    client: redis.Redis,
+    family: str,
+    engine: str,
+    closed_port: ClosedPort,
+    via: str,
+) -> None:
+    # A write after the first on its loop takes the common path (the loop's
+    # writer awaited with no coroutine of the fence's between): its error
+    # must still be the client's family's and still end the term at once.
+    async def main() -> None:
+        aclient = redis_server.client(family=family, asyncio=True, socket_timeout=5)
+        e = redlease.aio.Elector(aclient, "svc-aio", ttl=9.0, renew_interval=3.0, engine=engine)
+        e.start()
+        try:
+            token = await until_async(e.token)
+            fencer = redlease.aio.Fencer(e, token)
+            write = fencer.set if via == "Fencer.set" else functools.partial(e.fence_set, token)
+            assert await write("k", "v1") is True
+            assert await write("k", "v2") is True
+            client.execute_command("REPLICAOF", LOOPBACK, str(closed_port.port))
+            with pytest.raises(client_module(family).exceptions.ReadOnlyError):
+                await write("k", "v3")
+            assert await until_async(lambda: e.token() is None, 1.0), (
+                f"the term outlived a READONLY answer to {via}"
+            )
+        finally:
+            client.execute_command("REPLICAOF", "NO", "ONE")
+            await e.stop()
+            await aclient.aclose()
+
+    asyncio.run(main())
+
+
+async def until_async(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
+    """``predicate()`` once it is truthy, polled on the running loop; fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"not true within {timeout} s"
+        await asyncio.sleep(0.01)
+    return value
 
 
 def test_lock_refresh_answered_readonly_loses_the_lock_at_once(

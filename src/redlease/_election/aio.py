@@ -10,6 +10,8 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from .._aio import off_loop, outlast
 from .._engine import EncodableT
 from .._engine.closing import AwaitsStopOnExit
@@ -41,7 +43,17 @@ class Fencer(FencerShell):
 
     async def set(self, key: str | bytes, value: EncodableT) -> bool:
         """Fenced ``SET``; see ``Elector.fence_set``."""
-        return await self._fence.set_async(self.token, key, value)
+        # The fence's set_async, its common case awaited here: one coroutine a write.
+        fence, token = self._fence, self.token
+        sent = fence.set_sent(token, key, value)
+        if sent is None:
+            return await fence.set_async(token, key, value)
+        try:
+            reply = await sent
+        except RedisError as exc:
+            fence.set_failed(token, exc)
+            raise
+        return fence.set_settled(reply)
 
     async def hset(self, key: str | bytes, field: str | bytes, value: EncodableT) -> bool:
         """Fenced ``HSET``; see ``Elector.fence_hset``."""

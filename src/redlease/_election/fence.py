@@ -309,24 +309,39 @@ class Fence:
             raise
         return self._outcome(reply, acked)
 
-    async def set_async(self, token: object, key: object, value: object) -> bool:
-        """``write_async(set_request(token, key, value))``: an asyncio ``Fencer.set``.
+    def set_sent(self, token: object, key: object, value: object) -> asyncio.Future[Any] | None:
+        """An asyncio set's common case, sent: the future of its reply; else None, nothing sent.
 
-        The common case (exact types, a live token, no slot to check, this
-        loop's writer known) awaits the writer's reply itself, one coroutine
-        fewer per write.
+        The common case: exact types, a live token, no slot to check, and this
+        loop's writer known (the loop that wrote last). Its awaiter settles the
+        reply with ``set_settled`` and an error with ``set_failed``; every other
+        set goes through ``set_async``. A coroutine awaits this future itself,
+        with no coroutine of the fence's between.
         """
         if self._plain(token, key, value):
-            writer = self._loop_writer[1]  # the loop's that wrote last
+            writer = self._loop_writer[1]
             if writer is not None and writer.running_here():
-                keys, args = (self._applied_key, key), (token, value)
-                try:
-                    reply = await writer.write(FENCE_SET, keys, args)  # type: ignore[arg-type]
-                except RedisError as exc:
-                    self._failed((FENCE_SET, keys, args), exc)  # type: ignore[arg-type]
-                    raise
-                return self._counted(reply)
-        return await self.write_async(self.set_request(token, key, value))
+                # The types were checked above, which the checker cannot follow.
+                return writer.write(FENCE_SET, (self._applied_key, key), (token, value))  # type: ignore[arg-type]
+        return None
+
+    def set_failed(self, token: int, exc: RedisError) -> None:
+        """A sent set (``set_sent``) raised ``exc``: reported as any failed write is."""
+        self._failed((FENCE_SET, (), (token,)), exc)
+
+    set_settled = _counted  # a sent set's reply (checked by the writer: 0 or 1), counted
+
+    async def set_async(self, token: object, key: object, value: object) -> bool:
+        """``write_async(set_request(token, key, value))``: an asyncio set."""
+        sent = self.set_sent(token, key, value)
+        if sent is None:
+            return await self.write_async(self.set_request(token, key, value))
+        try:
+            reply = await sent
+        except RedisError as exc:
+            self.set_failed(token, exc)  # type: ignore[arg-type]
+            raise
+        return self._counted(reply)
 
     async def write_async(self, request: FenceRequest | None) -> bool:
         """``write`` for a coroutine: pipelined on the engine's connection for this loop.
