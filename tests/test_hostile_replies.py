@@ -272,7 +272,9 @@ def running(client: redis.Redis, engine: str) -> Iterator[tuple[Events, Terms]]:
     end without an error (whatever the server answered, the run carries on).
     """
     events, terms = Events(), Terms()
-    run = RunThread(make_elector(client, engine, observer=events.observer()), terms)
+    # Backing off from 0.1 s after a hostile answer, not the default half TTL.
+    elector = make_elector(client, engine, acquire_interval=0.1, observer=events.observer())
+    run = RunThread(elector, terms)
     try:
         yield events, terms
         assert run.alive and run.error is None
@@ -412,7 +414,9 @@ def test_an_asyncio_elector_reports_a_hostile_acquire_and_then_leads(
 
     async def scenario(aclient: Any) -> tuple[Events, int]:
         events = Events()
-        e = redlease.aio.Elector(aclient, "svc", ttl=1.0, engine=engine, observer=events.observer())
+        e = redlease.aio.Elector(
+            aclient, "svc", ttl=1.0, acquire_interval=0.1, engine=engine, observer=events.observer()
+        )
         async with e:
             deadline = time.monotonic() + 15
             while e.token() is None and time.monotonic() < deadline:

@@ -338,13 +338,20 @@ def stopped_on_failure(run: RunThread) -> Iterator[None]:
         raise
 
 
+BAD_ACQUIRE_INTERVAL = 0.1
+"""Where an election follows bad acquires: the first backoff (it doubles after each error)."""
+
+
 def elect_after_two_bad_acquires(
     fake: FakeRedis, client: redis.Redis, engine: str, bad: bytes
 ) -> tuple[RunThread, Events, Terms]:
     """A run whose first two acquires are answered ``bad``, the third with token 1."""
     fake.script("acquire", bad, bad, won(1))
     events, terms = Events(), Terms()
-    elector = make_elector(client, engine, observer=events.observer())
+    # Backing off from 0.1 s, not the default half TTL: 0.6 s to the third acquire, not 2 s.
+    elector = make_elector(
+        client, engine, acquire_interval=BAD_ACQUIRE_INTERVAL, observer=events.observer()
+    )
     run = RunThread(elector, terms)
     with stopped_on_failure(run):
         wait_until(lambda: terms.terms or not run.alive, 15, what="an election")
@@ -419,7 +426,14 @@ def test_async_acquire_answered_with_a_reply_it_cannot_give_is_reported_and_then
 ) -> None:
     async def scenario(c: redis.asyncio.Redis) -> tuple[Events, int]:
         events = Events()
-        elector = redlease.aio.Elector(c, NAME, ttl=1.0, engine=engine, observer=events.observer())
+        elector = redlease.aio.Elector(
+            c,
+            NAME,
+            ttl=1.0,
+            acquire_interval=BAD_ACQUIRE_INTERVAL,
+            engine=engine,
+            observer=events.observer(),
+        )
         tokens: list[int] = []
 
         async def lead(term: redlease.Term, fencer: redlease.aio.Fencer) -> None:
