@@ -191,7 +191,7 @@ async def asyncio_rows(
     turns = max(1, round(seconds / turn)) if turn else 1
     for n in range(rounds * turns):
         for count in (tasks, 1):
-            for name in turn_order([name for name in ops if count == 1 or name != BARE], n):
+            for name in turn_order([c for c in ops if count == 1 or c != BARE], n):
                 op = ops[name]
                 if turns == 1 or not every[name][count]:
                     await async_rate(op, count, 0.05)  # connect, warm up

@@ -279,9 +279,12 @@ def test_many_sentinel_leases_share_one_renewer_and_follow_failovers(
         wait_until(lambda: renewer.leases == count, 10, what="every lease in the heap")
         # The driver, the renewer, the notice reader and the switch watcher.
         assert threads() - before <= 5, threads() - before
-        renewed = renewer.sent[0]
         # A round of renewals takes one renew interval (2/3 s): count of them.
-        wait_until(lambda: renewer.sent[0] >= renewed + count, 10, what="a round of renewals")
+        wait_until(
+            lambda floor=renewer.sent[0] + count: renewer.sent[0] >= floor,
+            10,
+            what="a round of renewals",
+        )
         for fault in ("failover", "kill"):
             # The old master must have become a replica first, or the kill
             # would promote a node that never had the newest tokens.

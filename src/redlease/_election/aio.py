@@ -47,11 +47,11 @@ class Fencer(FencerShell):
         fence, token = self._fence, self.token
         sent = fence.set_sent(token, key, value)
         if sent is None:
-            return await fence.set_async(token, key, value)
+            return await fence.write_async(fence.set_request(token, key, value))
         try:
             reply = await sent
         except RedisError as exc:
-            fence.set_failed(token, exc)
+            fence.failed(token, exc)
             raise
         return fence.set_settled(reply)
 

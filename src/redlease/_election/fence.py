@@ -251,7 +251,7 @@ class Fence:
             try:
                 reply = self._engine.call_one(FENCE_SET, keys, args)  # type: ignore[arg-type]
             except RedisError as exc:
-                self._failed((FENCE_SET, keys, args), exc)  # type: ignore[arg-type]
+                self.failed(token, exc)  # type: ignore[arg-type]
                 raise
             return self._counted(reply)
         return self.write(self.set_request(token, key, value))
@@ -314,7 +314,7 @@ class Fence:
 
         The common case: exact types, a live token, no slot to check, and this
         loop's writer known (the loop that wrote last). Its awaiter settles the
-        reply with ``set_settled`` and an error with ``set_failed``; every other
+        reply with ``set_settled`` and an error with ``failed``; every other
         set goes through ``set_async``. A coroutine awaits this future itself,
         with no coroutine of the fence's between.
         """
@@ -325,9 +325,12 @@ class Fence:
                 return writer.write(FENCE_SET, (self._applied_key, key), (token, value))  # type: ignore[arg-type]
         return None
 
-    def set_failed(self, token: int, exc: RedisError) -> None:
-        """A sent set (``set_sent``) raised ``exc``: reported as any failed write is."""
-        self._failed((FENCE_SET, (), (token,)), exc)
+    def failed(self, token: EncodableT, exc: RedisError) -> None:
+        """A write with ``token`` raised ``exc``: made the client family's, and a failover
+        reply reported (the awaiter of a ``set_sent`` future reports its error here)."""
+        self._events.adopt(exc)
+        if self._failovers is not None and is_failover_reply(exc):
+            self._failovers.failover_seen(int(token), exc)
 
     set_settled = _counted  # a sent set's reply (checked by the writer: 0 or 1), counted
 
@@ -339,7 +342,7 @@ class Fence:
         try:
             reply = await sent
         except RedisError as exc:
-            self.set_failed(token, exc)  # type: ignore[arg-type]
+            self.failed(token, exc)  # type: ignore[arg-type]
             raise
         return self._counted(reply)
 
@@ -393,11 +396,9 @@ class Fence:
         return applied
 
     def _failed(self, request: FenceRequest | ScriptRun, exc: RedisError) -> None:
-        """A write raised ``exc``: made the client family's, and a failover reply reported."""
-        self._events.adopt(exc)
-        if self._failovers is not None and is_failover_reply(exc):
-            args = request.args if type(request) is ScriptRun else request[2]  # type: ignore[index]
-            self._failovers.failover_seen(int(args[0]), exc)
+        """``request`` raised ``exc``: ``failed`` with its token (its first arg)."""
+        args = request.args if type(request) is ScriptRun else request[2]  # type: ignore[index]
+        self.failed(args[0], exc)
 
     def write_many(self, requests: Sequence[FenceRequest | ScriptRun | None]) -> list[bool]:
         """Send ``requests`` in one round trip, in order; one ``applied`` per write
