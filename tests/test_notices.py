@@ -23,6 +23,7 @@ import redlease
 import redlease.aio
 from helpers import Events, elected_token, lock_handover, stays, wait_until
 from redlease._engine.timing import NOTICE_CATCH_UP
+from redlease._scripts import load as load_script
 from redlease._testing import ClusterSet, RedisServer, SentinelSet
 from tls_helpers import require_native_tls
 
@@ -228,6 +229,59 @@ def test_a_release_before_a_new_follower_listens_is_found_by_its_second_look(
         took = time.monotonic() - started
     assert events.count("follower") == 1
     assert took < 3.0, f"took over {took:.3f} s after it started"
+
+
+def acquires_seen(
+    server: RedisServer, iid: str, ttl_ms: int, seconds: float, on: threading.Event
+) -> list[float]:
+    """The server's times (MONITOR) of every acquire by ``iid`` for ``seconds``; ``on``
+    is set once MONITOR is on."""
+    # An acquire is the only script a follower sends with (instance id, TTL in
+    # ms) as its arguments (MONITOR as redis-py reads it: unquoted).
+    tail = f" {iid} {ttl_ms}"
+    seen: list[float] = []
+    watcher = server.client(socket_timeout=seconds + 5)
+    try:
+        with watcher.monitor() as monitor:
+            on.set()
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                command = monitor.next_command()
+                text = command["command"]
+                if text.startswith(("EVALSHA ", "EVAL ")) and text.endswith(tail):
+                    seen.append(float(command["time"]))
+    finally:
+        watcher.close()
+    return seen
+
+
+def test_a_new_followers_second_look_keeps_its_acquire_cadence(
+    redis_server: RedisServer, client: redis.Redis, engine: str
+) -> None:
+    # Acquire cadence: a follower's acquires are at least 0.9 x acquire_interval
+    # apart. The second look after its first subscription is a read of the
+    # lease, not an acquire 50 ms after the first.
+    client.set("cadence:leader", "a-holder", px=30_000)
+    # Loaded beforehand: every acquire is one EVALSHA, none a NOSCRIPT and its EVAL.
+    client.script_load(load_script("acquire").source)
+    interval = 0.1
+    follower = redlease.Elector(client, "cadence", ttl=5, acquire_interval=interval, engine=engine)
+    iid, ttl_ms = follower.config.instance_id, follower.config.ttl_ms
+    times: list[float] = []
+    on = threading.Event()
+    watching = threading.Thread(
+        target=lambda: times.extend(acquires_seen(redis_server, iid, ttl_ms, 1.5, on)),
+        daemon=True,
+    )
+    watching.start()
+    assert on.wait(5)
+    with follower:
+        watching.join(10)
+        assert not follower.token()
+    assert len(times) >= 5, times  # it kept polling
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    # The server stamps commands to the microsecond: the tolerance is its clock's.
+    assert min(gaps) >= 0.9 * interval - 0.001, [round(g, 4) for g in gaps]
 
 
 def test_a_started_follower_looks_again_when_its_notice_connection_comes_back(

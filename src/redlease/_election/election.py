@@ -321,7 +321,8 @@ class Election:
 
     @property
     def refusals(self) -> ChannelRefusals:
-        """Says once that an ACL user lacks the name's notice channels (made on first use)."""
+        """Says that an ACL user lacks the name's notice channels, once per client connection
+        pool and permission kind (made on first use)."""
         refusals = self._refusals
         if refusals is None:
             with _REFUSALS:
@@ -330,6 +331,7 @@ class Election:
                     refusals = self._refusals = ChannelRefusals(
                         f"Elector {self.config.name!r} instance {self.config.instance_id!r}",
                         f"&{self.config.name}*",
+                        self.client,
                     )
         return refusals
 
@@ -387,12 +389,17 @@ class Election:
     def leader(self) -> Leader | None:
         """Who holds the lease now, as Redis says (one round trip); None when nobody does."""
         with self.family.errors():
-            reply, _ = run_one(
-                self.engine, (_LEADER, (self.keys.leader,), ()), timeout=self.config.renew_interval
-            )
+            reply = self.lease_holder()
         if reply is None:
             return None
         return Leader(instance_text(reply[0]), int(reply[1]))
+
+    def lease_holder(self) -> Any:
+        """One read of the lease (a script that only reads): ``[holder, pttl_ms]``, or None."""
+        reply, _ = run_one(
+            self.engine, (_LEADER, (self.keys.leader,), ()), timeout=self.config.renew_interval
+        )
+        return reply
 
     def batch_route(self) -> object | None:
         """What this election's acquire or release shares a round trip by; None: alone.

@@ -63,6 +63,7 @@ class RunLoop:
 
     __slots__ = (
         "busy",
+        "catch_up",
         "driven",
         "election",
         "errors_in_row",
@@ -107,6 +108,9 @@ class RunLoop:
         # an early step (a poke, a sweep) waits for it unless a release
         # notice arrived meanwhile.
         self.not_before = 0.0
+        # After a run's first listen: when its next acquire is due, while the
+        # step at ``not_before`` is the catch-up read (0.0: none pending).
+        self.catch_up = 0.0
         # An acquire the driver sent for this run with others' (reply, send
         # time), for the next contend step to use instead of a round trip.
         self.prefetched: tuple[Any, float] | None = None
@@ -226,6 +230,11 @@ class RunLoop:
             return None
         if not run.noticed and time.monotonic() < self.not_before:
             return self.not_before
+        catch_up, self.catch_up = self.catch_up, 0.0
+        if catch_up and not run.noticed and not self._lease_gone():
+            # Still held: the acquire keeps its cadence.
+            self.not_before = catch_up
+            return catch_up
         run.noticed, run.resting = False, False
         released_by, run.released_by = run.released_by, None
         if released_by is not None:
@@ -254,21 +263,39 @@ class RunLoop:
             if not self.follower:
                 self.follower = True
                 election.emit(election.observer.on_follower)
-            if self.driven and self.notices is None and self._listen():
+            now = time.monotonic()
+            poll = election.poll_delay(pttl_ms)
+            if self.driven and self.notices is None and self._listen() and NOTICE_CATCH_UP < poll:
                 # The first time this run follows: it listens from now on, and
-                # looks again soon, for a release it could not hear yet.
-                self.not_before = time.monotonic() + min(
-                    NOTICE_CATCH_UP, election.poll_delay(pttl_ms)
-                )
+                # looks again soon, for a release it could not hear yet. That
+                # look is a read: the next acquire keeps its poll interval
+                # unless the read finds the lease gone (``_lease_gone``).
+                self.catch_up = now + poll
+                self.not_before = now + NOTICE_CATCH_UP
                 return self.not_before
             if self.notices is not None and self.notices.refused:
                 # An ACL user without the channel: this follower polls.
                 election.refusals.subscribe_refused(election.keys.leader)
-            self.not_before = time.monotonic() + election.poll_delay(pttl_ms)
+            self.not_before = now + poll
             return self.not_before
         self.follower = False
         self._begin(token, sent)
         return None
+
+    def _lease_gone(self) -> bool:
+        """The catch-up look: one read of the lease, True when nobody holds it now.
+
+        A read, not an acquire: a follower's acquires stay at least 0.9 x
+        ``acquire_interval`` apart, and only a lease seen gone (as a
+        release notice would say) is acquired sooner. A read that fails
+        says "held": the acquire at its time reports whatever is wrong.
+        """
+        election = self.election
+        try:
+            return election.lease_holder() is None
+        except Exception as exc:
+            election.events.debug(f"the catch-up read of the lease failed: {exc!r}")
+            return False
 
     # -- the driver's batched acquires (``_engine.driver.Contender``) --------------------------
 
@@ -282,7 +309,7 @@ class RunLoop:
             self.phase == self.CONTEND
             and self.prefetched is None
             and not run.should_stop()
-            and (run.noticed or time.monotonic() >= self.not_before)
+            and (run.noticed or (not self.catch_up and time.monotonic() >= self.not_before))
         ):
             route = election.batch_route()
         if route is None:

@@ -64,7 +64,9 @@ A run listens for release notices only once an acquire found the lease
 held (most of thousands started on fresh names win their first, and never
 subscribe). A release between that acquire and the subscription reaching
 the server is heard by no one: this second look finds it, instead of the
-holder's expiry.
+holder's expiry. The look is a read of the lease, not an acquire: a
+follower's acquires stay at least 0.9 x ``acquire_interval`` apart, and only
+a lease the read finds gone is acquired at once (``RunLoop._lease_gone``).
 """
 
 NOTICE_UNSUBSCRIBE_DELAY = 0.05
