@@ -422,7 +422,9 @@ class Member:
         self.on_revoked = bridge(on_revoked)
         self.on_error = bridge(observer.on_error if observer is not None else None)
         self.events = Events("partitions", cfg.name, ident, adopt=self.family.adopter)
-        self.refusals = ChannelRefusals(f"{shell} {cfg.name!r} member {ident!r}", f"&{cfg.name}*")
+        self.refusals = ChannelRefusals(
+            f"{shell} {cfg.name!r} member {ident!r}", f"&{cfg.name}*", self.client
+        )
         # ``mutex`` guards what the run thread shares (held, thread); ``lifecycle``
         # makes start() and stop() one at a time.
         self.mutex = threading.Lock()

@@ -43,18 +43,21 @@ Least privilege: an ACL user needs the channels under its keys' prefix
 (``&<prefix>*``, next to ``~<prefix>*``) for notices. Without them (Redis 7's
 default for a new user) the server refuses both sides: a release still
 releases (its script skips the notice and says so), a waiter's subscription
-is refused and it polls; the owner logs one WARNING naming the channel.
+is refused and it polls; one WARNING names the channel and the permission
+(subscribe, publish), once per client connection pool and permission kind.
 """
 
 from __future__ import annotations
 
-import threading
+import os
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from .._log import logger
 from .client import is_cluster
+from .forksafe import ForkSafeLock
 
 RELEASED_SUFFIX = ":released"
 """A lease key's notice channel is the key plus this suffix (see ``lua/release.lua``)."""
@@ -95,30 +98,55 @@ NO_NOTICES = _NoNotices()
 """A run's notices before it listens: every wait runs to its timeout."""
 
 
-class ChannelRefusals:
-    """One WARNING per owner (a locker, an elector) whose notice channel the server refused.
+def pool_of(client: Any) -> Any:
+    """What one WARNING about refused channels is said per: ``client``'s connection pool.
 
-    ``grant`` is the ACL rule that would allow them (``&<prefix>*``). A
-    refused notice costs waiters up to one poll interval, never a result:
-    it is said once, as a state, never once per release or per wait.
+    A cluster client has a pool per node and none of its own: the client
+    itself stands for them.
+    """
+    pool = getattr(client, "connection_pool", None)
+    return client if pool is None else pool
+
+
+_said_lock = ForkSafeLock()
+_said: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+"""The permission kinds ("subscribe", "publish") already said, by connection pool."""
+
+
+def _forget_said_after_fork() -> None:
+    # A forked child logs to its own output: it says so once itself.
+    _said.clear()
+
+
+os.register_at_fork(after_in_child=_forget_said_after_fork)
+
+
+class ChannelRefusals:
+    """Says that the server refused an owner's notice channel: one WARNING per client
+    connection pool and permission kind.
+
+    ``owner`` (a locker, an elector, a group member) and ``grant``, the ACL
+    rule that would allow its channels (``&<prefix>*``), are what the
+    WARNING names. A refused notice costs waiters up to one poll interval,
+    never a result: it is said once, as a state, for all the electors, locks
+    and partitions that share the client's connection pool, never once per
+    owner, release or wait. A client with a pool of its own says it again.
     """
 
-    __slots__ = ("_lock", "_said", "grant", "owner")
+    __slots__ = ("_kinds", "grant", "owner", "pool")
 
-    def __init__(self, owner: str, grant: str) -> None:
+    def __init__(self, owner: str, grant: str, client: Any) -> None:
         self.owner = owner
         self.grant = grant
-        self._lock = threading.Lock()
-        self._said = False
-
-    @property
-    def said(self) -> bool:
-        """True once the WARNING was logged."""
-        return self._said
+        self.pool = pool_of(client)
+        # A pool that cannot be weakly referenced (a client of neither family):
+        # said once per owner instead.
+        self._kinds: set[str] = set()
 
     def publish_refused(self, lease_key: str) -> None:
         """A release of ``lease_key`` went through, but the server refused its notice."""
         self._say(
+            "publish",
             "may not publish to channel %r: releases are not announced, waiters poll",
             channel_of(lease_key),
         )
@@ -126,19 +154,23 @@ class ChannelRefusals:
     def subscribe_refused(self, lease_key: str) -> None:
         """A waiter's subscription to ``lease_key``'s notices was refused: it polls."""
         self._say(
+            "subscribe",
             "may not subscribe to channel %r: waiters poll instead of being woken by releases",
             channel_of(lease_key),
         )
 
-    def _say(self, what: str, channel: str) -> None:
-        if self._said:
-            return
-        with self._lock:
-            if self._said:
+    def _say(self, kind: str, what: str, channel: str) -> None:
+        with _said_lock:
+            try:
+                kinds = _said.setdefault(self.pool, set())
+            except TypeError:
+                kinds = self._kinds
+            if kind in kinds:
                 return
-            self._said = True
+            kinds.add(kind)
         logger.warning(
-            "%s: the Redis ACL user " + what + "; grant the user %s for release notices",
+            "%s: the Redis ACL user " + what + "; grant the user %s for release notices "
+            "(said once for every lease on this client's connection pool)",
             self.owner,
             channel,
             self.grant,

@@ -134,7 +134,7 @@ class RedisLocker(Locker):
         # Releases announce in the lock's slot on a cluster (SPUBLISH).
         self._sharded_notice = "1" if sharded_notices(client) else "0"
         # An ACL user without the notice channels is told once, not at every release.
-        self._refusals = ChannelRefusals(f"RedisLocker prefix={prefix!r}", f"&{prefix}*")
+        self._refusals = ChannelRefusals(f"RedisLocker prefix={prefix!r}", f"&{prefix}*", client)
 
     @property
     def engine(self) -> str:
