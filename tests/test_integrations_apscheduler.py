@@ -64,6 +64,15 @@ def replicas(redis_server: RedisServer, runs: list[tuple[int, bool]]) -> Iterato
         replica.client.close()
 
 
+def assert_inert(gate: LeaderGate, server: RedisServer) -> None:
+    """A gate that does not lead hands out the inert fencer, as ``Elector.fencer()`` does."""
+    fencer = gate.fencer()
+    assert not fencer
+    assert fencer.token == 0
+    assert fencer.set("jobs:inert", "written") is False
+    assert not server.client().exists("jobs:inert")  # rejected: nothing reached Redis
+
+
 def runners(runs: list[tuple[int, bool]]) -> set[int]:
     return {index for index, _ in runs}
 
@@ -89,12 +98,11 @@ def test_of_three_schedulers_exactly_one_runs_the_job_and_its_writes_are_fenced(
         expected = STATE_RUNNING if replica is leader else STATE_PAUSED
         assert replica.scheduler.state == expected
     for follower in (r for r in replicas if r is not leader):
-        with pytest.raises(redlease.NotHeld, match="does not lead now"):
-            follower.gate.fencer()
+        assert_inert(follower.gate, redis_server)
 
 
 def test_a_stopped_leader_shuts_its_scheduler_down_and_another_takes_over(
-    replicas: list[Replica], runs: list[tuple[int, bool]]
+    replicas: list[Replica], runs: list[tuple[int, bool]], redis_server: RedisServer
 ) -> None:
     for replica in replicas:
         replica.gate.start()
@@ -109,8 +117,7 @@ def test_a_stopped_leader_shuts_its_scheduler_down_and_another_takes_over(
     assert runners(runs[stopped_at:]) == {second.index}  # the stopped one runs nothing more
     assert second.fencers[-1].token > old.token
     assert old.eval(INCR, keys=[COUNT]) is False  # the old term's writes are rejected
-    with pytest.raises(redlease.NotHeld):
-        first.gate.fencer()
+    assert_inert(first.gate, redis_server)
 
 
 def test_a_gate_whose_lease_is_taken_pauses_its_scheduler(
@@ -125,11 +132,19 @@ def test_a_gate_whose_lease_is_taken_pauses_its_scheduler(
     count = len(runs)
     time.sleep(0.5)
     assert len(runs) == count
-    with pytest.raises(redlease.NotHeld):
-        only.gate.fencer()
+    assert_inert(only.gate, redis_server)
     redis_server.client().delete(f"{NAME}:leader")
     wait_until(lambda: only.scheduler.state == STATE_RUNNING, 5, what="it to resume on re-election")
     wait_until(lambda: len(runs) > count, 5, what="runs again")
+
+
+def test_a_gate_never_started_hands_out_the_inert_fencer(redis_server: RedisServer) -> None:
+    client = redis_server.client(socket_timeout=5)
+    gate = LeaderGate(BackgroundScheduler(), client, NAME, ttl=1.0)
+    assert_inert(gate, redis_server)
+    # The same as its elector's, which does not lead either.
+    assert gate.fencer().token == gate.elector.fencer().token == 0
+    client.close()
 
 
 def test_an_asyncio_scheduler_is_gated_too(redis_server: RedisServer) -> None:

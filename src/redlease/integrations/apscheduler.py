@@ -98,19 +98,17 @@ class LeaderGate:
     def fencer(self) -> redlease.Fencer:
         """The current term's ``redlease.Fencer``, for fenced writes from jobs.
 
-        Raises ``redlease.NotHeld`` when this process does not lead now (a
-        job that outlived its term, or one run by hand on a follower). Take
-        it once per job run and write through it: if the term ends while
-        the job runs, that fencer's writes are rejected once a successor
-        leads.
+        Inert when this process does not lead now (a job that outlived its
+        term, or one run by hand on a follower), as ``Elector.fencer()`` is:
+        token 0, falsy, and every write through it is rejected (``set``
+        returns False). Take it once per job run and write through it: if
+        the term ends while the job runs, that fencer's writes are rejected
+        once a successor leads.
         """
         with self._mutex:
             term, fencer = self._term, self._fencer
         if term is None or fencer is None or term.ended():
-            raise redlease.NotHeld(
-                f"LeaderGate {self._elector.config.name!r} does not lead now: this process's "
-                "scheduler is paused, and a job has no term to fence its writes with"
-            )
+            return redlease.Fencer(self._elector, 0)
         return fencer
 
     def start(self) -> LeaderGate:
