@@ -11,6 +11,7 @@ missing notice fails the test. Subscriptions are observed from Redis itself
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from typing import Any
@@ -279,7 +280,7 @@ def test_a_new_followers_second_look_keeps_its_acquire_cadence(
         watching.join(10)
         assert not follower.token()
     assert len(times) >= 5, times  # it kept polling
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     # The server stamps commands to the microsecond: the tolerance is its clock's.
     assert min(gaps) >= 0.9 * interval - 0.001, [round(g, 4) for g in gaps]
 

@@ -265,7 +265,7 @@ class RunLoop:
                 election.emit(election.observer.on_follower)
             now = time.monotonic()
             poll = election.poll_delay(pttl_ms)
-            if self.driven and self.notices is None and self._listen() and NOTICE_CATCH_UP < poll:
+            if self.driven and self.notices is None and self._listen() and poll > NOTICE_CATCH_UP:
                 # The first time this run follows: it listens from now on, and
                 # looks again soon, for a release it could not hear yet. That
                 # look is a read: the next acquire keeps its poll interval
