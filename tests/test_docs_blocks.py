@@ -93,8 +93,8 @@ SKIPPED: dict[str, str] = {
 
 PRELUDES: dict[str, tuple[str, str]] = {
     "fencer": (
-        "the running example of docs/fenced-writes.md: a leading elector's fencer, and a Lua "
-        "body for eval, as the page's first block makes them",
+        "docs/fenced-writes.md's running example: the fencer of a leading elector (the "
+        "page's first block makes one), and body, a Lua write of one key and one argument",
         """
         import atexit
         import time
@@ -111,7 +111,7 @@ PRELUDES: dict[str, tuple[str, str]] = {
         token = elector.token()
         assert token is not None, "the prelude's elector did not lead"
         fencer = elector.fencer()
-        body = "redis.call('zadd', KEYS[2], ARGV[2], ARGV[3])"
+        body = "redis.call('set', KEYS[2], ARGV[2])"
         """,
     ),
 }
