@@ -34,6 +34,10 @@ which every member listens to, so the group rebalances within milliseconds
 of a change; a death is found when the dead member's heartbeat and leases
 run out (within one TTL, then one poll).
 
+Each look ends by telling ``ShareWatch`` whether the member holds its share
+for the live members of that look; ``wait_owned`` waits on it (a condition
+for threads, a watcher that wakes an event loop for asyncio).
+
 ``Member`` is the core both shells drive: ``Partitions`` here and
 ``aiopartitions.Partitions`` for asyncio.
 """
