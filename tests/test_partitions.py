@@ -833,3 +833,24 @@ def test_wait_owned_wakes_with_runtime_error_when_the_member_stops_meanwhile(
     thread.join(10)
     assert not thread.is_alive()
     assert len(failed) == 1 and isinstance(failed[0], RuntimeError)
+
+
+def test_wait_owned_waits_for_the_share_of_the_members_live_now(
+    plain: redis.Redis, engine: str, started: Callable[[Partitions], Partitions]
+) -> None:
+    """The share is recomputed at each look: a join while a member waits lowers its share
+    to what two members each hold, and the wait returns with that."""
+    a = make(plain, engine, "a", 4)
+    _ghost(plain, a, "2")  # alone, a's share is all 4: it cannot get there
+    started(a)
+    wait_until(lambda: len(a.owned()) == 3, 10, what="the three free partitions taken")
+    returned: list[dict[str, int]] = []
+    waiter = threading.Thread(target=lambda: returned.append(a.wait_owned(timeout=30)))
+    waiter.start()
+    assert stays(lambda: not returned, 0.3)  # still short of 4
+    b = started(make(plain, engine, "b", 4))
+    waiter.join(30)
+    assert len(returned) == 1 and len(returned[0]) == 2  # 4 // 2: a handed one to b
+    assert "2" not in returned[0]
+    with pytest.raises(TimeoutError):
+        b.wait_owned(timeout=0.3)  # b's share needs the ghost's partition
