@@ -121,7 +121,7 @@ class Partitions(PartitionsShell[AsyncCallback, AsyncCallback], AwaitsStopOnExit
                     return held
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(timed_out(what, None))
+                    raise TimeoutError(timed_out(what, core.share.quota))
                 try:
                     await asyncio.wait_for(changed.wait(), None if math.isinf(left) else left)
                 except asyncio.TimeoutError:

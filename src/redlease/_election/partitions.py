@@ -436,6 +436,12 @@ class ShareWatch:
             self._watchers.discard(watcher)
 
     @property
+    def quota(self) -> int | None:
+        """The share the last look found held (None: short of it, or not running)."""
+        with self._changed:
+            return self._quota
+
+    @property
     def watchers(self) -> int:
         """How many event-loop waiters are registered now."""
         with self._changed:
@@ -471,10 +477,13 @@ class ShareWatch:
 
 
 def timed_out(what: str, quota: int | None) -> str:
-    return (
-        f"{what} did not hold its balanced share of the partitions in time "
-        f"(last look: {'still short of it' if quota is None else f'a share of {quota}'})"
+    """What ``TimeoutError`` says of a ``wait_owned`` that ran out (``quota``: ``ShareWatch``'s)."""
+    seen = (
+        "its last look at the group found it short of its share"
+        if quota is None
+        else f"its last look found its share of {quota} held, but not all of it is proven now"
     )
+    return f"{what} did not hold its balanced share of the partitions in time ({seen})"
 
 
 class Member:
