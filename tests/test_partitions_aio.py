@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -219,6 +220,8 @@ def _ghost(server: RedisServer, member: Partitions, partition: str) -> None:
 
 
 def test_wait_owned_gives_each_member_its_share(redis_server: RedisServer, engine: str) -> None:
+    assert inspect.iscoroutinefunction(Partitions.wait_owned)
+
     async def scenario() -> None:
         client = async_client(redis_server)
         a = make(client, engine, "a", 5)
