@@ -510,6 +510,33 @@ def test_the_client_comes_from_redlease_url_else_a_redis_broker_else_config_erro
     assert type(redis_client(amqp)).__module__.startswith("valkey")
 
 
+def test_the_celery_extra_brings_what_a_redis_broker_needs(server: RedisServer) -> None:
+    """``redlease[celery]`` on a ``redis://`` broker: kombu's Redis transport imports and
+    connects. Plain ``celery`` lacks what that transport imports (``packaging``, ``redis``
+    at the versions it needs), and a worker then dies at startup with
+    ``ModuleNotFoundError``: the extra (and the test extra, which installs these tests'
+    dependencies) asks for ``celery[redis]``."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: ``build`` (a test dependency) brings tomli
+        import tomli as tomllib
+    project = tomllib.loads((TESTS.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    extras = project["project"]["optional-dependencies"]
+    for extra in ("celery", "test"):
+        named = [r for r in extras[extra] if r.replace(" ", "").startswith("celery")]
+        assert named and all(r.replace(" ", "").startswith("celery[redis]") for r in named), (
+            extra,
+            named,
+        )
+    # What a worker does first with its broker: the transport module loads and talks.
+    app = Celery("extra", broker=server.url)
+    with app.connection_for_write() as connection:
+        connection.ensure_connection(max_retries=1)
+        assert type(connection.transport).__module__ == "kombu.transport.redis"
+        channel = connection.default_channel
+        assert channel.client.ping()
+
+
 def test_importing_redlease_imports_neither_celery_nor_apscheduler() -> None:
     code = (
         "import sys, redlease, redlease.aio, redlease.lock, redlease.health, "

@@ -747,3 +747,110 @@ def test_a_fenced_write_answered_readonly_ends_that_tenure_at_once(
         finally:
             client.replicaof("no", "one")
     client.close()
+
+
+# -- wait_owned: block until this member holds its balanced share ---------------------------
+
+
+def _ghost(client: redis.Redis, member: Partitions, partition: str) -> None:
+    """Hold ``partition``'s lease at Redis for a member that is not in the group."""
+    client.set(member._core.parts[partition].lease_key, "ghost", px=60_000)
+
+
+def test_wait_owned_one_member_of_n_gets_all_n(
+    plain: redis.Redis, engine: str, started: Callable[[Partitions], Partitions]
+) -> None:
+    member = started(make(plain, engine, "a", 12))
+    owned = member.wait_owned(timeout=10)
+    assert list(owned) == [str(i) for i in range(12)]
+    assert all(token > 0 for token in owned.values())
+    assert member.wait_owned(timeout=0) == member.owned()  # held: no wait at all
+
+
+def test_wait_owned_two_members_each_return_their_share_and_cover_the_set(
+    plain: redis.Redis, engine: str, started: Callable[[Partitions], Partitions]
+) -> None:
+    a = started(make(plain, engine, "a", 13))
+    assert len(a.wait_owned(timeout=10)) == 13
+    b = started(make(plain, engine, "b", 13))
+    # b's share needs a's hand-over, which a makes on the look that saw b join:
+    # once b holds its share, a's last look has computed a's share for two members.
+    of_b = b.wait_owned(timeout=10)
+    of_a = a.wait_owned(timeout=10)
+    assert sorted([len(of_a), len(of_b)]) == [6, 7]
+    assert set(of_a) | set(of_b) == {str(i) for i in range(13)}
+    assert not set(of_a) & set(of_b)
+
+
+def test_wait_owned_past_its_timeout_raises_timeout_error(
+    plain: redis.Redis, engine: str, started: Callable[[Partitions], Partitions]
+) -> None:
+    member = make(plain, engine, "a", 4)
+    _ghost(plain, member, "2")  # a lease no member of the group can take before it ends
+    started(member)
+    wait_until(lambda: len(member.owned()) == 3, 10, what="the three free partitions taken")
+    began = time.monotonic()
+    with pytest.raises(TimeoutError, match="balanced share"):
+        member.wait_owned(timeout=0.3)
+    assert time.monotonic() - began >= 0.3
+    plain.delete(member._core.parts["2"].lease_key)  # the ghost is gone: the share completes
+    assert len(member.wait_owned(timeout=10)) == 4
+
+
+def test_wait_owned_raises_runtime_error_when_not_running_and_checks_its_timeout(
+    plain: redis.Redis, engine: str
+) -> None:
+    member = make(plain, engine, "a", 2)
+    with pytest.raises(RuntimeError, match="not running"):
+        member.wait_owned(timeout=1)
+    for bad in (-1, float("nan"), True, "1"):
+        with pytest.raises(redlease.ConfigError, match="wait_owned timeout"):
+            member.wait_owned(timeout=bad)  # type: ignore[arg-type]
+    with member:
+        assert len(member.wait_owned(timeout=10)) == 2
+    with pytest.raises(RuntimeError, match="not running"):
+        member.wait_owned(timeout=1)
+
+
+def test_wait_owned_wakes_with_runtime_error_when_the_member_stops_meanwhile(
+    plain: redis.Redis, engine: str
+) -> None:
+    member = make(plain, engine, "a", 3)
+    _ghost(plain, member, "0")
+    member.start()
+    failed: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            member.wait_owned()  # forever, but for the stop
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    wait_until(lambda: len(member.owned()) == 2, 10, what="the two free partitions taken")
+    member.stop(10)
+    thread.join(10)
+    assert not thread.is_alive()
+    assert len(failed) == 1 and isinstance(failed[0], RuntimeError)
+
+
+def test_wait_owned_waits_for_the_share_of_the_members_live_now(
+    plain: redis.Redis, engine: str, started: Callable[[Partitions], Partitions]
+) -> None:
+    """The share is recomputed at each look: a join while a member waits lowers its share
+    to what two members each hold, and the wait returns with that."""
+    a = make(plain, engine, "a", 4)
+    _ghost(plain, a, "2")  # alone, a's share is all 4: it cannot get there
+    started(a)
+    wait_until(lambda: len(a.owned()) == 3, 10, what="the three free partitions taken")
+    returned: list[dict[str, int]] = []
+    waiter = threading.Thread(target=lambda: returned.append(a.wait_owned(timeout=30)))
+    waiter.start()
+    assert stays(lambda: not returned, 0.3)  # still short of 4
+    b = started(make(plain, engine, "b", 4))
+    waiter.join(30)
+    assert len(returned) == 1 and len(returned[0]) == 2  # 4 // 2: a handed one to b
+    assert "2" not in returned[0]
+    with pytest.raises(TimeoutError):
+        b.wait_owned(timeout=0.3)  # b's share needs the ghost's partition

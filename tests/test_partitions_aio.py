@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -207,3 +208,55 @@ def test_a_threaded_client_is_refused_with_the_face_to_use(redis_server: RedisSe
     with pytest.raises(redlease.ConfigError, match="a bare str"):
         Partitions(async_client(redis_server), NAME, "ab")
     client.close()
+
+
+# -- wait_owned ------------------------------------------------------------------------------
+
+
+def _ghost(server: RedisServer, member: Partitions, partition: str) -> None:
+    """Hold ``partition``'s lease at Redis for a member that is not in the group."""
+    with server.client() as c:
+        c.set(member._core.parts[partition].lease_key, "ghost", px=60_000)
+
+
+def test_wait_owned_gives_each_member_its_share(redis_server: RedisServer, engine: str) -> None:
+    assert inspect.iscoroutinefunction(Partitions.wait_owned)
+
+    async def scenario() -> None:
+        client = async_client(redis_server)
+        a = make(client, engine, "a", 5)
+        async with a:
+            assert list(await a.wait_owned(timeout=10)) == ["0", "1", "2", "3", "4"]
+            b = make(client, engine, "b", 5)
+            async with b:
+                of_b = await b.wait_owned(timeout=10)
+                of_a = await a.wait_owned(timeout=10)
+                assert sorted([len(of_a), len(of_b)]) == [2, 3]
+                assert set(of_a) | set(of_b) == {"0", "1", "2", "3", "4"}
+        with pytest.raises(RuntimeError, match="not running"):
+            await a.wait_owned(timeout=1)
+        await client.aclose()
+
+    run(scenario)
+
+
+def test_wait_owned_times_out_and_can_be_cancelled(redis_server: RedisServer, engine: str) -> None:
+    async def scenario() -> None:
+        client = async_client(redis_server)
+        member = make(client, engine, "a", 3)
+        _ghost(redis_server, member, "1")
+        async with member:
+            with pytest.raises(TimeoutError, match="balanced share"):
+                await member.wait_owned(timeout=0.3)
+            assert member._core.share.watchers == 0
+            with pytest.raises(redlease.ConfigError, match="wait_owned timeout"):
+                await member.wait_owned(timeout=-0.5)
+            waiting = asyncio.create_task(member.wait_owned())
+            await until(lambda: member._core.share.watchers == 1, what="the waiter registered")
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert member._core.share.watchers == 0  # nothing left waiting
+        await client.aclose()
+
+    run(scenario)

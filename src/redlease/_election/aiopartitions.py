@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
+import math
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from .._aio import off_loop, settled
 from .._engine.closing import AwaitsStopOnExit
 from .aio import Elector, Fencer
-from .partitions import Callback, PartitionsShell
+from .partitions import Callback, PartitionsShell, timed_out, wait_deadline
 
 AsyncCallback = Callable[..., "Awaitable[object] | object"]
 
@@ -89,6 +92,42 @@ class Partitions(PartitionsShell[AsyncCallback, AsyncCallback], AwaitsStopOnExit
     def owned(self) -> dict[str, int]:
         """``{partition: token}`` this member holds now, proven (``{}`` when not running)."""
         return self._core.owned()
+
+    async def wait_owned(self, timeout: float | None = None) -> dict[str, int]:
+        """Wait until this member holds its balanced share, then return ``owned()``.
+
+        As ``redlease.Partitions.wait_owned`` (the share, ``TimeoutError``,
+        ``ConfigError``, ``RuntimeError`` when not running), without blocking
+        the event loop: the member's run thread wakes this coroutine at each
+        look it takes at the group. Cancelled, it leaves nothing waiting and
+        ``CancelledError`` propagates.
+        """
+        core = self._core
+        deadline = wait_deadline(timeout, "wait_owned")
+        what = core.described()
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+
+        def wake() -> None:  # on the run thread
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(changed.set)
+
+        core.share.watch(wake)
+        try:
+            while True:
+                changed.clear()  # before the look: a change after it still wakes us
+                held = core.share.ready(core.owned, what)
+                if held is not None:
+                    return held
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(timed_out(what, core.share.quota))
+                try:
+                    await asyncio.wait_for(changed.wait(), None if math.isinf(left) else left)
+                except asyncio.TimeoutError:
+                    continue  # one more look decides
+        finally:
+            core.share.unwatch(wake)
 
     def fencer(self, partition: str) -> Fencer:
         """A ``redlease.aio.Fencer`` with ``partition``'s token while this member holds it;

@@ -34,6 +34,10 @@ which every member listens to, so the group rebalances within milliseconds
 of a change; a death is found when the dead member's heartbeat and leases
 run out (within one TTL, then one poll).
 
+Each look ends by telling ``ShareWatch`` whether the member holds its share
+for the live members of that look; ``wait_owned`` waits on it (a condition
+for threads, a watcher that wakes an event loop for asyncio).
+
 ``Member`` is the core both shells drive: ``Partitions`` here and
 ``aiopartitions.Partitions`` for asyncio.
 """
@@ -51,6 +55,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 from .. import _scripts
@@ -353,6 +358,134 @@ class GroupStats:
             )
 
 
+def wait_deadline(timeout: object, what: str) -> float:
+    """When a wait of ``timeout`` seconds ends (monotonic; ``math.inf`` for None), or ConfigError.
+
+    Zero is allowed (one look, no wait); a bool, NaN or a negative value is a
+    mistake, as for every other duration.
+    """
+    if timeout is None:
+        return math.inf
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, timedelta)):
+        raise ConfigError(
+            f"{what} timeout must be None or a duration in seconds (int or float) or a "
+            f"timedelta, got {type(timeout).__name__} {timeout!r}"
+        )
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    if math.isnan(seconds):
+        raise ConfigError(f"{what} timeout must be a number of seconds, got NaN")
+    if seconds < 0:
+        raise ConfigError(
+            f"{what} timeout must not be negative (None waits for as long as it takes), "
+            f"got {timeout!r}"
+        )
+    return time.monotonic() + seconds
+
+
+class ShareWatch:
+    """What the run thread last found of this member's share, for ``wait_owned``.
+
+    Each look at the group (``Member.rebalance``) ends by telling this the
+    share the member holds for the live members Redis named at that look
+    (``looked(quota)``), or that it is still short (``looked(None)``). The
+    share is ``Member.quota``: ``N // M``, plus one for the ``N % M`` members
+    ranked first, so the members' shares add up to N whatever M is. A join or
+    a leave while someone waits is just another look: the share is computed
+    again for the new M, and a waiter wakes only when the member holds that.
+
+    Threads wait on the condition; an event loop registers a watcher (a plain
+    callable, called on the run thread at each change) and wakes on it.
+    """
+
+    __slots__ = ("_changed", "_quota", "_running", "_watchers")
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._running = False
+        self._quota: int | None = None
+        self._watchers: set[Callable[[], None]] = set()
+
+    def _tell(self) -> None:
+        """Wake every waiter (called with ``_changed`` held)."""
+        self._changed.notify_all()
+        for watcher in list(self._watchers):
+            watcher()
+
+    def started(self) -> None:
+        with self._changed:
+            self._running, self._quota = True, None
+            self._tell()
+
+    def stopped(self) -> None:
+        with self._changed:
+            self._running, self._quota = False, None
+            self._tell()
+
+    def looked(self, quota: int | None) -> None:
+        with self._changed:
+            if self._running:
+                self._quota = quota
+                self._tell()
+
+    def watch(self, watcher: Callable[[], None]) -> None:
+        with self._changed:
+            self._watchers.add(watcher)
+
+    def unwatch(self, watcher: Callable[[], None]) -> None:
+        with self._changed:
+            self._watchers.discard(watcher)
+
+    @property
+    def quota(self) -> int | None:
+        """The share the last look found held (None: short of it, or not running)."""
+        with self._changed:
+            return self._quota
+
+    @property
+    def watchers(self) -> int:
+        """How many event-loop waiters are registered now."""
+        with self._changed:
+            return len(self._watchers)
+
+    def ready(self, owned: Callable[[], dict[str, int]], what: str) -> dict[str, int] | None:
+        """``owned()`` when it is this member's whole share now, else None; RuntimeError when
+        the member is not running."""
+        with self._changed:
+            if not self._running:
+                raise RuntimeError(
+                    f"{what} is not running: wait_owned() waits for a started member "
+                    "(call start() first; a stopped member owns nothing)"
+                )
+            if self._quota is None:
+                return None
+            held = owned()
+            return held if len(held) == self._quota else None
+
+    def wait(
+        self, owned: Callable[[], dict[str, int]], deadline: float, what: str
+    ) -> dict[str, int]:
+        """Block until ``ready`` gives the share (TimeoutError past ``deadline``)."""
+        with self._changed:
+            while True:
+                held = self.ready(owned, what)
+                if held is not None:
+                    return held
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(timed_out(what, self._quota))
+                self._changed.wait(None if math.isinf(left) else left)
+
+
+def timed_out(what: str, quota: int | None) -> str:
+    """What ``TimeoutError`` says of a ``wait_owned`` that ran out (``quota``: ``ShareWatch``'s)."""
+    seen = (
+        "its last look at the group found it short of its share"
+        if quota is None
+        else f"its last look found its share of {quota} held, but not all of it is proven now"
+    )
+    return f"{what} did not hold its balanced share of the partitions in time ({seen})"
+
+
 class Member:
     """One member of a partitioned group: the core the public shells drive.
 
@@ -440,6 +573,7 @@ class Member:
         self.hurry = 0  # looks in a row at partitions left free (see rebalance)
         self.member_bytes = ident.encode()
         self.stats = GroupStats()
+        self.share = ShareWatch()
 
     # -- what callers read ----------------------------------------------------------------
 
@@ -460,6 +594,14 @@ class Member:
             return 0.0
         renewed: float = getattr(keeper, "renewed_at", 0.0)
         return max(tenure.acquired_at, renewed) + self.config.ttl
+
+    def wait_owned(self, timeout: object) -> dict[str, int]:
+        """Block until this member holds its balanced share; ``owned()`` then (see ShareWatch)."""
+        deadline = wait_deadline(timeout, "wait_owned")
+        return self.share.wait(self.owned, deadline, self.described())
+
+    def described(self) -> str:
+        return f"{self.shell} {self.config.name!r} member {self.member_id!r}"
 
     def owned(self) -> dict[str, int]:
         with self.mutex:
@@ -548,6 +690,7 @@ class Member:
     def begin(self, thread: threading.Thread) -> None:
         """Start's body, ``lifecycle`` held: the first join, then the run thread."""
         cfg = self.config
+        self.share.started()
         self.stopping = False
         self.noticed = False
         self.errors_in_row = 0
@@ -578,11 +721,13 @@ class Member:
                 self.heartbeat = None
             with self.mutex:
                 self.thread = None
+            self.share.stopped()
             raise
 
     def request_stop(self) -> None:
         """Ask the run to end (it revokes, releases and leaves); returns at once."""
         self.stopping = True
+        self.share.stopped()
         heartbeat = self.heartbeat
         if heartbeat is not None:
             heartbeat.notify()
@@ -613,6 +758,7 @@ class Member:
                     until = self.backoff()
                 self.pause(until)
         finally:
+            self.share.stopped()
             try:
                 self.leave()
             finally:
@@ -744,7 +890,7 @@ class Member:
             self.stats.tenure_ended("lost")
             self.emit(self.on_revoked, tenure.partition, "lost")
 
-    def share(self, live: list[bytes], holders: list[bytes]) -> int:
+    def quota(self, live: list[bytes], holders: list[bytes]) -> int:
         """How many partitions this member should hold, of ``len(self.names)``, among ``live``.
 
         ``N // M`` each; the ``N % M`` extra ones go to the live members that
@@ -775,8 +921,9 @@ class Member:
             # The heartbeat lapsed at Redis: take nothing until the member is back
             # (its keeper learns so at its next renewal, and the member joins again).
             self.stats.looked(False, now)
+            self.share.looked(None)
             return now + min(self.poll, self.config.renew_interval)
-        quota = self.share(live, holders)
+        quota = self.quota(live, holders)
         with self.mutex:
             mine = list(self.held)
         if len(mine) > quota:
@@ -784,6 +931,7 @@ class Member:
             self.stats.looked(False, now)
             self.hand_over(excess, "rebalanced")
             self.hurry = 0
+            self.share.looked(quota)
             return next_poll
         taken = 0
         if len(mine) < quota:
@@ -797,6 +945,7 @@ class Member:
             wanted = free[: quota - len(mine)]
             taken = self.take(wanted) if wanted else 0
         short = len(mine) + taken < quota
+        self.share.looked(None if short else quota)
         unsettled = short or sum(1 for holder in holders if not holder) > taken
         self.stats.looked(not unsettled and not taken, now)
         if unsettled:
@@ -1156,6 +1305,27 @@ class Partitions(
         snapshot: carry the token into fenced writes (``fencer``).
         """
         return self._core.owned()
+
+    def wait_owned(self, timeout: float | None = None) -> dict[str, int]:
+        """Block until this member holds its balanced share, then return ``owned()``.
+
+        The share is this member's part of a complete assignment among the
+        live members Redis names: with M of them and N partitions, N // M or
+        N // M + 1, the extra ones going to the members ranked first, so the
+        shares add up to N. When a member joins or leaves while this waits,
+        the share is the one for the new M. Wakes on each look the member
+        takes at its group (every notice, join, release and poll), not on a
+        sleep of its own. A snapshot, as ``owned()``: the share can move
+        right after it returns.
+
+        ``timeout`` in seconds (or a ``timedelta``; 0 looks once; None waits
+        for as long as it takes); ``TimeoutError`` past it, ``ConfigError``
+        for a negative, NaN or bool one. ``RuntimeError`` before ``start()``,
+        after ``stop()``, or when the member stops while this waits: calls in
+        the wrong state raise ``RuntimeError`` here, as a second ``start()``
+        does.
+        """
+        return self._core.wait_owned(timeout)
 
     def fencer(self, partition: str) -> Fencer:
         """A ``Fencer`` with ``partition``'s token while this member holds it; inert (token 0)
