@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cli_helpers import assert_one_line_error, cli_env, redlease_cli
-from helpers import ClosedPort
+from helpers import ClosedPort, require_valkey
+from redlease._testing import RedisServer
 
 
 @pytest.mark.parametrize("command", [["status", "x"], ["demo"], ["bench"]])
@@ -48,3 +53,98 @@ def test_a_password_in_the_url_is_not_printed(closed_port: ClosedPort) -> None:
     result = redlease_cli("status", "x", "--redis", url)
 
     assert "s3cret" not in assert_one_line_error(result, 1)
+
+
+@pytest.fixture
+def http_listener() -> Iterator[int]:
+    """A port whose listener answers anything like an HTTP server: 400 Bad Request."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                with contextlib.suppress(OSError):
+                    conn.recv(4096)
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+@pytest.mark.parametrize("scheme", ["redis", "valkey"])
+@pytest.mark.parametrize(
+    "command", [["status", "x"], ["locks"], ["partitions", "g"], ["evict", "x"], ["demo"]]
+)
+def test_a_peer_that_is_not_redis_is_named_and_shown(
+    http_listener: int, scheme: str, command: list[str]
+) -> None:
+    if scheme == "valkey":
+        require_valkey()
+    url = f"{scheme}://127.0.0.1:{http_listener}/0"
+    result = redlease_cli(*command, "--redis", url)
+
+    line = assert_one_line_error(result, 1)
+    assert f"the server at {url} is not a Redis server" in line, line
+    assert "it answered like an HTTP server: 'HTTP/1.1 400 Bad Request'" in line
+
+
+@pytest.fixture
+def password_server(redis_server: RedisServer) -> RedisServer:
+    redis_server.client().config_set("requirepass", "right-s3cret")
+    return redis_server
+
+
+@pytest.mark.parametrize("scheme", ["redis", "valkey"])
+@pytest.mark.parametrize("command", [["status", "x"], ["locks"], ["evict", "x"]])
+def test_no_password_sent_says_the_server_needs_one_and_how_to_pass_it(
+    password_server: RedisServer, scheme: str, command: list[str]
+) -> None:
+    if scheme == "valkey":
+        require_valkey()
+    host, port = password_server.address
+    result = redlease_cli(*command, "--redis", f"{scheme}://{host}:{port}/0")
+
+    line = assert_one_line_error(result, 1)
+    assert "refused the credentials" not in line
+    assert f"Redis at {scheme}://{host}:{port}/0 requires a password and none was sent" in line
+    assert f"{scheme}://:PASSWORD@host:port/0" in line
+
+
+@pytest.mark.parametrize("scheme", ["redis", "valkey"])
+@pytest.mark.parametrize("userinfo", [":wrong-pw", "someone:wrong-pw"])
+def test_a_wrong_password_is_refused_credentials_and_never_printed(
+    password_server: RedisServer, scheme: str, userinfo: str
+) -> None:
+    if scheme == "valkey":
+        require_valkey()
+    host, port = password_server.address
+    result = redlease_cli("status", "x", "--redis", f"{scheme}://{userinfo}@{host}:{port}/0")
+
+    line = assert_one_line_error(result, 1)
+    user = userinfo.split(":")[0]
+    assert f"Redis at {scheme}://{user}:***@{host}:{port}/0 refused the credentials" in line
+    assert "wrong-pw" not in result.stderr + result.stdout
+    assert "none was sent" not in line
+
+
+def test_a_password_in_the_query_is_not_printed(closed_port: ClosedPort) -> None:
+    url = f"redis://127.0.0.1:{closed_port.port}/0?password=q-s3cret"
+    result = redlease_cli("status", "x", "--redis", url)
+
+    line = assert_one_line_error(result, 1)
+    assert "q-s3cret" not in line and "password=***" in line

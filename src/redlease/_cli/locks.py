@@ -14,7 +14,7 @@ lock's or a semaphore's.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import _scripts
@@ -54,6 +54,20 @@ def _chunks(names: list[str]) -> Iterator[list[str]]:
         yield names[first : first + SCAN_COUNT]
 
 
+def _batch(client: Any, calls: list[Callable[[Any], Any]]) -> list[Any]:
+    """Each call on ``client`` in one round trip; one by one on a cluster.
+
+    A cluster client's pipeline does not take EVAL, while its own EVAL goes
+    to the node of the keys; each lease read stays one atomic script.
+    """
+    if is_cluster(client):
+        return [call(client) for call in calls]
+    pipe = client.pipeline(transaction=False)
+    for call in calls:
+        call(pipe)
+    return list(pipe.execute())
+
+
 def _holder(reply: Any) -> tuple[str, int, int]:
     """A ``{label, token, pttl}`` script reply as ``(holder, token, ttl_ms)``."""
     return str(reply_text(reply[0])), int(reply[1]), int(reply[2])
@@ -74,10 +88,8 @@ def collect(client: Any, prefix: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     lock_script = _scripts.load("lock_holder").source
     for chunk in _chunks(_scan(client, prefix, "key")):
-        pipe = client.pipeline(transaction=False)
-        for name in chunk:
-            pipe.eval(lock_script, 1, keys.lock(name))
-        for name, reply in zip(chunk, pipe.execute(), strict=True):
+        calls = [_eval(lock_script, keys.lock(name)) for name in chunk]
+        for name, reply in zip(chunk, _batch(client, calls), strict=True):
             if reply is not None:
                 holder, token, ttl_ms = _holder(reply)
                 rows.append(
@@ -86,15 +98,8 @@ def collect(client: Any, prefix: str) -> list[dict[str, Any]]:
                         token=token, ttl_ms=ttl_ms, permits=None,
                     )
                 )
-    sem_script = _scripts.load("sem_holders").source
     for chunk in _chunks(_scan(client, prefix, "sem")):
-        pipe = client.pipeline(transaction=False)
-        for name in chunk:
-            # The limit cannot change while a permit is live (an acquire with
-            # another count is refused), so it is read beside the permits.
-            pipe.eval(sem_script, 2, keys.permits(name), keys.permit_info(name))
-            pipe.hget(keys.permit_info(name), "permits")
-        replies = pipe.execute()
+        replies = _batch(client, [call for name in chunk for call in _permit_reads(keys, name)])
         for i, name in enumerate(chunk):
             permits, limit = replies[2 * i], reply_text(replies[2 * i + 1])
             for holder, token, ttl_ms in sorted(map(_holder, permits or ()), key=_by_token):
@@ -108,13 +113,26 @@ def collect(client: Any, prefix: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _eval(source: str, *keys: str) -> Callable[[Any], Any]:
+    return lambda target: target.eval(source, len(keys), *keys)
+
+
+def _permit_reads(keys: LockKeys, name: str) -> list[Callable[[Any], Any]]:
+    """The reads of a semaphore's live permits (one script) and of its limit.
+
+    The limit cannot change while a permit is live (an acquire with another
+    count is refused), so it is read beside the permits, not in their script.
+    """
+    info = keys.permit_info(name)
+    return [
+        _eval(_scripts.load("sem_holders").source, keys.permits(name), info),
+        lambda target: target.hget(info, "permits"),
+    ]
+
+
 def semaphore_holders(client: Any, prefix: str, name: str) -> list[dict[str, Any]]:
     """The live permits of the semaphore ``name``, as ``collect``'s rows."""
-    keys = LockKeys(prefix)
-    pipe = client.pipeline(transaction=False)
-    pipe.eval(_scripts.load("sem_holders").source, 2, keys.permits(name), keys.permit_info(name))
-    pipe.hget(keys.permit_info(name), "permits")
-    permits, limit = pipe.execute()
+    permits, limit = _batch(client, _permit_reads(LockKeys(prefix), name))
     limit = reply_text(limit)
     return [
         schema.record(
