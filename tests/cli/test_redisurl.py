@@ -137,7 +137,10 @@ def test_a_wrong_password_is_refused_credentials_and_never_printed(
 
     line = assert_one_line_error(result, 1)
     user = userinfo.split(":")[0]
-    assert f"Redis at {scheme}://{user}:***@{host}:{port}/0 refused the credentials" in line
+    assert line.startswith(
+        f"redlease: Redis at {scheme}://{user}:***@{host}:{port}/0 refused the credentials: "
+        "the user name or password is wrong, or the user is disabled"
+    ), line
     assert "wrong-pw" not in result.stderr + result.stdout
     assert "none was sent" not in line
 
