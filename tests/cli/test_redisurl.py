@@ -55,9 +55,9 @@ def test_a_password_in_the_url_is_not_printed(closed_port: ClosedPort) -> None:
     assert "s3cret" not in assert_one_line_error(result, 1)
 
 
-@pytest.fixture
-def http_listener() -> Iterator[int]:
-    """A port whose listener answers anything like an HTTP server: 400 Bad Request."""
+@contextlib.contextmanager
+def answering(reply: bytes) -> Iterator[int]:
+    """A port whose listener answers whatever it is sent with ``reply``, then hangs up."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.2)
     stop = threading.Event()
@@ -74,7 +74,7 @@ def http_listener() -> Iterator[int]:
                 conn.settimeout(5)
                 with contextlib.suppress(OSError):
                     conn.recv(4096)
-                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+                    conn.sendall(reply)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -84,6 +84,13 @@ def http_listener() -> Iterator[int]:
         stop.set()
         thread.join(5)
         listener.close()
+
+
+@pytest.fixture
+def http_listener() -> Iterator[int]:
+    """A port that answers like an HTTP server: 400 Bad Request."""
+    with answering(b"HTTP/1.1 400 Bad Request\r\n\r\n") as port:
+        yield port
 
 
 @pytest.mark.parametrize("scheme", ["redis", "valkey"])
@@ -101,6 +108,15 @@ def test_a_peer_that_is_not_redis_is_named_and_shown(
     line = assert_one_line_error(result, 1)
     assert f"the server at {url} is not a Redis server" in line, line
     assert "it answered like an HTTP server: 'HTTP/1.1 400 Bad Request'" in line
+
+
+def test_a_peer_answering_other_bytes_is_shown_by_its_first_bytes_escaped() -> None:
+    with answering(b"\x00\x01\xfe?garbage from a port that is not Redis\r\n") as port:
+        result = redlease_cli("status", "x", "--redis", f"redis://127.0.0.1:{port}/0")
+
+    line = assert_one_line_error(result, 1)
+    assert f"the server at redis://127.0.0.1:{port}/0 is not a Redis server" in line
+    assert "its first bytes were '\\x00\\x01\\xfe?garbage from a port '..." in line, line
 
 
 @pytest.fixture
@@ -151,3 +167,19 @@ def test_a_password_in_the_query_is_not_printed(closed_port: ClosedPort) -> None
 
     line = assert_one_line_error(result, 1)
     assert "q-s3cret" not in line and "password=***" in line
+
+
+@pytest.mark.parametrize(
+    ("scheme", "query"), [("valkey", ""), ("redis", "?protocol=2")], ids=["valkey", "redis-resp2"]
+)
+def test_a_password_sent_to_a_server_without_one_says_to_drop_it(
+    redis_server: RedisServer, scheme: str, query: str
+) -> None:
+    if scheme == "valkey":
+        require_valkey()
+    host, port = redis_server.address
+    result = redlease_cli("evict", "x", "--redis", f"{scheme}://:extra-pw@{host}:{port}/0{query}")
+
+    line = assert_one_line_error(result, 1)
+    assert "has no password set, but the URL sends one: drop the password" in line
+    assert "refused the credentials" not in line and "extra-pw" not in line

@@ -12,6 +12,7 @@ import os
 import socket
 import ssl
 import sys
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -216,8 +217,17 @@ def refused_credentials(url: str, exc: BaseException) -> str:
     called with the client already authenticated") to a client that sent
     no password, and WRONGPASS to one whose user name or password is wrong:
     without a password in the URL the server was never given one to refuse.
+    A server without a password answers a plain AUTH (RESP2 clients) with
+    "called without any password configured" (Redis before 6: "no password
+    is set"): the password is the URL's mistake, not the server's refusal.
     """
     where = redact(url)
+    reason = one_line(exc)
+    if "without any password configured" in reason or "no password is set" in reason:
+        return (
+            f"Redis at {where} has no password set, but the URL sends one: drop the password "
+            "from the URL, or set one on the server (requirepass, or an ACL user)"
+        )
     if not sends_password(url):
         scheme = urllib.parse.urlsplit(url).scheme.lower() or "redis"
         example = "unix://:PASSWORD@/path/to/redis.sock" if scheme == "unix" else (
@@ -230,7 +240,7 @@ def refused_credentials(url: str, exc: BaseException) -> str:
         )
     return (
         f"Redis at {where} refused the credentials: the user name or password is wrong, "
-        f"or the user is disabled ({one_line(exc)})"
+        f"or the user is disabled ({reason})"
     )
 
 
@@ -266,7 +276,12 @@ def probe(url: str, timeout: float = 2.0) -> bytes | None:
                 stack.callback(sock.close)
             sock.sendall(b"PING\r\n")
             data = b""
+            deadline = time.monotonic() + timeout
             while len(data) < 256 and b"\n" not in data:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                sock.settimeout(left)
                 chunk = sock.recv(256)
                 if not chunk:
                     break
