@@ -1,4 +1,5 @@
-"""The ``redlease`` command (also ``python -m redlease``): demo, status, locks, bench.
+"""The ``redlease`` command (also ``python -m redlease``): demo, status, locks, evict,
+partitions, bench.
 
 Every failure is one line on stderr and a non-zero exit status: 2 for bad
 arguments, 1 for everything else (a bad URL, an unreachable server, no
