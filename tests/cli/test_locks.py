@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
 
 import redlease
 from cli_helpers import assert_one_line_error, redlease_cli
-from helpers import ClosedPort
+from helpers import ClosedPort, wait_until
 from redlease._testing import ClusterSet, RedisServer
 
 
@@ -164,3 +165,31 @@ def test_release_of_a_semaphore_name_refuses_and_prints_the_command_for_one_perm
 def test_permit_without_release_is_a_usage_error() -> None:
     result = redlease_cli("locks", "--permit", "3")
     assert "--release NAME" in assert_one_line_error(result, 2)
+
+
+def test_a_permit_taken_by_release_is_found_lost_by_its_auto_renewing_holder(
+    redis_server: RedisServer, engine: str
+) -> None:
+    client = redis_server.client()
+    with redlease.RedisLocker(client, holder="renewer", engine=engine) as locker:
+        sem = locker.semaphore("renewed-pool", 2)
+        kept = sem.acquire(ttl=30.0)
+        permit = sem.acquire(ttl=1.0, auto_renew=True)
+        try:
+            taken = redlease_cli(
+                "locks", "--redis", redis_server.url, "--release", "renewed-pool",
+                "--permit", str(permit.fencing_token),
+            )
+            assert taken.returncode == 0, taken.stderr
+            assert (
+                f"evicted 'renewer' from permit {permit.fencing_token} of semaphore "
+                "'renewed-pool'" in taken.stdout
+            )
+            # Its next renewal finds the permit gone: the watchdog sets done.
+            wait_until(permit.done.is_set, 15.0, what="the evicted permit found lost")
+            assert [h.fencing_token for h in sem.holders()] == [kept.fencing_token]
+        finally:
+            with contextlib.suppress(redlease.NotHeld):
+                permit.release()
+            kept.release()
+    client.close()
