@@ -101,15 +101,7 @@ def collect(client: Any, prefix: str) -> list[dict[str, Any]]:
     for chunk in _chunks(_scan(client, prefix, "sem")):
         replies = _batch(client, [call for name in chunk for call in _permit_reads(keys, name)])
         for i, name in enumerate(chunk):
-            permits, limit = replies[2 * i], reply_text(replies[2 * i + 1])
-            for holder, token, ttl_ms in sorted(map(_holder, permits or ()), key=_by_token):
-                rows.append(
-                    schema.record(
-                        schema.LOCKS, name=name, kind=schema.KIND_SEMAPHORE, holder=holder,
-                        token=token, ttl_ms=ttl_ms,
-                        permits=int(limit) if limit is not None and limit.isdigit() else None,
-                    )
-                )
+            rows += _permit_rows(name, replies[2 * i], replies[2 * i + 1])
     return rows
 
 
@@ -132,12 +124,17 @@ def _permit_reads(keys: LockKeys, name: str) -> list[Callable[[Any], Any]]:
 
 def semaphore_holders(client: Any, prefix: str, name: str) -> list[dict[str, Any]]:
     """The live permits of the semaphore ``name``, as ``collect``'s rows."""
-    permits, limit = _batch(client, _permit_reads(LockKeys(prefix), name))
-    limit = reply_text(limit)
+    return _permit_rows(name, *_batch(client, _permit_reads(LockKeys(prefix), name)))
+
+
+def _permit_rows(name: str, permits: Any, limit: Any) -> list[dict[str, Any]]:
+    """``collect``'s rows of the semaphore ``name`` from its two reads (``_permit_reads``)."""
+    text = reply_text(limit)
+    count = int(text) if text is not None and text.isdigit() else None
     return [
         schema.record(
             schema.LOCKS, name=name, kind=schema.KIND_SEMAPHORE, holder=holder, token=token,
-            ttl_ms=ttl_ms, permits=int(limit) if limit is not None and limit.isdigit() else None,
+            ttl_ms=ttl_ms, permits=count,
         )
         for holder, token, ttl_ms in sorted(map(_holder, permits or ()), key=_by_token)
     ]
