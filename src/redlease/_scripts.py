@@ -51,6 +51,7 @@ _REPLIES = {
     "sem_holders": "sem_holders",
     "evict": "evict",
     "lock_force_release": "evict",
+    "sem_force_release": "evict",
     # A partition group's replies depend on the group (how many partitions a
     # view reads): redlease._election.partitions checks them.
     "partition_join": "any",
@@ -89,6 +90,7 @@ _PRELUDES: dict[str, tuple[str, ...]] = {
     "sem_release": ("notify",),
     "evict": ("notify",),
     "lock_force_release": ("notify",),
+    "sem_force_release": ("notify",),
     "partition_join": ("notify",),
     "partition_release": ("notify",),
     "partition_leave": ("notify",),

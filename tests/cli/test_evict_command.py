@@ -46,5 +46,5 @@ def test_locks_release_prints_who_and_the_counter(redis_server: RedisServer) -> 
             held.release()
         text = redlease_cli("locks", "--redis", redis_server.url, "--release", "nightly")
         assert text.returncode == 0, text.stderr
-        assert "nobody held lock 'nightly'" in text.stdout
+        assert "nobody held lock or semaphore 'nightly' under 'redlease:lock:'" in text.stdout
     client.close()

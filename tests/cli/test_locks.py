@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
+import pytest
+
 import redlease
-from cli_helpers import redlease_cli
-from helpers import ClosedPort
+from cli_helpers import assert_one_line_error, redlease_cli
+from helpers import ClosedPort, wait_until
 from redlease._testing import ClusterSet, RedisServer
 
 
@@ -24,11 +27,17 @@ def test_locks_lists_each_held_lock_with_holder_token_and_ttl(redis_server: Redi
     assert lines[0].split() == ["LOCK", "HOLDER", "TOKEN", "TTL"]
     assert lines[1].split()[:3] == ["nightly", "nightly@box-7", str(nightly.fencing_token)]
     assert lines[2].split()[:3] == ["reindex:users", "nightly@box-7", str(reindex.fencing_token)]
-    assert "2 locks and permits held under 'redlease:lock:'" in lines[3]
+    assert "2 locks held under 'redlease:lock:'" in lines[3]
     assert as_json.returncode == 0, as_json.stderr
     rows = json.loads(as_json.stdout)
-    assert [set(r) for r in rows] == [{"name", "holder", "fencing_token", "ttl_ms"}] * 2
-    assert [(r["name"], r["holder"], r["fencing_token"]) for r in rows] == [
+    assert [set(r) for r in rows] == [
+        {"name", "kind", "holder", "token", "ttl_ms", "permits"}
+    ] * 2
+    assert [(r["name"], r["kind"], r["holder"], r["token"], r["permits"]) for r in rows] == [
+        ("nightly", "lock", "nightly@box-7", nightly.fencing_token, None),
+        ("reindex:users", "lock", "nightly@box-7", reindex.fencing_token, None),
+    ]
+    assert [(r["name"], r["holder"], r["token"]) for r in rows] == [
         ("nightly", "nightly@box-7", nightly.fencing_token),
         ("reindex:users", "nightly@box-7", reindex.fencing_token),
     ]
@@ -44,7 +53,7 @@ def test_locks_under_another_prefix_and_none_held(redis_server: RedisServer) -> 
         held.release()
     assert [r["name"] for r in json.loads(other.stdout)] == ["one"]
     assert default.returncode == 0
-    assert default.stdout.strip().startswith("no lock is held under 'redlease:lock:'")
+    assert default.stdout.strip().startswith("no lock or semaphore is held under 'redlease:lock:'")
     empty = redlease_cli("locks", "--redis", redis_server.url, "--prefix", "jobs:", "--json")
     assert json.loads(empty.stdout) == []
 
@@ -77,14 +86,110 @@ def test_locks_with_an_unreachable_server_is_one_line(closed_port: ClosedPort) -
     assert result.stderr.count("\n") == 1
 
 
-def test_locks_lists_each_live_semaphore_permit_under_its_name(redis_server: RedisServer) -> None:
+def test_locks_lists_a_semaphore_as_a_semaphore_with_its_permits_held_of_its_limit(
+    redis_server: RedisServer,
+) -> None:
     client = redis_server.client()
     with redlease.RedisLocker(client, holder="pool-user") as locker:
+        job = locker.acquire("nightly", ttl=60.0)
         sem = locker.semaphore("db-pool", 3)
         permits = [sem.try_acquire(ttl=30.0) for _ in range(2)]
-        result = redlease_cli("locks", "--redis", redis_server.url, "--json")
+        text = redlease_cli("locks", "--redis", redis_server.url)
+        as_json = redlease_cli("locks", "--redis", redis_server.url, "--json")
         for permit in permits:
             permit.release()
-    assert [(r["name"], r["holder"], r["fencing_token"]) for r in json.loads(result.stdout)] == [
-        ("db-pool", "pool-user", p.fencing_token) for p in permits
+        job.release()
+    client.close()
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0].split() == ["LOCK", "HOLDER", "TOKEN", "TTL"]
+    assert lines[1].split()[:3] == ["nightly", "pool-user", str(job.fencing_token)]
+    assert lines[2] == ""
+    assert lines[3].split() == ["SEMAPHORE", "PERMITS", "HOLDER", "TOKEN", "TTL"]
+    assert [line.split()[:4] for line in lines[4:6]] == [
+        ["db-pool", "2/3", "pool-user", str(p.fencing_token)] for p in permits
     ]
+    assert "1 lock and 1 semaphore (2 permits) held under 'redlease:lock:'" in lines[6]
+    assert as_json.returncode == 0, as_json.stderr
+    rows = json.loads(as_json.stdout)
+    assert [(r["name"], r["kind"], r["holder"], r["token"], r["permits"]) for r in rows] == [
+        ("nightly", "lock", "pool-user", job.fencing_token, None),
+        *(("db-pool", "semaphore", "pool-user", p.fencing_token, 3) for p in permits),
+    ]
+    assert all(0 < r["ttl_ms"] <= 60000 for r in rows)
+
+
+def test_release_of_a_semaphore_name_refuses_and_prints_the_command_for_one_permit(
+    redis_server: RedisServer,
+) -> None:
+    client = redis_server.client()
+    with redlease.RedisLocker(client, holder="pool-user", prefix="jobs:") as locker:
+        sem = locker.semaphore("db-pool", 2)
+        first, second = sem.try_acquire(ttl=30.0), sem.try_acquire(ttl=30.0)
+        url = ("--redis", redis_server.url, "--prefix", "jobs:")
+        refused = redlease_cli("locks", *url, "--release", "db-pool")
+        # Refusing took nothing: both permits are still live.
+        assert [h.fencing_token for h in sorted(sem.holders(), key=lambda h: h.fencing_token)] == [
+            first.fencing_token, second.fencing_token,
+        ]
+        taken = redlease_cli(
+            "locks", *url, "--release", "db-pool", "--permit", str(first.fencing_token), "--json"
+        )
+        again = redlease_cli(
+            "locks", *url, "--release", "db-pool", "--permit", str(first.fencing_token)
+        )
+        left = [h.fencing_token for h in sem.holders()]
+        with pytest.raises(redlease.NotHeld):
+            first.release()
+        second.release()
+    client.close()
+    line = assert_one_line_error(refused, 1)
+    assert "nobody held" not in line
+    assert "'db-pool' under 'jobs:' is a semaphore, not a lock: 2 of 2 permits held" in line
+    assert f"'pool-user' (token {first.fencing_token})" in line
+    assert line.endswith(
+        f"redlease locks --release db-pool --permit {first.fencing_token} --prefix jobs:"
+    )
+    assert taken.returncode == 0, taken.stderr
+    result = json.loads(taken.stdout)
+    assert result == {
+        "name": "db-pool", "kind": "semaphore", "evicted": "pool-user", "mark": result["mark"]
+    }
+    assert result["mark"] > second.fencing_token
+    assert left == [second.fencing_token]
+    assert again.returncode == 0, again.stderr
+    gone = f"no live permit of semaphore 'db-pool' under 'jobs:' has token {first.fencing_token}"
+    assert gone in again.stdout
+
+
+def test_permit_without_release_is_a_usage_error() -> None:
+    result = redlease_cli("locks", "--permit", "3")
+    assert "--release NAME" in assert_one_line_error(result, 2)
+
+
+def test_a_permit_taken_by_release_is_found_lost_by_its_auto_renewing_holder(
+    redis_server: RedisServer, engine: str
+) -> None:
+    client = redis_server.client()
+    with redlease.RedisLocker(client, holder="renewer", engine=engine) as locker:
+        sem = locker.semaphore("renewed-pool", 2)
+        kept = sem.acquire(ttl=30.0)
+        permit = sem.acquire(ttl=1.0, auto_renew=True)
+        try:
+            taken = redlease_cli(
+                "locks", "--redis", redis_server.url, "--release", "renewed-pool",
+                "--permit", str(permit.fencing_token),
+            )
+            assert taken.returncode == 0, taken.stderr
+            assert (
+                f"evicted 'renewer' from permit {permit.fencing_token} of semaphore "
+                "'renewed-pool'" in taken.stdout
+            )
+            # Its next renewal finds the permit gone: the watchdog sets done.
+            wait_until(permit.done.is_set, 15.0, what="the evicted permit found lost")
+            assert [h.fencing_token for h in sem.holders()] == [kept.fencing_token]
+        finally:
+            with contextlib.suppress(redlease.NotHeld):
+                permit.release()
+            kept.release()
+    client.close()

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cli_helpers import assert_one_line_error, cli_env, redlease_cli
-from helpers import ClosedPort
+from helpers import ClosedPort, require_valkey
+from redlease._testing import RedisServer
 
 
 @pytest.mark.parametrize("command", [["status", "x"], ["demo"], ["bench"]])
@@ -48,3 +53,133 @@ def test_a_password_in_the_url_is_not_printed(closed_port: ClosedPort) -> None:
     result = redlease_cli("status", "x", "--redis", url)
 
     assert "s3cret" not in assert_one_line_error(result, 1)
+
+
+@contextlib.contextmanager
+def answering(reply: bytes) -> Iterator[int]:
+    """A port whose listener answers whatever it is sent with ``reply``, then hangs up."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                with contextlib.suppress(OSError):
+                    conn.recv(4096)
+                    conn.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+@pytest.fixture
+def http_listener() -> Iterator[int]:
+    """A port that answers like an HTTP server: 400 Bad Request."""
+    with answering(b"HTTP/1.1 400 Bad Request\r\n\r\n") as port:
+        yield port
+
+
+@pytest.mark.parametrize("scheme", ["redis", "valkey"])
+@pytest.mark.parametrize(
+    "command", [["status", "x"], ["locks"], ["partitions", "g"], ["evict", "x"], ["demo"]]
+)
+def test_a_peer_that_is_not_redis_is_named_and_shown(
+    http_listener: int, scheme: str, command: list[str]
+) -> None:
+    if scheme == "valkey":
+        require_valkey()
+    url = f"{scheme}://127.0.0.1:{http_listener}/0"
+    result = redlease_cli(*command, "--redis", url)
+
+    line = assert_one_line_error(result, 1)
+    assert f"the server at {url} is not a Redis server" in line, line
+    assert "it answered like an HTTP server: 'HTTP/1.1 400 Bad Request'" in line
+
+
+def test_a_peer_answering_other_bytes_is_shown_by_its_first_bytes_escaped() -> None:
+    with answering(b"\x00\x01\xfe?garbage from a port that is not Redis\r\n") as port:
+        result = redlease_cli("status", "x", "--redis", f"redis://127.0.0.1:{port}/0")
+
+    line = assert_one_line_error(result, 1)
+    assert f"the server at redis://127.0.0.1:{port}/0 is not a Redis server" in line
+    assert "its first bytes were '\\x00\\x01\\xfe?garbage from a port '..." in line, line
+
+
+@pytest.fixture
+def password_server(redis_server: RedisServer) -> RedisServer:
+    redis_server.client().config_set("requirepass", "right-s3cret")
+    return redis_server
+
+
+@pytest.mark.parametrize("scheme", ["redis", "valkey"])
+@pytest.mark.parametrize("command", [["status", "x"], ["locks"], ["evict", "x"]])
+def test_no_password_sent_says_the_server_needs_one_and_how_to_pass_it(
+    password_server: RedisServer, scheme: str, command: list[str]
+) -> None:
+    if scheme == "valkey":
+        require_valkey()
+    host, port = password_server.address
+    result = redlease_cli(*command, "--redis", f"{scheme}://{host}:{port}/0")
+
+    line = assert_one_line_error(result, 1)
+    assert "refused the credentials" not in line
+    assert f"Redis at {scheme}://{host}:{port}/0 requires a password and none was sent" in line
+    assert f"{scheme}://:PASSWORD@host:port/0" in line
+
+
+@pytest.mark.parametrize("scheme", ["redis", "valkey"])
+@pytest.mark.parametrize("userinfo", [":wrong-pw", "someone:wrong-pw"])
+def test_a_wrong_password_is_refused_credentials_and_never_printed(
+    password_server: RedisServer, scheme: str, userinfo: str
+) -> None:
+    if scheme == "valkey":
+        require_valkey()
+    host, port = password_server.address
+    result = redlease_cli("status", "x", "--redis", f"{scheme}://{userinfo}@{host}:{port}/0")
+
+    line = assert_one_line_error(result, 1)
+    user = userinfo.split(":")[0]
+    assert line.startswith(
+        f"redlease: Redis at {scheme}://{user}:***@{host}:{port}/0 refused the credentials: "
+        "the user name or password is wrong, or the user is disabled"
+    ), line
+    assert "wrong-pw" not in result.stderr + result.stdout
+    assert "none was sent" not in line
+
+
+def test_a_password_in_the_query_is_not_printed(closed_port: ClosedPort) -> None:
+    url = f"redis://127.0.0.1:{closed_port.port}/0?password=q-s3cret"
+    result = redlease_cli("status", "x", "--redis", url)
+
+    line = assert_one_line_error(result, 1)
+    assert "q-s3cret" not in line and "password=***" in line
+
+
+@pytest.mark.parametrize(
+    ("scheme", "query"), [("valkey", ""), ("redis", "?protocol=2")], ids=["valkey", "redis-resp2"]
+)
+def test_a_password_sent_to_a_server_without_one_says_to_drop_it(
+    redis_server: RedisServer, scheme: str, query: str
+) -> None:
+    if scheme == "valkey":
+        require_valkey()
+    host, port = redis_server.address
+    result = redlease_cli("evict", "x", "--redis", f"{scheme}://:extra-pw@{host}:{port}/0{query}")
+
+    line = assert_one_line_error(result, 1)
+    assert "has no password set, but the URL sends one: drop the password" in line
+    assert "refused the credentials" not in line and "extra-pw" not in line

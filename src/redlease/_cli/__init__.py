@@ -1,4 +1,5 @@
-"""The ``redlease`` command (also ``python -m redlease``): demo, status, locks, bench.
+"""The ``redlease`` command (also ``python -m redlease``): demo, status, locks, evict,
+partitions, bench.
 
 Every failure is one line on stderr and a non-zero exit status: 2 for bad
 arguments, 1 for everything else (a bad URL, an unreachable server, no
@@ -18,6 +19,7 @@ from typing import Any, NoReturn
 from .. import __version__
 from .._keys import ElectionKeys
 from ..lock import DEFAULT_PREFIX
+from . import schema
 from .redisurl import DEFAULT_STATUS_URL, CliError, one_line, url_from
 from .topology import TOPOLOGIES
 
@@ -55,6 +57,18 @@ def _contenders(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"{value} is out of range: the demo needs 2 to 16 contenders (one must take over)"
         )
+    return value
+
+
+def _token(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a fencing token (a whole number)"
+        ) from None
+    if not 1 <= value < 2**53:
+        raise argparse.ArgumentTypeError(f"{value} is not a fencing token (1 to 2**53 - 1)")
     return value
 
 
@@ -115,15 +129,17 @@ def build_parser() -> argparse.ArgumentParser:
             f"eviction, replication). --redis defaults to REDIS_URL, else {DEFAULT_STATUS_URL}."
         ),
         "the elector's name",
-        "print one JSON object",
+        "print one JSON object: " + ", ".join(schema.STATUS),
     )
 
     locks = sub.add_parser(
         "locks",
-        help="list the locks held under a prefix: holder, fencing token, TTL",
+        help="list the locks and semaphores held under a prefix: holder, fencing token, TTL",
         description=(
-            "Walks <prefix>key:* with SCAN (on a Redis Cluster, on every master; never KEYS) "
-            "and reads each lease: the holder's label, the fencing token and the time left. "
+            "Walks <prefix>key:* (locks) and <prefix>sem:* (semaphores) with SCAN (on a Redis "
+            "Cluster, on every master; never KEYS) and reads each lease: the holder's label, "
+            "the fencing token and the time left; a semaphore with its permits held out of "
+            "its limit, one row per live permit. "
             f"--redis defaults to REDIS_URL, else {DEFAULT_STATUS_URL}."
         ),
     )
@@ -132,11 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
     locks.add_argument("--redis", metavar="URL",
                        help=f"Redis URL (default: REDIS_URL, else {DEFAULT_STATUS_URL})")
     locks.add_argument("--json", action="store_true",
-                       help="print a JSON list of objects: name, holder, fencing_token, ttl_ms")
+                       help="print a JSON list of objects: " + ", ".join(schema.LOCKS)
+                       + "; with --release one object: " + ", ".join(schema.RELEASE))
     locks.add_argument("--release", metavar="NAME",
                        help="take the lock NAME from its holder now and fence it out (prints "
-                            "who held it and the fencing counter; with --json one object: "
-                            "name, evicted, mark)")
+                            "who held it and the fencing counter); a semaphore's permit is "
+                            "taken with --permit")
+    locks.add_argument("--permit", type=_token, metavar="TOKEN",
+                       help="with --release NAME: take the permit with this fencing token "
+                            "(as listed) of the semaphore NAME")
 
     _named_command(
         sub,
@@ -148,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
             f"trip. --redis defaults to REDIS_URL, else {DEFAULT_STATUS_URL}."
         ),
         "the partition group's name",
-        "print a JSON list of objects: partition, member, token, ttl_ms",
+        "print a JSON list of objects: " + ", ".join(schema.PARTITIONS),
     )
     _named_command(
         sub,
@@ -161,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
             f"--redis defaults to REDIS_URL, else {DEFAULT_STATUS_URL}."
         ),
         "the elector's name",
-        "print one JSON object: name, evicted, mark",
+        "print one JSON object: " + ", ".join(schema.EVICT),
     )
 
     bench = sub.add_parser(
@@ -217,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
         if args.release is not None:
             from . import evict as _evict
 
-            print(_evict.run_release(url, args.prefix, args.release, args.json))
+            print(_evict.run_release(url, args.prefix, args.release, args.permit, args.json))
             return 0
         from . import locks as _locks
 
@@ -260,7 +280,10 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``redlease`` console script; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "locks" and args.permit is not None and args.release is None:
+        parser.error("locks --permit TOKEN takes a semaphore's permit: add --release NAME")
     previous = signal.getsignal(signal.SIGTERM)
     try:
         signal.signal(signal.SIGTERM, _on_sigterm)

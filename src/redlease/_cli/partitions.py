@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from .._keys import ElectionKeys, PartitionKeys
+from . import schema
 from .redisurl import CliError, on_redis, redact
 
 
@@ -48,12 +49,13 @@ def collect(client: Any, name: str) -> tuple[list[dict[str, Any]], list[str]]:
         holder, pttl, token = replies[1 + 3 * i : 4 + 3 * i]
         owned = holder is not None
         rows.append(
-            {
-                "partition": partition,
-                "member": _text(holder) if owned else None,
-                "token": int(token) if owned and token is not None else None,
-                "ttl_ms": int(pttl) if owned and pttl is not None and pttl >= 0 else None,
-            }
+            schema.record(
+                schema.PARTITIONS,
+                partition=partition,
+                member=_text(holder) if owned else None,
+                token=int(token) if owned and token is not None else None,
+                ttl_ms=int(pttl) if owned and pttl is not None and pttl >= 0 else None,
+            )
         )
     return rows, members
 

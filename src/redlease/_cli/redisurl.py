@@ -6,9 +6,13 @@ on; ``redlease._cli`` prints it and exits 1, never with a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import socket
+import ssl
 import sys
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -69,14 +73,23 @@ def redact(url: str) -> str:
         parts = urllib.parse.urlsplit(url)
     except ValueError:
         return url
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{user}:***@{host}"
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    query = parts.query
+    if "password" in urllib.parse.parse_qs(query):
+        query = "&".join(
+            "password=***" if pair.partition("=")[0] == "password" else pair
+            for pair in query.split("&")
+        )
+    netloc = parts.netloc
+    if parts.password is not None:
+        user = parts.username or ""
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+        netloc = f"{user}:***@{host}"
+    if netloc == parts.netloc:
+        # Only the query changes: keep the rest as written (unix:///path keeps its slashes).
+        return url if query == parts.query else url.replace(f"?{parts.query}", f"?{query}", 1)
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def check_url(url: str) -> None:
@@ -187,9 +200,135 @@ def async_connect(url: str, *, family: str | None = None) -> Any:
     return _library(url, asyncio=True, family=family).Redis.from_url(url, **TIMEOUTS)
 
 
+def sends_password(url: str) -> bool:
+    """Whether a client made from ``url`` sends a password (in the URL or its query)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return False
+    query = urllib.parse.parse_qs(parts.query)
+    return bool(parts.password) or bool(query.get("password", [""])[0])
+
+
+def refused_credentials(url: str, exc: BaseException) -> str:
+    """What an authentication error means for ``url``: a password missing, or one refused.
+
+    Redis answers NOAUTH (or, to redis-py's first HELLO, "HELLO must be
+    called with the client already authenticated") to a client that sent
+    no password, and WRONGPASS to one whose user name or password is wrong:
+    without a password in the URL the server was never given one to refuse.
+    A server without a password answers a plain AUTH (RESP2 clients) with
+    "called without any password configured" (Redis before 6: "no password
+    is set"): the password is the URL's mistake, not the server's refusal.
+    """
+    where = redact(url)
+    reason = one_line(exc)
+    if "without any password configured" in reason or "no password is set" in reason:
+        return (
+            f"Redis at {where} has no password set, but the URL sends one: drop the password "
+            "from the URL, or set one on the server (requirepass, or an ACL user)"
+        )
+    if not sends_password(url):
+        scheme = urllib.parse.urlsplit(url).scheme.lower() or "redis"
+        example = "unix://:PASSWORD@/path/to/redis.sock" if scheme == "unix" else (
+            f"{scheme}://:PASSWORD@host:port/0, or {scheme}://USER:PASSWORD@host:port/0 "
+            "for an ACL user"
+        )
+        return (
+            f"Redis at {where} requires a password and none was sent; "
+            f"put the password in the URL: {example} (REDIS_URL keeps it off the command line)"
+        )
+    return (
+        f"Redis at {where} refused the credentials: the user name or password is wrong, "
+        f"or the user is disabled ({reason})"
+    )
+
+
+HTTP_METHODS = (b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"OPTIONS ")
+
+PROBE_BYTES = 24
+"""How many of a peer's first bytes a message shows."""
+
+
+def probe(url: str, timeout: float = 2.0) -> bytes | None:
+    """The first bytes the peer at ``url`` answers to ``PING``: None when it cannot be asked.
+
+    Made after a reply that was not RESP, on a connection of its own: the
+    client's parser has consumed the bytes it choked on.
+    """
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        if scheme == "unix":
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            sock.connect(parts.path)
+        else:
+            sock = socket.create_connection((parts.hostname, parts.port or 6379), timeout)
+        with contextlib.ExitStack() as stack:
+            stack.callback(sock.close)
+            if scheme in ("rediss", "valkeys"):
+                context = ssl.create_default_context()
+                # Only to see what the peer is, never to send it anything secret.
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+                sock = context.wrap_socket(sock, server_hostname=parts.hostname)
+                stack.callback(sock.close)
+            sock.sendall(b"PING\r\n")
+            data = b""
+            deadline = time.monotonic() + timeout
+            while len(data) < 256 and b"\n" not in data:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                sock.settimeout(left)
+                chunk = sock.recv(256)
+                if not chunk:
+                    break
+                data += chunk
+            return data
+    except (OSError, ValueError):
+        return None
+
+
+def describe_peer(data: bytes | None) -> str:
+    """What a peer that answered ``data`` (``probe``) looks like, for a person."""
+    if data is None:
+        return "it could not be asked again"
+    if not data:
+        return "it closed the connection without answering"
+    first = data.split(b"\n", 1)[0].rstrip(b"\r")
+    if data.startswith(b"HTTP/"):
+        return f"it answered like an HTTP server: {first[:80].decode('latin-1')!r}"
+    if data.startswith(b"SSH-"):
+        return f"it answered like an SSH server: {first[:80].decode('latin-1')!r}"
+    if data[:1] == b"\x15" and data[1:2] == b"\x03":
+        return "it answered with a TLS alert: a TLS server (use rediss:// for TLS)"
+    if data.lstrip().startswith((b"<", *HTTP_METHODS)):
+        shown = first[:PROBE_BYTES].decode("latin-1")
+        return f"it answered like a web server: {shown!r}"
+    shown = data[:PROBE_BYTES].decode("latin-1").encode("unicode_escape").decode("ascii")
+    more = "..." if len(data) > PROBE_BYTES else ""
+    return f"its first bytes were '{shown}'{more}"
+
+
+def not_redis(url: str, exc: BaseException) -> str:
+    """The message for a peer whose reply was not the Redis protocol (RESP)."""
+    data = probe(url)
+    if data and data[:1] in (b"+", b"-", b":", b"$", b"*", b"_", b"%", b"~", b">"):
+        # It answers PING like Redis: the reply the client choked on was one of its own.
+        return f"Redis at {redact(url)} sent a reply the client cannot read: {one_line(exc)}"
+    return (
+        f"the server at {redact(url)} is not a Redis server (its reply is not the Redis "
+        f"protocol): {describe_peer(data)}; check the host and port "
+        f"(the client said: {one_line(exc)})"
+    )
+
+
 @contextmanager
 def unreachable_as_cli_error(url: str) -> Iterator[None]:
-    """Report refused credentials or a server that cannot be reached as a one-line CliError.
+    """Report a server that cannot be reached, asks for a password, refuses the credentials
+    or does not speak the Redis protocol as a one-line CliError.
 
     Error replies (``redis.ResponseError``) pass through: what they mean
     depends on the command that got them.
@@ -197,7 +336,9 @@ def unreachable_as_cli_error(url: str) -> Iterator[None]:
     try:
         yield
     except errors("AuthenticationError") as exc:
-        raise CliError(f"Redis at {redact(url)} refused the credentials: {exc}") from None
+        raise CliError(refused_credentials(url, exc)) from None
+    except errors("InvalidResponse") as exc:
+        raise CliError(not_redis(url, exc)) from None
     except errors("ConnectionError", "TimeoutError") as exc:
         raise CliError(f"cannot reach Redis at {redact(url)}: {one_line(exc)}") from None
 

@@ -8,6 +8,7 @@ from typing import Any
 import redis
 
 from .._keys import ElectionKeys
+from . import schema
 from .redisurl import (
     CliError,
     errors,
@@ -27,15 +28,16 @@ def collect(client: redis.Redis, name: str, url: str) -> dict[str, Any]:
     pipe.get(keys.fence)
     pipe.get(keys.applied)
     leader, pttl, fence, applied = pipe.execute()
-    return {
-        "name": name,
-        "leader": reply_text(leader),
+    return schema.record(
+        schema.STATUS,
+        name=name,
+        leader=reply_text(leader),
         # PTTL: -2 no key (no leader), -1 a key without expiry (not one of ours)
-        "ttl_ms": int(pttl) if leader is not None and int(pttl) >= 0 else None,
-        "fence": _int(fence),
-        "applied": _int(applied),
-        "server": server_boundary(client, url),
-    }
+        ttl_ms=int(pttl) if leader is not None and int(pttl) >= 0 else None,
+        fence=_int(fence),
+        applied=_int(applied),
+        server=server_boundary(client, url),
+    )
 
 
 def server_boundary(client: redis.Redis, url: str) -> dict[str, Any]:
