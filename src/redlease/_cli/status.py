@@ -7,7 +7,9 @@ from typing import Any
 
 import redis
 
+from .._engine.select import EngineInfo
 from .._keys import ElectionKeys
+from .engineline import engine_json, engine_line
 from .redisurl import (
     CliError,
     errors,
@@ -135,6 +137,8 @@ def run(url: str, name: str, as_json: bool) -> str:
     report = on_redis(
         url, f"elector {name!r}", lambda client: collect(client, name, url), cluster=False
     )
+    # What this process's electors would run on (engine="auto"), and why.
+    report["engine"] = engine_json()
     if as_json:
         return json.dumps(report, sort_keys=True)
     return render(report)
@@ -164,6 +168,8 @@ def render(report: dict[str, Any]) -> str:
         f"appendfsync {_show(server['appendfsync'])}, save {_show_save(server['save'])}",
         f"eviction   maxmemory-policy {_show(server['maxmemory_policy'])}",
     ]
+    if "engine" in report:
+        lines.append(engine_line(EngineInfo(**report["engine"])))
     if server["warnings"]:
         lines.append("")
         lines.append("correctness boundary: tokens CAN go backwards on this server")
