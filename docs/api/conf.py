@@ -18,7 +18,7 @@ from redlease import __version__  # noqa: E402
 
 project = "redlease"
 author = "the redlease authors"
-copyright = "the redlease authors, MIT License"  # noqa: A001 - Sphinx's name
+copyright = "the redlease authors, MIT License"
 version = release = __version__
 
 extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.viewcode"]
@@ -41,7 +41,9 @@ html_title = f"redlease {__version__} API reference"
 exclude_patterns = ["_build"]
 
 
-def _fences(app: object, what: str, name: str, obj: object, options: object, lines: list[str]) -> None:
+def _fences(
+    app: object, what: str, name: str, obj: object, options: object, lines: list[str]
+) -> None:
     """Markdown code fences in a docstring (the project writes its examples so) as
     reStructuredText code blocks: ```` ```python ```` ... ```` ``` ```` becomes a
     ``code-block`` directive over the same lines."""
