@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .._engine.select import EngineInfo, engine_info
-from .._errors import ConfigError
+from .. import ConfigError, EngineInfo, engine_info
 from .redisurl import CliError
 
 

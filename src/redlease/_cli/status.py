@@ -7,7 +7,7 @@ from typing import Any
 
 import redis
 
-from .._engine.select import EngineInfo
+from .. import EngineInfo
 from .._keys import ElectionKeys
 from .engineline import engine_json, engine_line
 from .redisurl import (

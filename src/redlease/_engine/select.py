@@ -9,7 +9,6 @@ Python engine.
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import threading
 import weakref
@@ -20,6 +19,7 @@ from typing import Any
 import redis
 
 from .._errors import ConfigError
+from .._log import logger
 from .._version import __version__
 from .base import Engine
 from .client import Endpoint, native_endpoint, write_timeout
@@ -186,8 +186,6 @@ def engine_info() -> EngineInfo:
         engine=name, native_available=available, reason=reason, tls=tls, version=__version__
     )
 
-
-logger = logging.getLogger("redlease")
 
 # The fallback reasons already logged in this process: one WARNING each (a
 # process whose extension is missing logs one, whatever its elector count).
