@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import redis
@@ -202,8 +205,6 @@ print(json.dumps(dict(
 )))
 """
 
-NOT_BUILT = 'sys.modules["redlease._engine._native._core"] = None  # as if never built'
-
 # As a build that cannot load: a shared library it links is missing.
 CANNOT_LOAD = """
 class Broken:
@@ -215,19 +216,38 @@ sys.meta_path.insert(0, Broken())
 """
 
 
+def unbuilt_copy(where: Path) -> Path:
+    """This checkout's package without its compiled modules, as pip installs it
+    from the sdist where no compiler is found."""
+    package = Path(redlease.__file__).parent
+    shutil.copytree(
+        package, where / "redlease", ignore=shutil.ignore_patterns("*.so", "*.c", "__pycache__")
+    )
+    if not (where / "redlease" / "lua").is_dir():  # a checkout keeps them at its top
+        shutil.copytree(Path(__file__).resolve().parents[2] / "lua", where / "redlease" / "lua")
+    return where
+
+
 @pytest.mark.parametrize(
-    ("block", "cause"),
+    ("case", "cause"),
     [
-        (NOT_BUILT, "the native extension was not built"),
-        (CANNOT_LOAD, "the native extension failed to import: libssl.so.3: cannot open"),
+        ("not-built", "the native extension was not built (no redlease._engine._native._core"),
+        ("cannot-load", "the native extension failed to import: libssl.so.3: cannot open"),
     ],
-    ids=["not-built", "cannot-load"],
 )
 def test_without_the_extension_engine_info_says_why_and_auto_warns_once(
-    redis_server: RedisServer, block: str, cause: str
+    redis_server: RedisServer, tmp_path: Path, case: str, cause: str
 ) -> None:
-    script = FALLBACK.format(block=textwrap.dedent(block), port=redis_server.port)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    env = dict(os.environ)
+    if case == "not-built":
+        env["PYTHONPATH"] = str(unbuilt_copy(tmp_path))
+        block = ""
+    else:
+        block = textwrap.dedent(CANNOT_LOAD)
+    script = FALLBACK.format(block=block, port=redis_server.port)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env
+    )
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     engine, available, reason, tls = got["info"]

@@ -9,6 +9,7 @@ Python engine.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import threading
 import weakref
@@ -49,7 +50,9 @@ def _import_core() -> tuple[ModuleType | None, str]:
     # Once per process: a missing extension would otherwise be searched for
     # on sys.path again by every elector made.
     try:
-        from ._native import _core
+        # By its full name: ``from ._native import _core`` would report a
+        # missing file as a failed import of the package ("cannot import name").
+        core = importlib.import_module(CORE)
     except ModuleNotFoundError as exc:
         if exc.name != CORE:
             return None, f"the native extension failed to import: {exc}"
@@ -58,7 +61,7 @@ def _import_core() -> tuple[ModuleType | None, str]:
         # Built, but it cannot load: a missing shared library, another
         # Python's build, an undefined symbol.
         return None, f"the native extension failed to import: {exc}"
-    return _core, ""
+    return core, ""
 
 
 def native_available() -> tuple[bool, str]:
