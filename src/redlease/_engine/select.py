@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-import threading
 import weakref
 from dataclasses import dataclass
 from types import ModuleType
@@ -193,7 +192,7 @@ def engine_info() -> EngineInfo:
 # The fallback reasons already logged in this process: one WARNING each (a
 # process whose extension is missing logs one, whatever its elector count).
 _warned: set[str] = set()
-_warned_lock = threading.Lock()
+_warned_lock = ForkSafeLock()
 
 _HOW_TO_GET_NATIVE = (
     "To get the native engine, install a redlease wheel built for this platform, or install "
