@@ -198,7 +198,13 @@ def extensions() -> list[Extension]:
     ]
 
 
+# The license as the core metadata's License field, not as a License-Expression
+# (pyproject's ``license = "MIT"``): Metadata 2.4 lets a package carry one of the
+# two, never both, and older pips' ``pip show`` reads only License (pip 23.2
+# printed an empty "License:" for a License-Expression); newer pips print
+# License wherever no License-Expression is set.
 setup(
+    license="MIT",
     ext_modules=extensions(),
     cmdclass={"build_py": BuildPyWithLua, "build_ext": OptionalBuildExt},
 )

@@ -175,6 +175,7 @@ ENGINE_LEAVES: dict[str, str] = {
     "redlease._errors": "the exceptions the engines raise (ConfigError)",
     "redlease._scripts": "the Lua scripts the engines run (Script)",
     "redlease._log": "the library's logger (the notice listeners' records)",
+    "redlease._version": "the version engine_info() reports beside the engine",
 }
 
 # The layers, top first: a module imports its own layer and the ones below,

@@ -18,6 +18,7 @@ from ._election.evict import evict
 from ._election.partitions import Partitions
 from ._election.pipeline import FencedPipeline
 from ._election.term import Leader, Observer, Term
+from ._engine.select import EngineInfo, engine_info
 from ._errors import (
     AutoRenewTTLTooShort,
     ConfigError,
@@ -49,6 +50,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "Elector",
+    "EngineInfo",
     "FencedPipeline",
     "Fencer",
     "Leader",
@@ -69,6 +71,7 @@ __all__ = [
     "__version__",
     "aio",
     "default_locker",
+    "engine_info",
     "evict",
     "stop_all",
     "with_lock",

@@ -147,7 +147,7 @@ def test_bench_on_the_native_engine_without_the_extension_is_one_line() -> None:
 
     line = assert_one_line_error(result, 1)
     assert line.startswith(
-        "redlease: the native engine is unavailable: the native extension is not built ("
+        "redlease: the native engine is unavailable: the native extension was not built ("
     )
     assert line.endswith("; try --engine python")
 
@@ -161,7 +161,7 @@ def test_bench_of_both_engines_without_the_extension_measures_python(
 
     assert result.returncode == 0, result.stderr
     assert re.search(r"renewals sent\s+unavailable\s+\d+", result.stdout)
-    assert "native: unavailable: the native extension is not built (" in result.stdout
+    assert "native: unavailable: the native extension was not built (" in result.stdout
 
 
 def test_the_native_probe_agrees_with_the_engine_auto_picks(

@@ -36,6 +36,8 @@ def test_demo_on_embedded_server_shows_the_frozen_leaders_write_rejected() -> No
     assert re.search(r"ELECTED leader, term token [2-9]", out)
     assert re.search(r"REJECTED by the fence: token 1 < high-water mark [2-9]", out)
     assert "rejected as stale" in out and "survived" in out
+    # the engine the contenders run on, in one line of the header
+    assert re.search(r"^engine: (native \(TLS: |python \N{EM DASH} ).*, redlease \S+$", out, re.M)
     # and the embedded server is gone: nothing running, nothing on disk
     where = embedded_dir(out)
     assert not where.exists()

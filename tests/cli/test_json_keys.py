@@ -19,7 +19,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 # Each command's keys, as the contract and docs/cli.md name them: a fencing token is
 # `token` everywhere, a lease's time left `ttl_ms`, a lock's or permit's label `holder`.
 EXPECTED = {
-    "status": ["name", "leader", "ttl_ms", "fence", "applied", "server"],
+    "status": ["name", "leader", "ttl_ms", "fence", "applied", "server", "engine"],
     "locks": ["name", "kind", "holder", "token", "ttl_ms", "permits"],
     "locks --release": ["name", "kind", "evicted", "mark"],
     "evict": ["name", "evicted", "mark"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import redlease
-from cli_helpers import cli_env, redlease_cli
+from cli_helpers import assert_one_line_error, cli_env, redlease_cli
 from helpers import wait_until
 from redlease._testing import RedisServer
 
@@ -100,3 +100,43 @@ def test_status_reads_the_wire_compatible_keys(redis_server: RedisServer) -> Non
 
     assert (report["leader"], report["fence"], report["applied"]) == ("go-box", 41, 41)
     assert 0 < report["ttl_ms"] <= 3000
+
+
+def test_status_names_the_engine_auto_picks_in_text_and_json(redis_server: RedisServer) -> None:
+    info = redlease.engine_info()
+    text = redlease_cli("status", "jobs", "--redis", redis_server.url)
+    as_json = redlease_cli("status", "jobs", "--redis", redis_server.url, "--json")
+
+    assert text.returncode == 0 and as_json.returncode == 0, text.stderr + as_json.stderr
+    assert json.loads(as_json.stdout)["engine"] == {
+        "engine": info.engine,
+        "native_available": info.native_available,
+        "reason": info.reason,
+        "tls": info.tls,
+        "version": redlease.__version__,
+    }
+    line = [ln for ln in text.stdout.splitlines() if ln.startswith("engine: ")]
+    assert len(line) == 1, text.stdout
+    if info.engine == "native":
+        assert line[0].startswith("engine: native (TLS: ")
+    assert line[0].endswith(f"redlease {redlease.__version__}")
+
+
+def test_status_says_why_the_engine_is_python(redis_server: RedisServer) -> None:
+    env = cli_env(REDLEASE_ENGINE="python")
+    text = redlease_cli("status", "jobs", "--redis", redis_server.url, env=env)
+    as_json = redlease_cli("status", "jobs", "--redis", redis_server.url, "--json", env=env)
+
+    line = f"engine: python \N{EM DASH} REDLEASE_ENGINE=python, redlease {redlease.__version__}"
+    assert line in text.stdout.splitlines()
+    engine = json.loads(as_json.stdout)["engine"]
+    assert (engine["engine"], engine["reason"]) == ("python", "REDLEASE_ENGINE=python")
+
+
+def test_status_with_a_bad_redlease_engine_is_one_line_naming_it(
+    redis_server: RedisServer,
+) -> None:
+    result = redlease_cli(
+        "status", "jobs", "--redis", redis_server.url, env=cli_env(REDLEASE_ENGINE="fast")
+    )
+    assert "REDLEASE_ENGINE" in assert_one_line_error(result, 1)

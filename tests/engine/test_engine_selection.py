@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import redis
@@ -117,3 +123,143 @@ def test_without_the_extension_auto_runs_python_and_native_says_why(
     assert lines[0] == "auto python"
     assert lines[1] == "elected True"
     assert lines[2].startswith("native ") and "not built" in lines[2]
+
+
+def test_engine_info_on_a_native_build_names_the_native_engine_and_its_tls() -> None:
+    core = require_native()
+    info = redlease.engine_info()
+    assert isinstance(info, redlease.EngineInfo)
+    assert (info.engine, info.native_available) == ("native", True)
+    assert info.tls == ("tls" in core.FEATURES)
+    if info.tls:
+        assert info.reason == ""
+    else:
+        assert "built without OpenSSL" in info.reason
+    assert info.version == redlease.__version__
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.engine = "python"  # type: ignore[misc]
+
+
+def test_engine_info_of_a_build_without_openssl_says_tls_clients_run_on_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    require_native()
+    monkeypatch.setattr(select, "native_features", lambda: frozenset())
+    info = redlease.engine_info()
+    assert (info.engine, info.native_available, info.tls) == ("native", True, False)
+    assert info.reason.startswith("TLS clients run on the Python engine")
+    assert "built without OpenSSL" in info.reason
+
+
+def test_engine_info_honours_redlease_engine_and_a_chosen_python_engine_does_not_warn(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("REDLEASE_ENGINE", "python")
+    info = redlease.engine_info()
+    assert (info.engine, info.reason) == ("python", "REDLEASE_ENGINE=python")
+    with caplog.at_level(logging.DEBUG, logger="redlease"):
+        for _ in range(2):
+            assert redlease.Elector(redis_server.client(), "sel").engine == "python"
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_a_bad_redlease_engine_makes_engine_info_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("REDLEASE_ENGINE", "fast")
+    with pytest.raises(redlease.ConfigError, match=r"REDLEASE_ENGINE.*'fast'"):
+        redlease.engine_info()
+
+
+# A fresh interpreter whose extension cannot be imported: {block} runs before
+# redlease is imported; the WARNING records of the "redlease" logger are printed.
+FALLBACK = """
+import sys, logging, json
+{block}
+import redis, redlease
+
+warnings = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        if record.levelno >= logging.WARNING:
+            warnings.append(record.getMessage())
+logging.getLogger("redlease").addHandler(Keep())
+
+def client():
+    return redis.Redis(host="127.0.0.1", port={port})
+
+info = redlease.engine_info()
+chosen = [redlease.Elector(client(), "sel", engine="python").engine for _ in range(2)]
+after_chosen = len(warnings)
+auto = [redlease.Elector(client(), "sel").engine, redlease.RedisLocker(client()).engine]
+with redlease.Elector(client(), "sel", ttl=0.5) as e:
+    import time
+    deadline = time.monotonic() + 10
+    while e.token() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    elected = e.token() is not None
+print(json.dumps(dict(
+    info=[info.engine, info.native_available, info.reason, info.tls],
+    chosen=chosen, after_chosen=after_chosen, auto=auto, elected=elected,
+    warnings=warnings,
+)))
+"""
+
+# As a build that cannot load: a shared library it links is missing.
+CANNOT_LOAD = """
+class Broken:
+    def find_spec(self, name, path=None, target=None):
+        if name == "redlease._engine._native._core":
+            raise ImportError("libssl.so.3: cannot open shared object file")
+        return None
+sys.meta_path.insert(0, Broken())
+"""
+
+
+def unbuilt_copy(where: Path) -> Path:
+    """This checkout's package without its compiled modules, as pip installs it
+    from the sdist where no compiler is found."""
+    package = Path(redlease.__file__).parent
+    shutil.copytree(
+        package, where / "redlease", ignore=shutil.ignore_patterns("*.so", "*.c", "__pycache__")
+    )
+    if not (where / "redlease" / "lua").is_dir():  # a checkout keeps them at its top
+        shutil.copytree(Path(__file__).resolve().parents[2] / "lua", where / "redlease" / "lua")
+    return where
+
+
+@pytest.mark.parametrize(
+    ("case", "cause"),
+    [
+        ("not-built", "the native extension was not built (no redlease._engine._native._core"),
+        ("cannot-load", "the native extension failed to import: libssl.so.3: cannot open"),
+    ],
+)
+def test_without_the_extension_engine_info_says_why_and_auto_warns_once(
+    redis_server: RedisServer, tmp_path: Path, case: str, cause: str
+) -> None:
+    env = dict(os.environ)
+    if case == "not-built":
+        env["PYTHONPATH"] = str(unbuilt_copy(tmp_path))
+        block = ""
+    else:
+        block = textwrap.dedent(CANNOT_LOAD)
+    script = FALLBACK.format(block=block, port=redis_server.port)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    engine, available, reason, tls = got["info"]
+    assert (engine, available, tls) == ("python", False, False)
+    assert reason.startswith(cause), reason
+    # engine="python" chosen: no warning; then auto, three times: one warning.
+    assert got["chosen"] == ["python", "python"]
+    assert got["after_chosen"] == 0
+    assert got["auto"] == ["python", "python"]
+    assert got["elected"] is True
+    assert len(got["warnings"]) == 1, got["warnings"]
+    warning = got["warnings"][0]
+    assert cause in warning
+    assert "wheel" in warning and "C compiler" in warning
+    assert "REDLEASE_REQUIRE_NATIVE=1" in warning

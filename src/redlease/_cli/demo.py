@@ -27,6 +27,7 @@ from typing import IO, Any
 import redis
 
 from .._keys import ElectionKeys
+from .engineline import engine_line
 from .redisurl import CliError, Target, errors, one_line, redis_target, reply_text
 
 
@@ -397,7 +398,8 @@ def main(url: str | None, *, contenders: int, ttl: float, duration: float) -> in
             f'"{demo.name}" (lease TTL {ttl:g} s, about {duration:g} s)\n'
             f"on {target.description}.\n"
             f'Each leader writes "<who>/term <token>/write <n>" to {demo.value_key} through '
-            f"the fence every {ttl / 4:g} s.\n\n"
+            f"the fence every {ttl / 4:g} s.\n"
+            f"{engine_line()}\n\n"
         )
         out.flush()
         with _contenders(demo):

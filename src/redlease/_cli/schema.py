@@ -24,7 +24,7 @@ MARK = "mark"
 KIND_LOCK = "lock"
 KIND_SEMAPHORE = "semaphore"
 
-STATUS = (NAME, "leader", TTL_MS, "fence", "applied", "server")
+STATUS = (NAME, "leader", TTL_MS, "fence", "applied", "server", "engine")
 """``redlease status NAME --json``: one object."""
 
 LOCKS = (NAME, KIND, HOLDER, TOKEN, TTL_MS, "permits")

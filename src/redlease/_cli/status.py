@@ -7,8 +7,10 @@ from typing import Any
 
 import redis
 
+from .. import EngineInfo
 from .._keys import ElectionKeys
 from . import schema
+from .engineline import engine_json, engine_line
 from .redisurl import (
     CliError,
     errors,
@@ -37,6 +39,8 @@ def collect(client: redis.Redis, name: str, url: str) -> dict[str, Any]:
         fence=_int(fence),
         applied=_int(applied),
         server=server_boundary(client, url),
+        # What this process's electors would run on (engine="auto"), and why.
+        engine=engine_json(),
     )
 
 
@@ -166,6 +170,7 @@ def render(report: dict[str, Any]) -> str:
         f"appendfsync {_show(server['appendfsync'])}, save {_show_save(server['save'])}",
         f"eviction   maxmemory-policy {_show(server['maxmemory_policy'])}",
     ]
+    lines.append(engine_line(EngineInfo(**report["engine"])))
     if server["warnings"]:
         lines.append("")
         lines.append("correctness boundary: tokens CAN go backwards on this server")

@@ -1,13 +1,26 @@
-"""Engine selection: ``auto`` / ``native`` / ``python`` and ``REDLEASE_ENGINE``."""
+"""Engine selection: ``auto`` / ``native`` / ``python`` and ``REDLEASE_ENGINE``.
+
+The one place that decides which engine runs and why: ``choose_engine`` for a
+client, ``engine_info`` for the process (what ``auto`` gives a plain TCP
+client), and the one WARNING a process logs when ``auto`` falls back to the
+Python engine.
+"""
 
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import weakref
+from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
+import redis
+
 from .._errors import ConfigError
+from .._log import logger
+from .._version import __version__
 from .base import Engine
 from .client import Endpoint, native_endpoint, write_timeout
 from .family import threaded
@@ -15,41 +28,74 @@ from .forksafe import ForkSafeLock
 
 ENGINES = ("auto", "native", "python")
 
+CORE = "redlease._engine._native._core"
+
+_NO_TLS = (
+    "the native extension was built without OpenSSL "
+    "(install OpenSSL's headers, e.g. Debian's libssl-dev, and reinstall redlease)"
+)
+
 # What each kind of endpoint needs from the build of the extension, and the
 # sentence that says why a build without it cannot serve the client.
 _NEEDS = {
-    "tls": (
-        "the client uses TLS and the native extension was built without OpenSSL "
-        "(install OpenSSL's headers, e.g. Debian's libssl-dev, and reinstall redlease)"
-    ),
+    "tls": f"the client uses TLS and {_NO_TLS}",
     "sentinel": "the native extension of this build cannot follow a Sentinel-managed master",
     "cluster": "the native extension of this build cannot route a RedisCluster client by slot",
 }
 
 
+@functools.cache
+def _import_core() -> tuple[ModuleType | None, str]:
+    # Once per process: a missing extension would otherwise be searched for
+    # on sys.path again by every elector made.
+    try:
+        # By its full name: ``from ._native import _core`` would report a
+        # missing file as a failed import of the package ("cannot import name").
+        core = importlib.import_module(CORE)
+    except ModuleNotFoundError as exc:
+        if exc.name != CORE:
+            return None, f"the native extension failed to import: {exc}"
+        return None, f"the native extension was not built (no {CORE} for this Python)"
+    except ImportError as exc:
+        # Built, but it cannot load: a missing shared library, another
+        # Python's build, an undefined symbol.
+        return None, f"the native extension failed to import: {exc}"
+    return core, ""
+
+
 def native_available() -> tuple[bool, str]:
     """Whether the compiled extension imports, and why not when it does not."""
-    try:
-        from ._native import _core  # noqa: F401
-    except ImportError as exc:
-        return False, f"the native extension is not built ({exc})"
-    return True, ""
+    core, why = _import_core()
+    return core is not None, why
 
 
 def native_features() -> frozenset[str]:
     """What this build of the extension can serve beyond plain TCP and unix sockets."""
-    try:
-        from ._native import _core
-    except ImportError:
+    core, _why = _import_core()
+    if core is None:
         return frozenset()
-    features: frozenset[str] = frozenset(getattr(_core, "FEATURES", ()))
+    features: frozenset[str] = frozenset(getattr(core, "FEATURES", ()))
     return features
+
+
+def native_tls() -> tuple[bool, str]:
+    """Whether the native engine can serve TLS clients, and why not when it cannot.
+
+    The one place that reads it from the extension (its ``FEATURES`` has
+    ``"tls"`` when it was built with OpenSSL).
+    """
+    ok, why = native_available()
+    if not ok:
+        return False, why
+    if "tls" not in native_features():
+        return False, _NO_TLS
+    return True, ""
 
 
 def _gap(endpoint: Endpoint) -> str:
     features = native_features()
     sentinel_tls = endpoint.sentinels is not None and endpoint.sentinels.tls is not None
-    if (endpoint.tls is not None or sentinel_tls) and "tls" not in features:
+    if (endpoint.tls is not None or sentinel_tls) and not native_tls()[0]:
         return _NEEDS["tls"]
     if endpoint.kind != "direct" and endpoint.kind not in features:
         return _NEEDS[endpoint.kind]
@@ -64,16 +110,7 @@ def choose_engine(client: object, engine: str | None) -> tuple[str, str, Endpoin
     Python engine, and is empty otherwise. ``engine="native"`` on a client the
     native engine cannot serve raises ConfigError with that sentence.
     """
-    source = "engine"
-    if engine is None or engine == "auto":
-        # "auto" is the default, and REDLEASE_ENGINE says what the default means.
-        env = os.environ.get("REDLEASE_ENGINE", "")
-        if env:
-            engine, source = env, "REDLEASE_ENGINE"
-        else:
-            engine = "auto"
-    if not isinstance(engine, str) or engine not in ENGINES:
-        raise ConfigError(f"{source} must be one of auto, native, python; got {engine!r}")
+    engine, source = _asked(engine)
     if engine == "python":
         return "python", "", None
     ok, why = native_available()
@@ -90,6 +127,94 @@ def choose_engine(client: object, engine: str | None) -> tuple[str, str, Endpoin
     if reason:
         return "python", reason, None
     return "native", "", endpoint
+
+
+def _asked(engine: str | None) -> tuple[str, str]:
+    """``(engine, source)``: the engine asked for, and who asked (``engine`` or the variable)."""
+    source = "engine"
+    if engine is None or engine == "auto":
+        # "auto" is the default, and REDLEASE_ENGINE says what the default means.
+        env = os.environ.get("REDLEASE_ENGINE", "")
+        if env:
+            engine, source = env, "REDLEASE_ENGINE"
+        else:
+            engine = "auto"
+    if not isinstance(engine, str) or engine not in ENGINES:
+        raise ConfigError(f"{source} must be one of auto, native, python; got {engine!r}")
+    return engine, source
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What ``engine="auto"`` picks in this process, and why (``redlease.engine_info()``).
+
+    ``engine`` is ``"native"`` or ``"python"``: the engine a plain TCP
+    client gets by default, ``REDLEASE_ENGINE`` honoured. ``native_available``
+    says whether the compiled extension imports. ``tls`` says whether the
+    native engine can serve TLS clients. ``reason`` is one sentence: why the
+    default is not the native engine (the extension not built, failing to
+    import, or ``REDLEASE_ENGINE=python``), or, when it is, why TLS clients
+    still run on the Python engine; it is ``""`` when nothing is missing.
+    ``version`` is redlease's version.
+    """
+
+    engine: str
+    native_available: bool
+    reason: str
+    tls: bool
+    version: str
+
+
+def engine_info() -> EngineInfo:
+    """What ``engine="auto"`` picks in this process for a plain TCP client, and why.
+
+    Read from the same decision every ``Elector`` and lock makes: a bad
+    ``REDLEASE_ENGINE`` value is the ``ConfigError`` they raise, and
+    ``REDLEASE_ENGINE=native`` without the extension raises it too.
+    """
+    asked, source = _asked(None)
+    available, _why = native_available()
+    tls, why_tls = native_tls()
+    plain = redis.Redis()  # never connects: only its settings are read
+    try:
+        name, reason, _endpoint = choose_engine(plain, None)
+    finally:
+        plain.close()
+    if asked == "python":
+        reason = f"{source}=python"
+    elif name == "native" and not tls:
+        reason = f"TLS clients run on the Python engine: {why_tls}"
+    return EngineInfo(
+        engine=name, native_available=available, reason=reason, tls=tls, version=__version__
+    )
+
+
+# The fallback reasons already logged in this process: one WARNING each (a
+# process whose extension is missing logs one, whatever its elector count).
+_warned: set[str] = set()
+_warned_lock = ForkSafeLock()
+
+_HOW_TO_GET_NATIVE = (
+    "To get the native engine, install a redlease wheel built for this platform, or install "
+    "from source with a C compiler and Python's headers (REDLEASE_REQUIRE_NATIVE=1 makes a "
+    "build without the extension fail loudly)"
+)
+
+
+def _warn_fallback(reason: str) -> None:
+    """Log, once per process and reason, that ``auto`` fell back to the Python engine."""
+    with _warned_lock:
+        if reason in _warned:
+            return
+        _warned.add(reason)
+    hint = f" {_HOW_TO_GET_NATIVE}." if not native_available()[0] else ""
+    logger.warning(
+        "engine='auto' runs on the pure-Python engine: %s. Its renewals run on a Python "
+        "thread that must wait for the GIL, so a busy process can make them late.%s "
+        "engine='python' (or REDLEASE_ENGINE=python) chooses it without this warning.",
+        reason,
+        hint,
+    )
 
 
 def make_engine(client: object, engine: str | None) -> Engine:
@@ -112,6 +237,8 @@ def make_engine(client: object, engine: str | None) -> Engine:
 
         built = PythonEngine(client, write_timeout=write_timeout(client))
     built.reason = reason
+    if reason:  # only "auto" falls back: "native" raises, "python" has no reason
+        _warn_fallback(reason)
     return built
 
 
