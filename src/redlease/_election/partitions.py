@@ -379,10 +379,7 @@ class Member:
         bridge: Bridge = _as_is,
         shell: str = "Partitions",
     ) -> None:
-        if client is None:
-            raise ConfigError(
-                "client must be a redis client (redis.Redis, RedisCluster, ...), got None"
-            )
+        sync_client, self.family = threaded(client, asyncio=asyncio)
         ident = _check_member_id(member_id)
         self.config = Config.resolve(name, ttl=ttl, instance_id=ident)
         self.names = partition_names(partitions)
@@ -392,7 +389,6 @@ class Member:
             raise ConfigError(
                 f"observer must be a redlease.Observer, got {type(observer).__name__}"
             )
-        sync_client, self.family = threaded(client, asyncio=asyncio)
         if is_cluster(sync_client) and not has_hash_tag(self.config.name):
             raise ConfigError(
                 f"with a RedisCluster client the name needs a hash tag so every key of the "
