@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from .. import _scripts
-from .._config import Config, Duration, default_instance_id
+from .._config import Config, Duration, default_instance_id, face_name, named_for
 from .._engine import ACTIVE, Keeper, call_timeout, is_cluster, run_one
 from .._engine.base import NoticeSubscription
 from .._engine.closing import StopsOnExit
@@ -1003,6 +1003,14 @@ class PartitionsShell(Generic[Assigned, Revoked]):
     _face = "Partitions"  # how the face names itself (repr, errors)
     _asyncio = False  # whether its callbacks may be coroutine functions
     _elector: type[ElectorShell] = Elector  # what a partition's fencer belongs to
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # As ``ElectorShell``'s: each face's copy of the signature is named for the face.
+        super().__init_subclass__(**kwargs)
+        if "__init__" not in cls.__dict__:
+            cls.__init__ = named_for(  # type: ignore[method-assign]
+                PartitionsShell.__init__, f"{face_name(cls)}.__init__"
+            )
 
     def __init__(
         self,
