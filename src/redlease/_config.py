@@ -82,12 +82,6 @@ def check_max_ttl(ttl_ms: int, seconds: float, what: str = "ttl") -> int:
     return ttl_ms
 
 
-def face_name(cls: type) -> str:
-    """How a public class names itself: its ``_face`` (``"aio.Elector"``), else its own name."""
-    face = getattr(cls, "_face", None)
-    return face if isinstance(face, str) else cls.__name__
-
-
 def named_for(function: F, qualname: str) -> F:
     """A copy of ``function`` (same code, defaults, signature) under the ``__qualname__`` given.
 

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from .. import _scripts
-from .._config import Config, Duration, default_instance_id, face_name, named_for
+from .._config import Config, Duration, default_instance_id, named_for
 from .._engine import ACTIVE, Keeper, call_timeout, is_cluster, run_one
 from .._engine.base import NoticeSubscription
 from .._engine.closing import StopsOnExit
@@ -1009,7 +1009,7 @@ class PartitionsShell(Generic[Assigned, Revoked]):
         super().__init_subclass__(**kwargs)
         if "__init__" not in cls.__dict__:
             cls.__init__ = named_for(  # type: ignore[method-assign]
-                PartitionsShell.__init__, f"{face_name(cls)}.__init__"
+                PartitionsShell.__init__, f"{cls._face}.__init__"
             )
 
     def __init__(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._config import Config, Duration, face_name, named_for
+from .._config import Config, Duration, named_for
 from .election import Election, FencerFace
 from .fence import Fence, check_token
 from .term import Observer
@@ -29,7 +29,7 @@ class ElectorShell:
         super().__init_subclass__(**kwargs)
         if "__init__" not in cls.__dict__:
             cls.__init__ = named_for(  # type: ignore[method-assign]
-                ElectorShell.__init__, f"{face_name(cls)}.__init__"
+                ElectorShell.__init__, f"{cls._face}.__init__"
             )
 
     def __init__(

@@ -25,11 +25,11 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from .._aio import off_loop, settled
-from .._config import Duration, face_name
+from .._config import Duration
 from .._engine.family import threaded
 from .._errors import NotHeld
 from . import args
-from .args import AcquireOptions, Options, check_name, takes, takes_unnamed
+from .args import AcquireOptions, Options, check_name, face_name, takes, takes_unnamed
 from .holders import LockHolder
 from .lock import (
     DEFAULT_RETRY_INTERVAL,

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from .._config import Duration, check_max_ttl, face_name, to_seconds, whole_ms
+from .._config import Duration, check_max_ttl, to_seconds, whole_ms
 from .._errors import AutoRenewTTLTooShort, ConfigError
 
 DEFAULT_TTL = 30.0
@@ -34,6 +34,12 @@ DEFAULT_WAIT = 0.0
 
 MIN_AUTO_RENEW_TTL = 0.03
 """The shortest TTL (seconds) auto-renewal accepts: the watchdog refreshes at TTL/3."""
+
+
+def face_name(cls: type) -> str:
+    """How a lock class names itself: its ``_face`` (``"aio.RedisLocker"``), else its own name."""
+    face = getattr(cls, "_face", None)
+    return face if isinstance(face, str) else cls.__name__
 
 
 def check_name(name: object) -> str:
