@@ -318,11 +318,13 @@ def test_lock_faces_are_what_they_say_they_are() -> None:
 
 def test_a_misspelled_lock_argument_is_a_type_error_and_takes_nothing() -> None:
     locker = redlease.MemoryLocker()
-    with pytest.raises(TypeError, match=r"^acquire\(\) got an unexpected keyword argument 'tll'"):
+    with pytest.raises(
+        TypeError, match=r"^MemoryLocker\.acquire\(\) got an unexpected keyword argument 'tll'"
+    ):
         locker.acquire("job", tll=5)  # type: ignore[call-arg]
     with pytest.raises(TypeError, match="tll"), locker.hold("job", tll=5):  # type: ignore[call-arg]
         pass
-    with pytest.raises(TypeError, match=r"^try_acquire\(\) .* 'fair'"):
+    with pytest.raises(TypeError, match=r"^MemoryLocker\.try_acquire\(\) .* 'fair'"):
         locker.try_acquire("job", fair=True)  # type: ignore[call-arg]
     assert locker.holder("job") is None
     locker.acquire(name="job", ttl=5).release()  # the name by keyword, as before

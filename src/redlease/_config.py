@@ -5,21 +5,29 @@ from __future__ import annotations
 import math
 import os
 import socket
+import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, TypeVar
 
 from ._engine.replication import ReplicationGuard
-from ._engine.timing import DEFAULT_REPLICA_TIMEOUT
+from ._engine.timing import DEFAULT_REPLICA_TIMEOUT, MAX_TTL
 from ._engine.timing import renew_interval as renew_interval_of
 from ._errors import ConfigError
 
 Duration = int | float | timedelta
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_TTL = 5.0
 """Default lease TTL of an Elector, in seconds."""
 
 MIN_TTL = 0.1
 MIN_INTERVAL = 0.001
+
+MAX_TTL_MS = round(MAX_TTL * 1000)
+"""``MAX_TTL`` (``_engine.timing``: the longest lease the engines time) in whole milliseconds."""
 
 
 def to_seconds(value: object, what: str) -> float:
@@ -56,6 +64,47 @@ def whole_ms(seconds: float) -> int:
     The small epsilon keeps values like 0.3 (0.29999... in binary) at 300 ms.
     """
     return math.floor(seconds * 1000 + 1e-9)
+
+
+def check_max_ttl(ttl_ms: int, seconds: float, what: str = "ttl") -> int:
+    """``ttl_ms`` when the lease is at most ``MAX_TTL``; else a ConfigError saying why.
+
+    ``seconds`` is the TTL as given, for the message. Every lease TTL (an
+    elector's, a partition group's, a lock's or a semaphore's) is checked
+    here, after truncation to the whole milliseconds Redis would apply.
+    """
+    if ttl_ms > MAX_TTL_MS:
+        raise ConfigError(
+            f"{what} must be at most {MAX_TTL:.0f} s (about {MAX_TTL / 86400:.1f} days, the "
+            f"longest lease both engines can keep: a lease's waits, each up to its ttl, are "
+            f"timed in 32-bit milliseconds), got {seconds!r} s"
+        )
+    return ttl_ms
+
+
+def named_for(function: F, qualname: str) -> F:
+    """A copy of ``function`` (same code, defaults, signature) under the ``__qualname__`` given.
+
+    Python names a function's qualified name in the ``TypeError`` of a call
+    that does not fit its parameters (an unknown keyword, a missing
+    argument). A parameter list written once on a shared base would then
+    name the base (``ElectorShell.__init__()``); each public class gets a
+    copy named for itself (``aio.Elector.__init__()``).
+    """
+    copy = types.FunctionType(
+        function.__code__,
+        function.__globals__,
+        function.__name__,
+        function.__defaults__,
+        function.__closure__,
+    )
+    copy.__kwdefaults__ = function.__kwdefaults__
+    copy.__annotations__ = function.__annotations__
+    copy.__doc__ = function.__doc__
+    copy.__module__ = function.__module__
+    copy.__dict__.update(function.__dict__)
+    copy.__qualname__ = qualname
+    return copy  # type: ignore[return-value]
 
 
 def default_instance_id() -> str:
@@ -142,7 +191,7 @@ class Config:
             raise ConfigError("name must not be empty")
 
         raw_ttl = DEFAULT_TTL if ttl is None else to_seconds(ttl, "ttl")
-        ttl_ms = whole_ms(raw_ttl)
+        ttl_ms = check_max_ttl(whole_ms(raw_ttl), raw_ttl)
         ttl_s = ttl_ms / 1000
         if ttl_s < MIN_TTL:
             raise ConfigError(

@@ -26,6 +26,7 @@ was last confirmed at Redis (the term's acquire or its latest good renewal).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import threading
@@ -95,6 +96,12 @@ class HealthServer(StopsOnExit):
     per request, stdlib ``http.server``); ``port`` is the bound port once
     started; ``stop()`` closes it. Also a context manager. The server never
     starts or stops the electors.
+
+    A ``start()`` that cannot bind raises the ``OSError`` the bind raised, of
+    the same class and ``errno`` (so existing ``except OSError`` handlers and
+    ``errno`` checks still work), with a message that names the host and port
+    and what to do: a port in use says to pick another one or ``port=0``.
+    The original error is its ``__cause__``.
     """
 
     def __init__(
@@ -141,13 +148,32 @@ class HealthServer(StopsOnExit):
         with self._mutex:
             if self._server is not None:
                 raise RuntimeError("the HealthServer is already started")
-            server = _Server((self.host, self._requested_port), self)
+            server = self._bind()
             self._server = server
             self._thread = threading.Thread(
                 target=server.serve_forever, name="redlease-health", daemon=True
             )
             self._thread.start()
         return self
+
+    def _bind(self) -> _Server:
+        host, port = self.host, self._requested_port
+        try:
+            return _Server((host, port), self)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                said = (
+                    f"port {port} on {host} is in use: pick another port, "
+                    "or port=0 for a free one"
+                )
+            elif exc.errno == errno.EACCES:
+                said = (
+                    f"port {port} on {host} needs privileges this process lacks: "
+                    "pick a port of 1024 or above, or port=0 for a free one"
+                )
+            else:
+                said = f"cannot listen on {host} port {port}: {exc.strerror or exc}"
+            raise type(exc)(exc.errno, said) from exc
 
     def stop(self) -> None:
         """Stop serving and close the socket. No-op when not started."""

@@ -28,6 +28,7 @@ NATIVE_NAMES = (
     "NOTICE_BACKOFF_MIN",
     "NOTICE_BACKOFF_MAX",
     "NOTICE_CONNECT_TIMEOUT",
+    "MAX_TTL",
 )
 
 INCR = Script("incr", "return redis.call('INCR', KEYS[1])")

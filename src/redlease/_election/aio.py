@@ -85,6 +85,7 @@ class Elector(ElectorShell, AwaitsStopOnExit):
     ``fencer()`` and ``resign()`` are plain calls, safe from any thread.
     """
 
+    _face = "aio.Elector"
     _client: Any
     _stop_event: asyncio.Event | None
     _task: asyncio.Task[None] | None

@@ -245,12 +245,12 @@ class Election:
         **settings: Any,
     ) -> None:
         """``settings``: an elector's own keywords (``ElectorShell``), checked by ``Config``."""
-        check_client(client)
+        # The engines run on a threaded redis-py client (the user's own, or a twin of an
+        # asyncio or valkey-py one); errors go out in the user's client family. Anything
+        # that is no client of the face's kind is refused here, before the settings.
+        client, self.family = threaded(client)
         self.config = Config.resolve(name, **settings)
         self.guard = self.config.guard
-        # The engines run on a threaded redis-py client (the user's own, or a twin of an
-        # asyncio or valkey-py one); errors go out in the user's client family.
-        client, self.family = threaded(client)
         check_cluster_name(client, self.config.name)
         if observer is not None and not isinstance(observer, Observer):
             raise ConfigError(
@@ -569,14 +569,6 @@ def _forget_runs_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_runs_after_fork)
-
-
-def check_client(client: Any) -> None:
-    """ConfigError when ``client`` is None (the one mistake checked before the client is used)."""
-    if client is None:
-        raise ConfigError(
-            "client must be a redis client (redis.Redis, RedisCluster, ...), got None"
-        )
 
 
 def check_cluster_name(client: Any, name: str) -> None:

@@ -16,7 +16,7 @@ from .._config import Config
 from .._engine import call_timeout, run_one, sharded_notices, shared_engine
 from .._engine.family import threaded
 from .._keys import ElectionKeys
-from .election import check_client, check_cluster_name, instance_text
+from .election import check_cluster_name, instance_text
 
 _EVICT = _scripts.load("evict")
 
@@ -27,9 +27,8 @@ def evicted(client: Any, name: str) -> tuple[int, str | None]:
     One script call, never resent once it may have run (its outcome unknown,
     the client family's error is raised).
     """
-    check_client(client)
-    name = Config.resolve(name).name
     twin, family = threaded(client, asyncio=None)
+    name = Config.resolve(name).name
     check_cluster_name(twin, name)
     engine = shared_engine(twin, "auto")
     sharded = "1" if sharded_notices(twin) else "0"

@@ -59,7 +59,7 @@ from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 from .. import _scripts
-from .._config import Config, Duration, default_instance_id
+from .._config import Config, Duration, default_instance_id, named_for
 from .._engine import ACTIVE, Keeper, call_timeout, is_cluster, run_one
 from .._engine.base import NoticeSubscription
 from .._engine.closing import StopsOnExit
@@ -512,10 +512,7 @@ class Member:
         bridge: Bridge = _as_is,
         shell: str = "Partitions",
     ) -> None:
-        if client is None:
-            raise ConfigError(
-                "client must be a redis client (redis.Redis, RedisCluster, ...), got None"
-            )
+        sync_client, self.family = threaded(client, asyncio=asyncio)
         ident = _check_member_id(member_id)
         self.config = Config.resolve(name, ttl=ttl, instance_id=ident)
         self.names = partition_names(partitions)
@@ -525,7 +522,6 @@ class Member:
             raise ConfigError(
                 f"observer must be a redlease.Observer, got {type(observer).__name__}"
             )
-        sync_client, self.family = threaded(client, asyncio=asyncio)
         if is_cluster(sync_client) and not has_hash_tag(self.config.name):
             raise ConfigError(
                 f"with a RedisCluster client the name needs a hash tag so every key of the "
@@ -1158,6 +1154,14 @@ class PartitionsShell(Generic[Assigned, Revoked]):
     _face = "Partitions"  # how the face names itself (repr, errors)
     _asyncio = False  # whether its callbacks may be coroutine functions
     _elector: type[ElectorShell] = Elector  # what a partition's fencer belongs to
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # As ``ElectorShell``'s: each face's copy of the signature is named for the face.
+        super().__init_subclass__(**kwargs)
+        if "__init__" not in cls.__dict__:
+            cls.__init__ = named_for(  # type: ignore[method-assign]
+                PartitionsShell.__init__, f"{cls._face}.__init__"
+            )
 
     def __init__(
         self,

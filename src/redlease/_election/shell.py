@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._config import Config, Duration
+from .._config import Config, Duration, named_for
 from .election import Election, FencerFace
 from .fence import Fence, check_token
 from .term import Observer
@@ -20,6 +20,17 @@ class ElectorShell:
     """The base of both public electors: one signature, one core (``_core``)."""
 
     __slots__ = ("__weakref__", "_core", "_fence")
+
+    _face = "Elector"  # how the face names itself (a wrong call's TypeError)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # The signature below is every face's: each gets a copy named for it, so a
+        # wrong call names ``aio.Elector.__init__()``, not this base.
+        super().__init_subclass__(**kwargs)
+        if "__init__" not in cls.__dict__:
+            cls.__init__ = named_for(  # type: ignore[method-assign]
+                ElectorShell.__init__, f"{cls._face}.__init__"
+            )
 
     def __init__(
         self,

@@ -164,24 +164,12 @@ def threaded(client: object, *, asyncio: bool | None = False) -> Threaded:
     other kind with a ``ConfigError`` naming the right one; None takes
     either, for a one-off call such as ``redlease.evict``). A threaded
     redis-py client is used as it is; any other gets one twin for as long as
-    it lives. A client of neither family is passed on as it is, for the
-    Python engine to try.
+    it lives. Anything that is no client of either family is refused here,
+    the one check every face makes (``check_client``).
     """
     if isinstance(client, Threaded):
         return client
-    family = family_of(client)
-    kind = _kind(client, family)
-    if asyncio is True and kind != "asyncio":
-        raise ConfigError(
-            "redlease.aio needs an asyncio client (a redis.asyncio.Redis or RedisCluster, or "
-            f"valkey.asyncio's); got {type(client).__name__} (use redlease.Elector for "
-            "threaded clients)"
-        )
-    if asyncio is False and kind == "asyncio":
-        raise ConfigError(
-            f"the client is an asyncio {type(client).__name__}; use redlease.aio "
-            "(redlease.aio.Elector, redlease.aio.RedisLocker) for asyncio clients"
-        )
+    family, kind = check_client(client, asyncio=asyncio)
     if family is REDIS and kind != "asyncio":
         return Threaded(client, family)
     try:
@@ -196,16 +184,91 @@ def threaded(client: object, *, asyncio: bool | None = False) -> Threaded:
     return found
 
 
+def check_client(client: object, *, asyncio: bool | None = False) -> tuple[Family, str]:
+    """``client``'s family and kind (``"threaded"`` or ``"asyncio"``), or a ConfigError.
+
+    The one check of the client every face makes (electors, lockers,
+    partition groups, ``evict``), before anything is built on it: None, a
+    URL, a dict of settings or any other object that is not a redis-py or
+    valkey-py client is refused naming its type (for a URL, with the line
+    that makes a client of it), and so is a client of the wrong kind for the
+    face (``asyncio`` as for ``threaded``).
+    """
+    if isinstance(client, Threaded):
+        return client.family, "threaded"
+    family = family_of(client)
+    kind = _kind(client, family)
+    if kind == "other":
+        raise ConfigError(_not_a_client(client, asyncio))
+    if asyncio is True and kind != "asyncio":
+        raise ConfigError(
+            "redlease.aio needs an asyncio client (a redis.asyncio.Redis or RedisCluster, or "
+            f"valkey.asyncio's); got the threaded {type(client).__name__} (the threaded faces, "
+            "redlease.Elector, RedisLocker and Partitions, take threaded clients)"
+        )
+    if asyncio is False and kind == "asyncio":
+        raise ConfigError(
+            f"the client is an asyncio {type(client).__name__}; use redlease.aio "
+            "(redlease.aio.Elector, aio.RedisLocker, aio.Partitions) for asyncio clients"
+        )
+    return family, kind
+
+
 def _kind(client: object, family: Family) -> str:
     """``"asyncio"``, ``"threaded"`` or ``"other"`` (neither family's client class)."""
-    if "asyncio" in type(client).__module__.split("."):
-        module = _asyncio(family)
-        if isinstance(client, (module.Redis, module.RedisCluster)):
-            return "asyncio"
-        return "other"
     if isinstance(client, (family.module.Redis, family.module.RedisCluster)):
         return "threaded"
+    if client is None or isinstance(client, (str, bytes, int, float, dict, list, tuple)):
+        return "other"  # common mistakes: no need to import the asyncio package to say so
+    # Imported only for a client that is no threaded one: a threaded user never pays.
+    module = _asyncio(family)
+    if isinstance(client, (module.Redis, module.RedisCluster)):
+        return "asyncio"
     return "other"
+
+
+def _not_a_client(client: object, asyncio: bool | None) -> str:
+    """Why ``client`` is refused, and for a URL or a dict of settings the line that makes one."""
+    module = "redis.asyncio" if asyncio else "redis"
+    wanted = (
+        "an asyncio redis client (redis-py's or valkey-py's: redis.asyncio.Redis, RedisCluster "
+        "or a Sentinel master_for(...) client)"
+        if asyncio
+        else "a redis client (redis-py's or valkey-py's: redis.Redis, RedisCluster "
+        "or a Sentinel master_for(...) client)"
+    )
+    got = type(client).__name__
+    if client is None:
+        return f"client must be {wanted}, got None"
+    if isinstance(client, str):
+        url = client if "://" in client else f"redis://{client}"
+        if url.startswith(("valkey://", "valkeys://")):
+            module = "valkey.asyncio" if asyncio else "valkey"
+            maker = f"{module}.Valkey.from_url({_shown_url(url)!r})"
+        else:
+            maker = f"{module}.Redis.from_url({_shown_url(url)!r})"
+        return (
+            f"client must be {wanted}, got the str {_shown_url(client)!r}; "
+            f"make a client of it first: {maker}"
+        )
+    if isinstance(client, dict):
+        return (
+            f"client must be {wanted}, got a dict (of connection settings?); "
+            f"make a client of it first: {module}.Redis(**settings)"
+        )
+    if isinstance(client, (int, float, bytes)):
+        return f"client must be {wanted}, got {got} {client!r}"
+    return f"client must be {wanted}, got {got}"
+
+
+def _shown_url(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***``: an error never shows one."""
+    head, sep, rest = url.partition("://")
+    auth, at, host = rest.rpartition("@")
+    user, colon, _password = auth.partition(":")
+    if not sep or not at or not colon:
+        return url
+    return f"{head}://{user}:***@{host}"
 
 
 def _asyncio(family: Family) -> ModuleType:
@@ -216,8 +279,6 @@ def _asyncio(family: Family) -> ModuleType:
 
 
 def _make_twin(client: Any, family: Family, kind: str) -> Any:
-    if kind == "other":
-        return client  # valkey-py, but no client class of it: the Python engine tries
     module = _asyncio(family) if kind == "asyncio" else family.module
     if isinstance(client, module.RedisCluster):
         return _cluster(client, module, kind)

@@ -14,6 +14,22 @@ from __future__ import annotations
 
 import math
 
+# ---------------------------------------------------------------- leases
+
+MAX_TTL = 1_000_000.0
+"""The longest lease TTL (seconds, about 11.6 days) any lease may have: elector, lock, partition.
+
+The bound the engines can honour, not Redis's: the server takes a 64-bit
+count of milliseconds in ``PX``/``PEXPIRE`` and the scripts' doubles are
+exact to 2^53 ms, far beyond. What binds is every wait a lease makes (a
+renewal, an acquire's poll, a backoff, the guard's ``WAIT``), each up to
+its TTL, timed in 32-bit milliseconds: the Python engine's driver sleeps in
+``poll()`` (at most 2^31-1 ms, about 24.8 days) and the native engine sends
+``WAIT`` with a C int of milliseconds. 1e6 s keeps all of them inside that
+with room; the native renewer refuses a longer lease too (it reads this
+value), and the settings are checked against it first (``_config``).
+"""
+
 # ---------------------------------------------------------------- renewals
 
 RENEWALS_PER_TTL = 3

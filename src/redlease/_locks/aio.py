@@ -29,7 +29,7 @@ from .._config import Duration
 from .._engine.family import threaded
 from .._errors import NotHeld
 from . import args
-from .args import AcquireOptions, Options, check_name, takes, takes_unnamed
+from .args import AcquireOptions, Options, check_name, face_name, takes, takes_unnamed
 from .holders import LockHolder
 from .lock import (
     DEFAULT_RETRY_INTERVAL,
@@ -163,6 +163,14 @@ class _AsyncStore:
 class _AsyncLocker(_AsyncStore):
     """The asyncio face of a threaded locker: the same store, the same rules."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Named as the face (``aio.RedisLocker``): a wrong call's TypeError would
+        # otherwise name the threaded locker of the same class name.
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            init.__qualname__ = f"{face_name(cls)}.__init__"
+
     def __init__(self, inner: Locker) -> None:
         super().__init__(inner)
         self._locker = inner
@@ -201,6 +209,8 @@ class _AsyncLocker(_AsyncStore):
 
 class Semaphore:
     """``redlease.Semaphore`` for asyncio: permits are ``redlease.aio.Lock`` objects."""
+
+    _face = "aio.Semaphore"
 
     def __init__(self, inner: ThreadedSemaphore, permits: _AsyncStore) -> None:
         self._inner = inner
@@ -257,6 +267,8 @@ class RedisLocker(_AsyncLocker):
     blocked event loop cannot cost the lease.
     """
 
+    _face = "aio.RedisLocker"
+
     def __init__(
         self,
         client: Any,
@@ -281,6 +293,8 @@ class RedisLocker(_AsyncLocker):
 
 class MemoryLocker(_AsyncLocker):
     """``redlease.MemoryLocker`` for asyncio: in-process only, same semantics."""
+
+    _face = "aio.MemoryLocker"
 
     def __init__(self, *, holder: str | None = None) -> None:
         super().__init__(ThreadedMemoryLocker(holder=holder))

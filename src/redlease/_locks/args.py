@@ -20,7 +20,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from .._config import Duration, to_seconds, whole_ms
+from .._config import Duration, check_max_ttl, to_seconds, whole_ms
 from .._errors import AutoRenewTTLTooShort, ConfigError
 
 DEFAULT_TTL = 30.0
@@ -34,6 +34,12 @@ DEFAULT_WAIT = 0.0
 
 MIN_AUTO_RENEW_TTL = 0.03
 """The shortest TTL (seconds) auto-renewal accepts: the watchdog refreshes at TTL/3."""
+
+
+def face_name(cls: type) -> str:
+    """How a lock class names itself: its ``_face`` (``"aio.RedisLocker"``), else its own name."""
+    face = getattr(cls, "_face", None)
+    return face if isinstance(face, str) else cls.__name__
 
 
 def check_name(name: object) -> str:
@@ -50,7 +56,7 @@ def check_ttl(ttl: object, auto_renew: object) -> int:
             f"auto_renew must be a bool, got {type(auto_renew).__name__} {auto_renew!r}"
         )
     seconds = to_seconds(ttl, "ttl")
-    ms = whole_ms(seconds)
+    ms = check_max_ttl(whole_ms(seconds), seconds)
     if ms < 1:
         raise ConfigError(
             f"ttl must be at least 1 ms (Redis expires keys in whole milliseconds), got {ttl!r} s"
@@ -153,12 +159,12 @@ def takes(
         if inspect.iscoroutinefunction(face):
 
             async def call_async(self: S, name: str, *args: Any, **kwargs: Any) -> Any:
-                return await face(self, name, _Given(spec, face, args, kwargs))
+                return await face(self, name, _Given(spec, face, self, args, kwargs))
 
             return _signed(call_async, face, spec)
 
         def call(self: S, name: str, *args: Any, **kwargs: Any) -> R:
-            return face(self, name, _Given(spec, face, args, kwargs))
+            return face(self, name, _Given(spec, face, self, args, kwargs))
 
         return _signed(call, face, spec)
 
@@ -174,12 +180,12 @@ def takes_unnamed(
         if inspect.iscoroutinefunction(face):
 
             async def call_async(self: S, *args: Any, **kwargs: Any) -> Any:
-                return await face(self, _Given(spec, face, args, kwargs))
+                return await face(self, _Given(spec, face, self, args, kwargs))
 
             return _signed(call_async, face, spec)
 
         def call(self: S, *args: Any, **kwargs: Any) -> R:
-            return face(self, _Given(spec, face, args, kwargs))
+            return face(self, _Given(spec, face, self, args, kwargs))
 
         return _signed(call, face, spec)
 
@@ -190,25 +196,29 @@ class _Given:
     """The arguments a face was given for ``spec``; calling it checks them (``Options``).
 
     A call that does not fit the parameter list is the ``TypeError`` Python
-    gives, naming the face the caller called rather than ``spec``.
+    gives, naming the method the caller called, on the public class of the
+    object it was called on (``aio.RedisLocker.acquire()``), rather than ``spec``.
     """
 
-    __slots__ = ("_args", "_face", "_kwargs", "_spec")
+    __slots__ = ("_args", "_face", "_kwargs", "_owner", "_spec")
 
     def __init__(
         self,
         spec: Callable[..., AcquireOptions],
         face: Callable[..., Any],
+        owner: object,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> None:
-        self._spec, self._face, self._args, self._kwargs = spec, face, args, kwargs
+        self._spec, self._face, self._owner = spec, face, owner
+        self._args, self._kwargs = args, kwargs
 
     def __call__(self) -> AcquireOptions:
         try:
             return self._spec(*self._args, **self._kwargs)
         except TypeError as exc:
-            said = str(exc).replace(f"{self._spec.__name__}()", f"{self._face.__name__}()", 1)
+            called = f"{face_name(type(self._owner))}.{self._face.__name__}()"
+            said = str(exc).replace(f"{self._spec.__name__}()", called, 1)
             raise TypeError(said) from None
 
 

@@ -102,11 +102,10 @@ class RedisLocker(Locker):
         min_replicas: int = 0,
         replica_timeout: Duration | None = None,
     ) -> None:
-        if client is None:
-            raise ConfigError("RedisLocker needs a redis client, got None")
-        self._label = check_label(holder)
         # The engines run on a threaded redis-py client; errors go out in the user's family.
+        # Anything that is no threaded client is refused here (``family.check_client``).
         client, self._family = threaded(client)
+        self._label = check_label(holder)
         if not isinstance(prefix, str):
             raise ConfigError(f"prefix must be a str, got {type(prefix).__name__} {prefix!r}")
         if is_cluster(client) and not has_hash_tag(prefix):

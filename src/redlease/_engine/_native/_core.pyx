@@ -162,6 +162,7 @@ def native_timing():
     return {
         "RENEW_BATCH_WINDOW": RENEW_WINDOW_NS,
         "RENEW_RETRY_FLOOR": RENEW_RETRY_NS,
+        "MAX_TTL": MAX_TTL_NS,
         "NOTICE_READ_SLICE": NOTICE_SLICE_NS,
         "NOTICE_PING_AFTER": NOTICE_PING_NS,
         "NOTICE_DEAD_AFTER": NOTICE_DEAD_NS,

@@ -27,6 +27,9 @@
 # redlease._engine.timing, read when the module is imported.
 cdef int64_t RENEW_WINDOW_NS = _timing.ns(_timing.RENEW_BATCH_WINDOW)
 cdef int64_t RENEW_RETRY_NS = _timing.ns(_timing.RENEW_RETRY_FLOOR)
+# the longest ttl (and renewal interval) a lease may have; the settings are
+# checked against the same value before a lease is ever made
+cdef int64_t MAX_TTL_NS = _timing.ns(_timing.MAX_TTL)
 
 
 # ---------------------------------------------------------------- the heap (mu held)

@@ -33,8 +33,13 @@ cdef class Lease(ProcessBound):
         cdef char* trimmed
         if renewer.r == NULL or renewer._closed:
             raise RuntimeError("the renewer is closed")
-        if not (interval > 0 and interval < 1e6) or not (ttl > 0 and ttl < 1e6):
-            raise ValueError("interval and ttl must be positive numbers of seconds")
+        if not (interval > 0 and interval * 1e9 <= MAX_TTL_NS) or not (
+            ttl > 0 and ttl * 1e9 <= MAX_TTL_NS
+        ):
+            raise ValueError(
+                "interval and ttl must be positive numbers of seconds, at most MAX_TTL "
+                f"({_timing.MAX_TTL} s); got interval {interval!r}, ttl {ttl!r}"
+            )
         self.interval = interval
         self.ttl = ttl
         l = <rl_lease*>calloc(1, sizeof(rl_lease))
