@@ -189,9 +189,10 @@ def engine_info() -> EngineInfo:
     )
 
 
-# The fallback reasons already logged in this process: one WARNING each (a
-# process whose extension is missing logs one, whatever its elector count).
-_warned: set[str] = set()
+# Whether this process has logged its fallback WARNING: one in all, however
+# many electors, locks or clients fell back, and for whatever reason (the
+# first one met is named; ``engine_info()`` and ``e.engine_reason`` tell each).
+_warned: list[bool] = [False]
 _warned_lock = ForkSafeLock()
 
 _HOW_TO_GET_NATIVE = (
@@ -202,11 +203,11 @@ _HOW_TO_GET_NATIVE = (
 
 
 def _warn_fallback(reason: str) -> None:
-    """Log, once per process and reason, that ``auto`` fell back to the Python engine."""
+    """Log, once per process, that ``auto`` fell back to the Python engine, and why."""
     with _warned_lock:
-        if reason in _warned:
+        if _warned[0]:
             return
-        _warned.add(reason)
+        _warned[0] = True
     hint = f" {_HOW_TO_GET_NATIVE}." if not native_available()[0] else ""
     logger.warning(
         "engine='auto' runs on the pure-Python engine: %s. Its renewals run on a Python "
