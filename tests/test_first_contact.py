@@ -377,13 +377,25 @@ def test_aio_start_retries_a_refused_port(engine: str, family: str) -> None:
 # -- locks: they raised at once before, and still do --------------------------------------------
 
 
-def test_a_lock_raises_a_refusal_at_once(
-    locked_server: RedisServer, engine: str, family: str
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_lock_raises_a_refusal_at_once_naming_the_endpoint(
+    locked_server: RedisServer, engine: str, family: str, case: str
 ) -> None:
-    client = _make(family, port=locked_server.port, password=WRONG)
+    settings, cls_name = REFUSED[case]
+    client = _make(family, **settings(locked_server))
     locker = redlease.RedisLocker(client, engine=engine)
-    with pytest.raises(Exception) as caught:
-        locker.try_acquire("fc:lock")
-    assert isinstance(caught.value, family_errors(family).AuthenticationError)
-    assert WRONG not in str(caught.value)
+    _start_raises(lambda: locker.try_acquire("fc:lock"), family, cls_name, locked_server.port)
     client.close()
+
+
+def test_a_lock_on_a_refused_port_raises_the_connection_error(
+    engine: str, family: str
+) -> None:
+    closed = ClosedPort()
+    client = _make(family, port=closed.port)
+    try:
+        with pytest.raises(family_errors(family).ConnectionError):
+            redlease.RedisLocker(client, engine=engine).try_acquire("fc:lock")
+    finally:
+        closed.close()
+        client.close()

@@ -14,6 +14,9 @@ reply table says retrying cannot mend (``replies.refusal_of``), in the
 client's family, naming the endpoint and never the password. What retrying
 may mend is left to the run, which retries as it always did.
 
+A lock has no start: its first call raises what it meets, as it always
+did, and ``named`` gives a refusal the same endpoint in its message.
+
 The contact is made once per connection pool, not per elector: the answer
 is kept in a weak map keyed by the pool (a cluster client by itself: one
 node that answers is enough; behind Sentinel the pool is the master's, and
@@ -89,14 +92,31 @@ def first_contact(
     try:
         engine.call_one(script, keys, args, bound)
     except Exception as exc:
-        fix = refusal_of(exc)
-        if fix is None:
+        if not named(exc, client):
             _remember(key, time.monotonic() + bound)
             return
-        exc.args = (f"{exc} (first contact with Redis at {endpoint(client)}; check {fix})",)
         adopt(exc)
         raise
     _remember(key, _CONTACTED)
+
+
+_MARK = "Redis at"
+"""What a named refusal's message says before the endpoint (so it is named once)."""
+
+
+def named(exc: BaseException, client: Any) -> bool:
+    """Whether ``exc`` is a failure retrying cannot mend (``replies.refusal_of``); if so,
+    its message now names ``client``'s endpoint and what to check (in place, once).
+
+    A lock's call raises its error at once anyway: it names the endpoint too.
+    """
+    fix = refusal_of(exc)
+    if fix is None:
+        return False
+    text = str(exc)
+    if _MARK not in text:
+        exc.args = (f"{text} ({_MARK} {endpoint(client)}; check {fix})",)
+    return True
 
 
 def endpoint(client: Any) -> str:
