@@ -32,10 +32,13 @@ from helpers import (
     BlackHole,
     ClosedPort,
     elected_token,
+    family_base_error,
     family_errors,
     wait_until,
 )
+from redlease._engine import replies, replytable
 from redlease._testing import RedisServer
+from redlease._testing.fake import FakeRedis, client_of
 
 pytestmark = [pytest.mark.usefixtures("engines_closed"), pytest.mark.timeout(60)]
 
@@ -238,6 +241,47 @@ def test_a_server_that_never_answers_does_not_hang_start(
     group.start()
     group.stop(10)
     client.close()
+
+
+# -- the table, entry by entry, on both engines --------------------------------------------
+
+
+def _wire(known: str) -> bytes:
+    """The error reply a server sends for a ``REFUSALS`` entry: ``-CODE text`` or ``-ERR text``."""
+    if known.isupper():
+        return b"-%s the server says no\r\n" % known.encode()
+    return b"-ERR %s\r\n" % known.encode()
+
+
+@pytest.mark.parametrize(
+    "known", [known for known, _fix in replytable.REFUSALS if known != replytable.NOT_RESP]
+)
+def test_every_refusal_of_the_table_is_raised_by_start(
+    fake: FakeRedis, engine: str, family: str, known: str
+) -> None:
+    """Each entry of ``replytable.REFUSALS``, answered to the first contact, is raised by
+    start() on both engines (an entry added is covered without another line); the peer
+    that is not RESP is the HTTP listener's test above."""
+    fake.script("leader", _wire(known))
+    with client_of(fake, 5, family) as client:
+        elector = redlease.Elector(client, "fc:table", ttl=TTL, engine=engine)
+        with pytest.raises(family_base_error(family)) as caught:
+            elector.start()
+        assert replies.refusal_of(caught.value) is not None
+        assert f"{LOOPBACK}:{fake.port}" in str(caught.value)
+    assert fake.runs("leader") == 1
+
+
+@pytest.mark.parametrize("code", ["LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN"])
+def test_what_retrying_mends_is_not_raised_by_start(
+    fake: FakeRedis, engine: str, family: str, code: str
+) -> None:
+    fake.script("leader", b"-%s not now\r\n" % code.encode())
+    with client_of(fake, 5, family) as client:
+        elector = redlease.Elector(client, "fc:mends", ttl=TTL, engine=engine)
+        elector.start()
+        elector.stop(10)
+    assert fake.runs("leader") == 1
 
 
 # -- once per connection pool ----------------------------------------------------------------

@@ -56,10 +56,12 @@ from .replytable import (
     ERROR,
     FAILOVER,
     MOVED,
+    NOPERM,
     NOREPLICAS,
     NOT_RESP,
     RETRY,
     TRYAGAIN,
+    WRONGPASS,
     refusal,
     resends,
     wrapped_marker,
@@ -145,8 +147,8 @@ def server_changed(reply: object) -> bool:
 
 
 _REFUSED_BY_CLASS: tuple[tuple[type[Exception], str], ...] = (
-    (NoPermissionError, "NOPERM"),
-    (AuthenticationError, "WRONGPASS"),
+    (NoPermissionError, NOPERM),
+    (AuthenticationError, WRONGPASS),
     (InvalidResponse, NOT_RESP),
 )
 """The refusal redis-py's own classes stand for when neither the code nor the text says

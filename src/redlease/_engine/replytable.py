@@ -140,13 +140,16 @@ def wrapped_marker(code: str) -> str:
 NOT_RESP = "<not RESP>"
 """What stands for a reply that is not RESP at all (an HTTP server, say): a protocol error."""
 
+WRONGPASS, NOPERM = "WRONGPASS", "NOPERM"
+"""The codes a refusal stands for when redis-py stripped them (``replies.refusal_of``)."""
+
 REFUSALS: tuple[tuple[str, str], ...] = (
     # (the code, or the text after ERR, a reply starts with; what the user must fix)
-    ("WRONGPASS", "the username and password"),
+    (WRONGPASS, "the username and password"),
     ("NOAUTH", "the password: the server requires one"),
     ("invalid password", "the password"),  # Redis before 6: "ERR invalid password"
     ("Client sent AUTH, but no password is set", "the password: the server has none"),
-    ("NOPERM", "the ACL user's permissions (scripts and the name's keys)"),
+    (NOPERM, "the ACL user's permissions (scripts and the name's keys)"),
     ("DB index is out of range", "the db index: the server has fewer databases"),
     (NOT_RESP, "the address: the peer does not speak the Redis protocol"),
 )
