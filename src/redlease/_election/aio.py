@@ -136,8 +136,10 @@ class Elector(ElectorShell, AwaitsStopOnExit):
         check_leader_fn(fn)
         if stop is not None and stop.is_set():
             return
-        # The client's first contact off the loop; claim() then finds it made.
-        await off_loop(self._core.contact)
+        # The client's first contact off the loop (claim() then finds it made); a client
+        # contacted before costs no await.
+        if self._core.contact_due():
+            await off_loop(self._core.contact)
         run = self._core.claim(threading.Event())
         assert run is not None
         await self._drive(run, fn, stop)

@@ -28,7 +28,7 @@ from .._config import Config
 from .._engine import Engine, Keeper, is_cluster, run_one, sharded_notices, shared_engine
 from .._engine.base import NoticeSubscription, ScriptRequest
 from .._engine.client import call_timeout, slot_owner
-from .._engine.contact import first_contact
+from .._engine.contact import due, first_contact
 from .._engine.family import threaded
 from .._engine.forksafe import ForkSafeLock
 from .._engine.notices import NO_NOTICES, ChannelRefusals
@@ -426,6 +426,11 @@ class Election:
             min(self.config.renew_interval, call_timeout(self.client)),
             self.family.adopter,
         )
+
+    def contact_due(self) -> bool:
+        """Whether ``contact()`` would make a round trip now (no contact made yet, or one
+        the run's retries may mend, a while ago)."""
+        return due(self.client)
 
     def claim(self, stop: threading.Event) -> Run | None:
         """Reserve this election's one run; None when ``stop`` is already set.

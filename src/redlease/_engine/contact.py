@@ -53,6 +53,11 @@ def _pool_of(client: Any) -> Any:
     return getattr(client, "connection_pool", client)
 
 
+def due(client: Any) -> bool:
+    """Whether a start on ``client`` now would make a first contact (a round trip)."""
+    return _due(_pool_of(client))
+
+
 def _due(key: Any) -> bool:
     try:
         with _contacts_lock:
