@@ -47,10 +47,10 @@ _contacts_lock = ForkSafeLock()
 
 
 def _pool_of(client: Any) -> Any:
-    """What one first contact speaks for: the client's connection pool (a cluster: the client)."""
-    if is_cluster(client):
-        return client
-    return getattr(client, "connection_pool", client)
+    """What one first contact speaks for: the client's connection pool (a cluster client,
+    which has none of its own: the client). Read at every start: no class check."""
+    pool = getattr(client, "connection_pool", None)
+    return client if pool is None else pool
 
 
 def due(client: Any) -> bool:
