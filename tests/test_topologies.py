@@ -113,6 +113,20 @@ def test_sentinel_master_client_on_the_python_engine(
     assert int(client.get("sentinel-py:fence:applied")) == token
 
 
+def test_a_refusal_behind_sentinel_is_raised_by_start_naming_the_sentinels(
+    sentinel_set: SentinelSet, engine: str, family: str
+) -> None:
+    """The first contact goes to the master the sentinels name (DESIGN.md section 16)."""
+    client = sentinel_set.master_for("svc", family=family, db=9999, socket_timeout=2)
+    e = redlease.Elector(client, "sentinel-contact", ttl=0.5, engine=engine)
+    with pytest.raises(client_module(family).exceptions.ResponseError) as caught:
+        e.start()
+    text = str(caught.value)
+    assert "DB index is out of range" in text
+    assert "'svc'" in text and f":{sentinel_set.sentinels[0].port}" in text, text
+    assert e.token() is None
+
+
 def test_stop_all_behind_sentinel_batches_the_releases_on_the_master(
     sentinel_set: SentinelSet, engine: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -157,6 +157,10 @@ a HELLO the server refused. ``InvalidResponse`` is a protocol error (a peer that
 speak RESP, an HTTP server say), ``ReplyTooLarge`` included."""
 
 
+_SERVICE = "Service '"
+"""How the native core's Sentinel connect begins the message of a reply it met."""
+
+
 def refusal_of(error: BaseException) -> str | None:
     """What the user must fix when a first contact failed with ``error``; None when
     retrying may mend it (``replytable.REFUSALS``).
@@ -168,8 +172,12 @@ def refusal_of(error: BaseException) -> str | None:
     """
     if not isinstance(error, RedisError):
         return None
-    # redis-py 5.3+ keeps the code it stripped; the text after it comes next.
-    for said in (getattr(error, "status_code", None), str(error)):
+    text = str(error)
+    # redis-py 5.3+ keeps the code it stripped; the text after it comes next, then the
+    # reply the native core names behind Sentinel as "Service 'name': <the reply>".
+    service, sep, reply = text.partition("': ")
+    said_behind = reply if sep and service.startswith(_SERVICE) else None
+    for said in (getattr(error, "status_code", None), text, said_behind):
         if isinstance(said, str) and said:
             fix = refusal(said)
             if fix is not None:
