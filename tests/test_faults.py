@@ -274,6 +274,8 @@ def test_an_unexpected_acquire_failure_is_reported_and_retried(
 ) -> None:
     errors: list[Exception] = []
     e = make_elector(client, engine, ttl=0.4, observer=redlease.Observer(on_error=errors.append))
+    # The client's first contact made first: the failures below meet the run's acquires.
+    e._core.contact()
     # A lone acquire is one call: the engine's single-call path sends it.
     real_call = e._core.engine.call_one
     failures = [RuntimeError("malformed reply"), ValueError("bad value")]

@@ -67,7 +67,7 @@ def test_elector_respects_the_clients_acl_user_and_database(
     assert not admin.exists("acl:fence"), "keys must land in the client's database, not db 0"
 
 
-def test_wrong_password_surfaces_through_on_error_and_never_elects(
+def test_wrong_password_is_raised_by_start_and_never_elects(
     redis_server: RedisServer, engine: str
 ) -> None:
     redis_server.client().config_set("requirepass", "right")
@@ -76,11 +76,11 @@ def test_wrong_password_surfaces_through_on_error_and_never_elects(
     e = redlease.Elector(
         bad, "auth", ttl=0.3, engine=engine, observer=redlease.Observer(on_error=errors.append)
     )
-    with e:
-        wait_until(lambda: errors, timeout=5, what="an auth error through on_error")
-        assert e.token() is None
-    assert all(isinstance(exc, redis.exceptions.RedisError) for exc in errors)
-    assert any(isinstance(exc, redis.exceptions.AuthenticationError) for exc in errors)
+    # Retrying cannot mend it: the first contact raises it (tests/test_first_contact.py).
+    with pytest.raises(redis.exceptions.AuthenticationError), e:
+        pass
+    assert e.token() is None
+    assert errors == []
 
 
 # -- Sentinel -----------------------------------------------------------------------
@@ -111,6 +111,20 @@ def test_sentinel_master_client_on_the_python_engine(
     e = redlease.Elector(client, "sentinel-py", ttl=0.5, engine="python")
     token = _lead_and_fence(e, "sentinel-py:state")
     assert int(client.get("sentinel-py:fence:applied")) == token
+
+
+def test_a_refusal_behind_sentinel_is_raised_by_start_naming_the_sentinels(
+    sentinel_set: SentinelSet, engine: str, family: str
+) -> None:
+    """The first contact goes to the master the sentinels name (DESIGN.md section 16)."""
+    client = sentinel_set.master_for("svc", family=family, db=9999, socket_timeout=2)
+    e = redlease.Elector(client, "sentinel-contact", ttl=0.5, engine=engine)
+    with pytest.raises(client_module(family).exceptions.ResponseError) as caught:
+        e.start()
+    text = str(caught.value)
+    assert "DB index is out of range" in text
+    assert "'svc'" in text and f":{sentinel_set.sentinels[0].port}" in text, text
+    assert e.token() is None
 
 
 def test_stop_all_behind_sentinel_batches_the_releases_on_the_master(

@@ -126,7 +126,9 @@ class Elector(ElectorShell, AwaitsStopOnExit):
         this event loop; the task is cancelled when the term ends (leadership
         lost, ``resign()``, the run stopped). The run does not release or
         re-contend until the task has finished. An exception from fn ends the
-        term gracefully and the run, and is re-raised here.
+        term gracefully and the run, and is re-raised here. What retrying
+        cannot mend at the client's first contact is raised before the run
+        begins (see ``redlease.Elector.start``).
 
         Cancelled (at any point, any number of times), the run ends as if
         stopped: the leader task is cancelled and has finished, and the
@@ -135,6 +137,10 @@ class Elector(ElectorShell, AwaitsStopOnExit):
         check_leader_fn(fn)
         if stop is not None and stop.is_set():
             return
+        # The client's first contact off the loop (claim() then finds it made); a client
+        # contacted before costs no await.
+        if self._core.contact_due():
+            await off_loop(self._core.contact)
         run = self._core.claim(threading.Event())
         assert run is not None
         await self._drive(run, fn, stop)
@@ -178,7 +184,12 @@ class Elector(ElectorShell, AwaitsStopOnExit):
             raise run.error
 
     def start(self, fn: LeaderCoroutine | None = None) -> Elector:
-        """Run the loop as a task on the running event loop; returns this elector."""
+        """Run the loop as a task on the running event loop; returns this elector.
+
+        The first start on a client makes one bounded round trip, on this
+        thread, and raises what retrying cannot mend (see
+        ``redlease.Elector.start``); later starts on that client make none.
+        """
         if self._task is not None and not self._task.done():
             raise RuntimeError(f"aio.Elector {self.config.name!r} is already running")
         check_leader_fn(fn)

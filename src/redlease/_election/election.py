@@ -27,7 +27,8 @@ from .. import _scripts
 from .._config import Config
 from .._engine import Engine, Keeper, is_cluster, run_one, sharded_notices, shared_engine
 from .._engine.base import NoticeSubscription, ScriptRequest
-from .._engine.client import slot_owner
+from .._engine.client import call_timeout, slot_owner
+from .._engine.contact import due, first_contact
 from .._engine.family import threaded
 from .._engine.forksafe import ForkSafeLock
 from .._engine.notices import NO_NOTICES, ChannelRefusals
@@ -421,11 +422,33 @@ class Election:
         """A batched acquire's or release's reply says: send it again alone (see above)."""
         return self.cluster and rerouted(reply, CLUSTER)
 
+    def contact(self) -> None:
+        """The client's first contact (``contact.first_contact``): raises, in the client's
+        family, what retrying cannot mend; one bounded round trip per connection pool, the
+        first time only (a read of who leads, bounded as an acquire and a control call)."""
+        first_contact(
+            self.engine,
+            self.client,
+            (_LEADER, (self.keys.leader,), ()),
+            min(self.config.renew_interval, call_timeout(self.client)),
+            self.family.adopter,
+        )
+
+    def contact_due(self) -> bool:
+        """Whether ``contact()`` would make a round trip now (no contact made yet, or one
+        the run's retries may mend, a while ago)."""
+        return due(self.client)
+
     def claim(self, stop: threading.Event) -> Run | None:
         """Reserve this election's one run; None when ``stop`` is already set.
 
-        RuntimeError when a run is already going: one run at a time.
+        Every run starts here (``Elector.run`` and ``start``, ``aio.Elector``'s),
+        so the client's first contact is made here, before the run is reserved:
+        what it raises leaves nothing to undo. RuntimeError when a run is
+        already going: one run at a time.
         """
+        if not stop.is_set():
+            self.contact()
         with self.mutex:
             if self.run is not None:
                 raise RuntimeError(

@@ -95,6 +95,8 @@ class Elector(ElectorShell, StopsOnExit):
         re-contend until fn has returned. With ``fn=None`` the run only keeps
         this instance elected (token-driven style). An exception from fn ends
         the term gracefully and the run: it is re-raised here, unchanged.
+        What retrying cannot mend at the client's first contact is raised
+        before the run begins (see ``start``).
         """
         check_leader_fn(fn)
         if stop is None:
@@ -114,6 +116,17 @@ class Elector(ElectorShell, StopsOnExit):
         The loop runs on the process's one driver thread, with every other
         started elector's: only the leader function, when given, gets a
         thread of its own while it runs.
+
+        The first start (or run) on a client's connection pool makes one
+        bounded round trip, its first contact, and raises what retrying
+        cannot mend, as the client family's own exception naming the
+        endpoint: a wrong or missing password (``AuthenticationError``), an
+        ACL user without the scripts or the name's keys
+        (``NoPermissionError``), a db index out of range (``ResponseError``),
+        a peer that does not speak the Redis protocol (``InvalidResponse``).
+        A refused or reset connection, a timeout, LOADING or a failover is
+        not raised: the run retries it, as it retries every failure once a
+        first contact succeeded. Later starts on that pool make no contact.
         """
         check_leader_fn(fn)
         run = self._core.claim(NEVER)

@@ -667,8 +667,11 @@ class Member:
         """Join the group and start the run thread; ConfigError for a different partition set.
 
         Redis trouble on the way in is not raised: the run keeps trying,
-        and its ``on_error`` hears of it (from the run thread).
+        and its ``on_error`` hears of it (from the run thread); but what
+        retrying cannot mend at the client's first contact is, before
+        anything starts (``Election.contact``).
         """
+        self.parts[self.names[0]].election.contact()
         cfg = self.config
         thread = threading.Thread(
             target=self.main, name=f"redlease-partitions-{cfg.name}", daemon=True
@@ -1280,7 +1283,8 @@ class Partitions(
         Raises ``ConfigError`` when the group's live members share another
         partition set (naming both), ``RuntimeError`` when already running.
         Redis trouble is not raised: the member keeps trying and tells
-        ``observer.on_error``.
+        ``observer.on_error``; but a failure retrying cannot mend at the
+        client's first contact is (as ``Elector.start`` says).
         """
         self._core.start()
         return self

@@ -8,6 +8,8 @@ Two questions, each answered here and nowhere else:
   others it keeps as text; Redis 6 wraps a command's error inside a script
   ("Error running script ...: -READONLY ..."), Redis 7 passes the code on:
   every form lands in the same kind.
+* ``refusal_of(error)``: whether retrying can mend a first contact's
+  failure (``replytable.REFUSALS``), and if not, what the user must fix.
 * ``check(script, reply)``: whether ``reply`` is one ``script`` can give.
   Every script of ours has a known reply shape (0 or 1; a release's 0, 1
   or 2; a token array; a holder or nil). Anything else — an array where an integer belongs, a bulk
@@ -29,14 +31,17 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import (
     AskError,
+    AuthenticationError,
     BusyLoadingError,
     ClusterDownError,
     ConnectionError,
     InvalidResponse,
     MasterDownError,
     MovedError,
+    NoPermissionError,
     NoScriptError,
     ReadOnlyError,
+    RedisError,
     ResponseError,
     TryAgainError,
 )
@@ -51,9 +56,13 @@ from .replytable import (
     ERROR,
     FAILOVER,
     MOVED,
+    NOPERM,
     NOREPLICAS,
+    NOT_RESP,
     RETRY,
     TRYAGAIN,
+    WRONGPASS,
+    refusal,
     resends,
     wrapped_marker,
 )
@@ -135,6 +144,48 @@ def is_failover_reply(reply: object) -> bool:
 def server_changed(reply: object) -> bool:
     """This server no longer serves the keys (not the master, loading, cluster down)."""
     return classify(reply) in (FAILOVER, RETRY)
+
+
+_REFUSED_BY_CLASS: tuple[tuple[type[Exception], str], ...] = (
+    (NoPermissionError, NOPERM),
+    (AuthenticationError, WRONGPASS),
+    (InvalidResponse, NOT_RESP),
+)
+"""The refusal redis-py's own classes stand for when neither the code nor the text says
+more: it strips the codes of these, and raises an ``AuthenticationError`` of its own for
+a HELLO the server refused. ``InvalidResponse`` is a protocol error (a peer that does not
+speak RESP, an HTTP server say), ``ReplyTooLarge`` included."""
+
+
+_SERVICE = "Service '"
+"""How the native core's Sentinel connect begins the message of a reply it met."""
+
+
+def refusal_of(error: BaseException) -> str | None:
+    """What the user must fix when a first contact failed with ``error``; None when
+    retrying may mend it (``replytable.REFUSALS``).
+
+    Both engines raise redis-py's classes: the native core's failures become
+    them with the GIL taken (``_native/_pool.pxi``: an error reply through
+    redis-py's own parser, a malformed reply as ``InvalidResponse``), so this
+    one reading decides for both.
+    """
+    if not isinstance(error, RedisError):
+        return None
+    text = str(error)
+    # redis-py 5.3+ keeps the code it stripped; the text after it comes next, then the
+    # reply the native core names behind Sentinel as "Service 'name': <the reply>".
+    service, sep, reply = text.partition("': ")
+    said_behind = reply if sep and service.startswith(_SERVICE) else None
+    for said in (getattr(error, "status_code", None), text, said_behind):
+        if isinstance(said, str) and said:
+            fix = refusal(said)
+            if fix is not None:
+                return fix
+    for cls, code in _REFUSED_BY_CLASS:
+        if isinstance(error, cls):
+            return refusal(code)
+    return None
 
 
 # -- what each script may answer ------------------------------------------------------

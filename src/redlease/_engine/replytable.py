@@ -124,3 +124,43 @@ def topology(cluster: bool, sentinel: bool) -> int:
 def wrapped_marker(code: str) -> str:
     """How a script error carries a command's ``code`` (Redis 6): ``": -CODE "``."""
     return f": -{code} "
+
+
+# -- the first contact: what retrying cannot mend ------------------------------------------
+#
+# The first call an elector, a partition group or a lock makes on a client
+# (``contact.first_contact``) meets the server as the client configured it.
+# Most of what can go wrong there mends by itself, and the run retries as it
+# does later: a refused or reset connection, a timeout, LOADING, a failover
+# in progress (every kind above). What follows never does: the run would
+# retry it forever with nothing but a log line to show. Met on a first
+# contact, it is raised from ``start()``; after one contact succeeded it is
+# handled like any other error (the run retries and reports it).
+
+NOT_RESP = "<not RESP>"
+"""What stands for a reply that is not RESP at all (an HTTP server, say): a protocol error."""
+
+WRONGPASS, NOPERM = "WRONGPASS", "NOPERM"
+"""The codes a refusal stands for when redis-py stripped them (``replies.refusal_of``)."""
+
+REFUSALS: tuple[tuple[str, str], ...] = (
+    # (the code, or the text after ERR, a reply starts with; what the user must fix)
+    (WRONGPASS, "the username and password"),
+    ("NOAUTH", "the password: the server requires one"),
+    ("invalid password", "the password"),  # Redis before 6: "ERR invalid password"
+    ("Client sent AUTH, but no password is set", "the password: the server has none"),
+    (NOPERM, "the ACL user's permissions (scripts and the name's keys)"),
+    ("DB index is out of range", "the db index: the server has fewer databases"),
+    (NOT_RESP, "the address: the peer does not speak the Redis protocol"),
+)
+"""Every failure of a first contact that retrying cannot mend; anything else can be."""
+
+
+def refusal(code: str) -> str | None:
+    """What to fix when a first contact's reply starts with ``code`` (see ``REFUSALS``);
+    None when retrying may mend it. ``code`` may carry an ``ERR`` prefix."""
+    text = code[4:] if code.startswith("ERR ") else code
+    for known, fix in REFUSALS:
+        if text.startswith(known):
+            return fix
+    return None

@@ -27,6 +27,7 @@ from .._engine import (
     run_one,
     sharded_notices,
 )
+from .._engine.contact import named
 from .._engine.family import threaded
 from .._engine.notices import ChannelRefusals
 from .._engine.replies import released
@@ -175,8 +176,12 @@ class RedisLocker(Locker):
 
     def _call(self, request: ScriptRequest, wait: Any = None) -> tuple[Any, int]:
         """One script on the engine within the client's timeout; errors in the client's family."""
-        with self._family.errors():
-            return run_one(self._engine, request, timeout=self._timeout, wait=wait)
+        try:
+            with self._family.errors():
+                return run_one(self._engine, request, timeout=self._timeout, wait=wait)
+        except Exception as exc:
+            named(exc, self._client)  # a refusal names the endpoint, as a start's does
+            raise
 
     def _attempt(
         self, name: str, owner: str, ttl_ms: int, queue_ms: int = 0, began: float | None = None
