@@ -127,6 +127,21 @@ def test_a_refusal_behind_sentinel_is_raised_by_start_naming_the_sentinels(
     assert e.token() is None
 
 
+def test_a_refused_password_behind_sentinel_is_the_same_class_on_both_engines(
+    sentinel_set: SentinelSet, engine: str, family: str
+) -> None:
+    """The native core names the service before the master's reply; the class stays the
+    one the reply's code maps to (an ``AuthenticationError``), as on the Python engine."""
+    client = sentinel_set.master_for(
+        "svc", family=family, username="nobody", password="not-it", socket_timeout=2
+    )
+    e = redlease.Elector(client, "sentinel-auth", ttl=0.5, engine=engine)
+    with pytest.raises(client_module(family).exceptions.AuthenticationError) as caught:
+        e.start()
+    assert "not-it" not in str(caught.value)
+    assert e.token() is None
+
+
 def test_stop_all_behind_sentinel_batches_the_releases_on_the_master(
     sentinel_set: SentinelSet, engine: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -30,7 +30,7 @@ cdef object make_exception(int kind, bytes message):
         # A malformed reply: what redis-py's own parsers raise for one.
         return _RedisInvalidResponse(text)
     if kind == RL_EREPLY:
-        return _parse_error(text)
+        return _reply_error(text)
     if kind == RL_ENOMEM:
         return MemoryError(text)
     if kind == RL_ENOMASTER:
@@ -38,7 +38,25 @@ cdef object make_exception(int kind, bytes message):
     if kind == RL_EUNEXPECTED:
         # A reply the script cannot give: the same error the Python engine raises.
         return _UnexpectedReply(text)
-    return _RedisResponseError(text)
+    return _behind_service(text) or _RedisResponseError(text)
+
+
+cdef object _reply_error(str text):
+    """An error reply, as redis-py's parser makes it."""
+    return _behind_service(text) or _parse_error(text)
+
+
+cdef object _behind_service(str text):
+    """Behind Sentinel the core names the service before the master's reply ("Service
+    'svc': WRONGPASS ..."): the error of the class that reply's code maps to, as on the
+    Python engine, its text keeping the service; None for any other failure."""
+    cdef str service, sep, reply
+    if not text.startswith("Service '"):
+        return None
+    service, sep, reply = text.partition("': ")
+    if not (sep and reply):
+        return None
+    return type(_parse_error(reply))(text)
 
 
 cdef int reraise_pending() except -1:
