@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import socket
@@ -10,7 +11,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
@@ -121,6 +122,42 @@ def stays(predicate: Callable[[], Any], duration: float, interval: float = 0.01)
             return False
         time.sleep(interval)
     return bool(predicate())
+
+
+@contextlib.contextmanager
+def answering(reply: bytes) -> Iterator[int]:
+    """A loopback port whose listener answers whatever it is sent with ``reply``, then
+    hangs up: a peer that is not a Redis server (``HTTP_400``, say)."""
+    listener = socket.create_server((LOOPBACK, 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                with contextlib.suppress(OSError):
+                    conn.recv(4096)
+                    conn.sendall(reply)
+
+    thread = threading.Thread(target=serve, name="answering", daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+HTTP_400 = b"HTTP/1.1 400 Bad Request\r\n\r\n"
+"""What an HTTP server answers a request it cannot read."""
 
 
 class BlackHole:

@@ -17,7 +17,6 @@ and listeners the tests start.
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,9 +27,11 @@ import pytest
 import redlease
 import redlease.aio
 from helpers import (
+    HTTP_400,
     LOOPBACK,
     BlackHole,
     ClosedPort,
+    answering,
     elected_token,
     family_base_error,
     family_errors,
@@ -47,48 +48,11 @@ WRONG = "wr0ng-first-contact"
 TTL = 1.0
 
 
-class HttpListener:
-    """A loopback TCP listener that answers every connection like an HTTP server, then closes."""
-
-    def __init__(self) -> None:
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.bind((LOOPBACK, 0))
-        self._listener.listen(16)
-        self._listener.settimeout(0.05)
-        self.port: int = self._listener.getsockname()[1]
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="http-400", daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(1.0)
-                try:
-                    conn.recv(4096)  # the request, whatever it is
-                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self._closed.set()
-        self._listener.close()
-        self._thread.join(2)
-
-
 @pytest.fixture
-def http_listener() -> Iterator[HttpListener]:
-    listener = HttpListener()
-    try:
-        yield listener
-    finally:
-        listener.close()
+def http_port() -> Iterator[int]:
+    """A loopback port that answers like an HTTP server."""
+    with answering(HTTP_400) as port:
+        yield port
 
 
 @pytest.fixture
@@ -195,13 +159,13 @@ def test_partitions_start_raises_what_retrying_cannot_mend(
 
 
 def test_a_peer_that_does_not_speak_resp_is_raised(
-    http_listener: HttpListener, engine: str, family: str
+    http_port: int, engine: str, family: str
 ) -> None:
-    client = _make(family, port=http_listener.port)
+    client = _make(family, port=http_port)
     elector = redlease.Elector(client, "fc:http", ttl=TTL, engine=engine)
-    _start_raises(elector.start, family, "InvalidResponse", http_listener.port)
+    _start_raises(elector.start, family, "InvalidResponse", http_port)
     group = redlease.Partitions(client, "fc:http-group", 2, ttl=TTL, engine=engine)
-    _start_raises(group.start, family, "InvalidResponse", http_listener.port)
+    _start_raises(group.start, family, "InvalidResponse", http_port)
     client.close()
 
 

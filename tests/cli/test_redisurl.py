@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cli_helpers import assert_one_line_error, cli_env, redlease_cli
-from helpers import ClosedPort, require_valkey
+from helpers import HTTP_400, ClosedPort, answering, require_valkey
 from redlease._testing import RedisServer
 
 
@@ -55,41 +52,10 @@ def test_a_password_in_the_url_is_not_printed(closed_port: ClosedPort) -> None:
     assert "s3cret" not in assert_one_line_error(result, 1)
 
 
-@contextlib.contextmanager
-def answering(reply: bytes) -> Iterator[int]:
-    """A port whose listener answers whatever it is sent with ``reply``, then hangs up."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(5)
-                with contextlib.suppress(OSError):
-                    conn.recv(4096)
-                    conn.sendall(reply)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join(5)
-        listener.close()
-
-
 @pytest.fixture
 def http_listener() -> Iterator[int]:
     """A port that answers like an HTTP server: 400 Bad Request."""
-    with answering(b"HTTP/1.1 400 Bad Request\r\n\r\n") as port:
+    with answering(HTTP_400) as port:
         yield port
 
 
