@@ -18,10 +18,6 @@ ENGINES = ("auto", "native", "python")
 # What each kind of endpoint needs from the build of the extension, and the
 # sentence that says why a build without it cannot serve the client.
 _NEEDS = {
-    "tls": (
-        "the client uses TLS and the native extension was built without OpenSSL "
-        "(install OpenSSL's headers, e.g. Debian's libssl-dev, and reinstall redlease)"
-    ),
     "sentinel": "the native extension of this build cannot follow a Sentinel-managed master",
     "cluster": "the native extension of this build cannot route a RedisCluster client by slot",
 }
@@ -46,11 +42,27 @@ def native_features() -> frozenset[str]:
     return features
 
 
+def native_tls() -> tuple[bool, str]:
+    """Whether the native engine can speak TLS here, and why not when it cannot.
+
+    The extension links no OpenSSL: it uses the one Python's ssl module has
+    loaded, found when it is imported (``_core.tls_available()``).
+    """
+    try:
+        from ._native import _core
+    except ImportError as exc:
+        return False, f"the native extension is not built ({exc})"
+    ok, why = _core.tls_available()
+    return bool(ok), str(why)
+
+
 def _gap(endpoint: Endpoint) -> str:
     features = native_features()
     sentinel_tls = endpoint.sentinels is not None and endpoint.sentinels.tls is not None
-    if (endpoint.tls is not None or sentinel_tls) and "tls" not in features:
-        return _NEEDS["tls"]
+    if endpoint.tls is not None or sentinel_tls:
+        ok, why = native_tls()
+        if not ok:
+            return f"the client uses TLS and the native engine has no OpenSSL to use: {why}"
     if endpoint.kind != "direct" and endpoint.kind not in features:
         return _NEEDS[endpoint.kind]
     return ""
