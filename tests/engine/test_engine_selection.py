@@ -12,7 +12,6 @@ import redis
 
 import redlease
 from helpers import require_native
-from redlease._engine import select
 from redlease._testing import RedisServer
 
 
