@@ -4,11 +4,11 @@ The extension is optional at install time: when it cannot be compiled the
 package still installs and runs on the pure-Python engine. CI checks that the
 build produced it (``engine="auto"`` must resolve to ``native`` there).
 
-TLS in the native engine needs OpenSSL's headers and libraries at build time
-(Debian: ``libssl-dev``). They are probed by compiling and linking a tiny
-program with the compiler the build uses; without them the extension is
-built without TLS, and TLS clients run on the pure-Python engine.
-``REDLEASE_NO_OPENSSL=1`` builds without TLS even where OpenSSL is there.
+TLS in the native engine needs nothing at build time: the extension does not
+link OpenSSL, and includes none of its headers. At import it finds the
+OpenSSL that Python's own ssl module has loaded and calls it through a table
+of function pointers (``_native/rl_tls.h`` says why), so every build, in
+place, from the sdist or as a wheel, is the same build.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -38,70 +37,11 @@ class BuildPyWithLua(build_py):
             shutil.copy2(script, target / script.name)
 
 
-CORE = "redlease._engine._native._core"
-
-OPENSSL_PROBE = """
-#include <openssl/ssl.h>
-#if OPENSSL_VERSION_NUMBER < 0x10101000L
-#error "OpenSSL 1.1.1 or newer is needed"
-#endif
-int main(void) {
-    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
-    SSL_CTX_free(ctx);
-    return 0;
-}
-"""
-
-
 class OptionalBuildExt(build_ext):
     """Build the extension, but let the install succeed without it unless asked.
 
     ``REDLEASE_REQUIRE_NATIVE=1`` turns a failed build into a failed install.
-    The core gets TLS (``RL_HAVE_OPENSSL``, linked with libssl and libcrypto)
-    when OpenSSL is found, unless ``REDLEASE_NO_OPENSSL=1``.
     """
-
-    def build_extensions(self) -> None:
-        core = [ext for ext in self.extensions if ext.name == CORE]
-        if core:
-            self._configure_openssl(core[0])
-        super().build_extensions()
-
-    def _configure_openssl(self, ext: Extension) -> None:
-        if os.environ.get("REDLEASE_NO_OPENSSL") == "1":
-            sys.stderr.write("redlease: REDLEASE_NO_OPENSSL=1, native engine built without TLS\n")
-            return
-        if not self._openssl_links():
-            sys.stderr.write(
-                "warning: OpenSSL headers not found (Debian: apt-get install libssl-dev); "
-                "the native engine is built without TLS, and TLS clients will use the "
-                "pure-Python engine\n"
-            )
-            return
-        ext.define_macros.append(("RL_HAVE_OPENSSL", "1"))
-        ext.libraries.extend(["ssl", "crypto"])
-
-    def _openssl_links(self) -> bool:
-        """Whether a program using OpenSSL compiles and links with this build's compiler."""
-        from setuptools.errors import CCompilerError, ExecError
-
-        with tempfile.TemporaryDirectory(prefix="redlease-openssl-") as tmp:
-            source = Path(tmp) / "probe.c"
-            source.write_text(OPENSSL_PROBE)
-            try:
-                objects = self.compiler.compile(
-                    [str(source)], output_dir=tmp, include_dirs=self.include_dirs
-                )
-                self.compiler.link_executable(
-                    objects,
-                    "probe",
-                    output_dir=tmp,
-                    libraries=["ssl", "crypto"],
-                    library_dirs=self.library_dirs,
-                )
-            except (CCompilerError, ExecError, OSError):
-                return False
-        return True
 
     def run(self) -> None:
         try:
@@ -171,6 +111,8 @@ def extensions() -> list[Extension]:
         sources=[str(pyx.relative_to(HERE))],
         depends=[str(path.relative_to(HERE)) for path in included],
         include_dirs=[str(native.relative_to(HERE))],
+        # dlopen/dlsym find the ssl module's OpenSSL (libdl: glibc before 2.34).
+        libraries=["dl"],
         extra_compile_args=compile_args,
         extra_link_args=link_args,
     )

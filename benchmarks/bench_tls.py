@@ -114,8 +114,9 @@ def main() -> None:
         "--lateness-seconds", type=float, default=5.0, help="GIL-hog window per engine"
     )
     opts = parser.parse_args()
-    if "tls" not in _native.FEATURES:
-        raise SystemExit("the native extension was built without OpenSSL: nothing to compare")
+    tls, why = _native.tls_available()
+    if not tls:
+        raise SystemExit(f"the native engine has no OpenSSL ({why}): nothing to compare")
 
     with TLSMaterials() as materials, RedisServer(tls=ServerTLS(materials)) as server:
         sys.stderr.write("bench_tls: fenced writes over TLS\n")

@@ -63,14 +63,15 @@ def tls_client(server: RedisServer, **kwargs: Any) -> redis.Redis:
 
 
 def require_native_tls() -> ModuleType:
-    """The native core, built with OpenSSL; else skip (fail where the native build is required).
+    """The native core, with OpenSSL found; else skip (fail where the native build is required).
 
-    ``REDLEASE_REQUIRE_NATIVE=1`` makes a build without TLS fail here too,
-    unless the build was asked to leave OpenSSL out (``REDLEASE_NO_OPENSSL=1``).
+    ``REDLEASE_REQUIRE_NATIVE=1`` makes a core without TLS fail here too,
+    unless it was asked to leave OpenSSL out (``REDLEASE_NO_OPENSSL=1``).
     """
     core = require_native()
-    if "tls" not in core.FEATURES:
-        reason = "the native extension was built without OpenSSL"
+    ok, why = core.tls_available()
+    if not ok:
+        reason = f"the native engine has no OpenSSL: {why}"
         required = os.environ.get("REDLEASE_REQUIRE_NATIVE") == "1"
         if required and os.environ.get("REDLEASE_NO_OPENSSL") != "1":
             pytest.fail(f"REDLEASE_REQUIRE_NATIVE=1 but {reason}", pytrace=False)

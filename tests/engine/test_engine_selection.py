@@ -66,30 +66,95 @@ def test_a_bad_redlease_engine_value_is_a_config_error_naming_the_variable(
 
 def test_a_build_with_tls_runs_a_tls_client_natively(redis_server: RedisServer) -> None:
     core = require_native()
-    if "tls" not in core.FEATURES:
-        pytest.skip("the native extension was built without OpenSSL")
+    if not core.tls_available()[0]:
+        pytest.skip(f"the native engine has no OpenSSL: {core.tls_available()[1]}")
     tls = redis.Redis(host="127.0.0.1", port=redis_server.port, ssl=True)
     assert redlease.Elector(tls, "sel", engine="native").engine == "native"
     auto = redlease.Elector(tls, "sel")
     assert (auto.engine, auto.engine_reason) == ("native", "")
 
 
-def test_a_build_without_openssl_refuses_tls_natively_and_auto_says_why(
-    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+def _libssl_mapped() -> set[str]:
+    with open("/proc/self/maps") as maps:
+        return {line.split()[-1] for line in maps if "/libssl" in line}
+
+
+def test_the_native_engine_speaks_tls_with_the_openssl_of_pythons_ssl_module() -> None:
+    # No OpenSSL of its own: the one ssl loaded, the same version, and no
+    # second libssl mapped into the process.
+    core = require_native()
+    import ssl
+
+    assert core.tls_available() == (True, "")
+    assert "tls" in core.FEATURES
+    assert core.OPENSSL_VERSION == ssl.OPENSSL_VERSION
+    assert len(_libssl_mapped()) <= 1, _libssl_mapped()
+
+
+def _fresh_interpreter(code: str, **env: str) -> list[str]:
+    """Run ``code`` in a new interpreter (this one's PYTHONPATH) with ``env`` added."""
+    environ = {**os.environ, **env}
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environ,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def test_without_openssl_tls_clients_run_on_python_and_auto_says_why(
+    redis_server: RedisServer,
 ) -> None:
-    # What a build without OpenSSL's headers reports: no "tls" in FEATURES.
+    # REDLEASE_NO_OPENSSL=1: the core does not look for OpenSSL when imported,
+    # as where Python's ssl module has none the core can use.
     require_native()
-    monkeypatch.setattr(select, "native_features", lambda: frozenset())
-    tls = redis.Redis(host="127.0.0.1", port=redis_server.port, ssl=True)
-    sentence = "built without OpenSSL (install OpenSSL's headers, e.g. Debian's libssl-dev"
-    with pytest.raises(redlease.ConfigError, match="TLS") as info:
-        redlease.Elector(tls, "sel", engine="native")
-    assert sentence in str(info.value)
-    auto = redlease.Elector(tls, "sel")
-    assert auto.engine == "python"
-    assert sentence in auto.engine_reason
-    # A plain client still runs natively in such a build.
-    assert redlease.Elector(redis_server.client(), "sel").engine == "native"
+    lines = _fresh_interpreter(
+        f"""
+        import redis, redlease
+        from redlease._engine._native import _core
+        print(_core.tls_available())
+        tls = redis.Redis(host="127.0.0.1", port={redis_server.port}, ssl=True)
+        auto = redlease.Elector(tls, "sel")
+        print(auto.engine)
+        print(auto.engine_reason)
+        try:
+            redlease.Elector(tls, "sel", engine="native")
+        except redlease.ConfigError as exc:
+            print("native:", exc)
+        plain = redis.Redis(host="127.0.0.1", port={redis_server.port})
+        print(redlease.Elector(plain, "sel").engine)
+        """,
+        REDLEASE_NO_OPENSSL="1",
+    )
+    assert lines[0] == "(False, 'REDLEASE_NO_OPENSSL=1 is set')"
+    sentence = "the client uses TLS and the native engine has no OpenSSL to use"
+    assert lines[1] == "python"
+    assert sentence in lines[2] and "REDLEASE_NO_OPENSSL=1" in lines[2]
+    assert lines[3].startswith("native:") and sentence in lines[3]
+    # A plain client still runs natively.
+    assert lines[4] == "native"
+
+
+def test_a_python_without_ssl_leaves_the_native_engine_without_tls_and_says_why() -> None:
+    require_native()
+    lines = _fresh_interpreter(
+        """
+        import sys
+        import redis, redlease  # redis-py itself needs ssl: it comes first
+        assert "redlease._engine._native._core" not in sys.modules
+        sys.modules["_ssl"] = None  # import now raises ImportError, as on a Python without ssl
+        from redlease._engine._native import _core
+        print(_core.tls_available()[0])
+        print(_core.tls_available()[1])
+        print(repr(_core.OPENSSL_VERSION))
+        """
+    )
+    assert lines[0] == "False"
+    assert lines[1].startswith("this Python has no ssl module")
+    assert lines[2] == "''"
 
 
 def test_without_the_extension_auto_runs_python_and_native_says_why(
@@ -130,25 +195,26 @@ def test_engine_info_on_a_native_build_names_the_native_engine_and_its_tls() -> 
     info = redlease.engine_info()
     assert isinstance(info, redlease.EngineInfo)
     assert (info.engine, info.native_available) == ("native", True)
-    assert info.tls == ("tls" in core.FEATURES)
+    tls, why = core.tls_available()
+    assert info.tls == tls
     if info.tls:
         assert info.reason == ""
     else:
-        assert "built without OpenSSL" in info.reason
+        assert why in info.reason
     assert info.version == redlease.__version__
     with pytest.raises(dataclasses.FrozenInstanceError):
         info.engine = "python"  # type: ignore[misc]
 
 
-def test_engine_info_of_a_build_without_openssl_says_tls_clients_run_on_python(
+def test_engine_info_without_openssl_says_tls_clients_run_on_python(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     require_native()
-    monkeypatch.setattr(select, "native_features", lambda: frozenset())
+    why = "this Python has no ssl module"
+    monkeypatch.setattr(select, "native_tls", lambda: (False, why))
     info = redlease.engine_info()
     assert (info.engine, info.native_available, info.tls) == ("native", True, False)
-    assert info.reason.startswith("TLS clients run on the Python engine")
-    assert "built without OpenSSL" in info.reason
+    assert info.reason == f"TLS clients run on the Python engine: {why}"
 
 
 def test_engine_info_honours_redlease_engine_and_a_chosen_python_engine_does_not_warn(

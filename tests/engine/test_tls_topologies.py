@@ -305,18 +305,22 @@ def test_a_native_elector_on_a_tls_cluster_it_would_reject_is_never_elected(
     assert not good.exists(f"{name}:leader")
 
 
-# -- a build without OpenSSL ----------------------------------------------------------
+# -- no OpenSSL for the native engine -------------------------------------------------
 
 
-def test_a_build_without_openssl_runs_tls_sentinel_and_cluster_clients_on_python(
+def test_without_openssl_tls_sentinel_and_cluster_clients_run_on_python(
     tls_sentinel_set: SentinelSet, tls_cluster_set: ClusterSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     require_native()
     from redlease._engine import select
 
-    # What such a build reports: Sentinel and Cluster, but no "tls".
-    monkeypatch.setattr(select, "native_features", lambda: frozenset({"sentinel", "cluster"}))
-    sentence = "built without OpenSSL (install OpenSSL's headers, e.g. Debian's libssl-dev"
+    # What the engine selection hears where the core found no OpenSSL at
+    # import (a fresh interpreter shows the core saying so, in
+    # test_engine_selection): Sentinel and Cluster, but no TLS.
+    monkeypatch.setattr(
+        select, "native_tls", lambda: (False, "no OpenSSL is loaded by Python's ssl module")
+    )
+    sentence = "the client uses TLS and the native engine has no OpenSSL to use: no OpenSSL is"
     for client, name in (
         (tls_sentinel_set.master_for(socket_timeout=1), "tt-nossl"),
         (tls_cluster_set.client(), f"{TAG}:nossl"),

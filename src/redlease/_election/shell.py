@@ -97,7 +97,7 @@ class ElectorShell:
         """Why the native engine does not run this elector, in one sentence ("" when it does).
 
         Set when ``engine="auto"`` fell back to the Python engine for this
-        client (a build without OpenSSL and a TLS client, a
+        client (a TLS client where no OpenSSL was found, a
         ``credential_provider``, ...); empty on the native engine and when the
         Python engine was asked for.
         """

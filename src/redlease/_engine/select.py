@@ -30,15 +30,9 @@ ENGINES = ("auto", "native", "python")
 
 CORE = "redlease._engine._native._core"
 
-_NO_TLS = (
-    "the native extension was built without OpenSSL "
-    "(install OpenSSL's headers, e.g. Debian's libssl-dev, and reinstall redlease)"
-)
-
 # What each kind of endpoint needs from the build of the extension, and the
 # sentence that says why a build without it cannot serve the client.
 _NEEDS = {
-    "tls": f"the client uses TLS and {_NO_TLS}",
     "sentinel": "the native extension of this build cannot follow a Sentinel-managed master",
     "cluster": "the native extension of this build cannot route a RedisCluster client by slot",
 }
@@ -81,22 +75,24 @@ def native_features() -> frozenset[str]:
 def native_tls() -> tuple[bool, str]:
     """Whether the native engine can serve TLS clients, and why not when it cannot.
 
-    The one place that reads it from the extension (its ``FEATURES`` has
-    ``"tls"`` when it was built with OpenSSL).
+    The one place that reads it from the extension, which links no OpenSSL: it
+    uses the one Python's ssl module has loaded, found when it is imported
+    (``_core.tls_available()``).
     """
-    ok, why = native_available()
-    if not ok:
+    core, why = _import_core()
+    if core is None:
         return False, why
-    if "tls" not in native_features():
-        return False, _NO_TLS
-    return True, ""
+    ok, why = core.tls_available()
+    return bool(ok), str(why)
 
 
 def _gap(endpoint: Endpoint) -> str:
     features = native_features()
     sentinel_tls = endpoint.sentinels is not None and endpoint.sentinels.tls is not None
-    if (endpoint.tls is not None or sentinel_tls) and not native_tls()[0]:
-        return _NEEDS["tls"]
+    if endpoint.tls is not None or sentinel_tls:
+        ok, why = native_tls()
+        if not ok:
+            return f"the client uses TLS and the native engine has no OpenSSL to use: {why}"
     if endpoint.kind != "direct" and endpoint.kind not in features:
         return _NEEDS[endpoint.kind]
     return ""

@@ -56,7 +56,10 @@ class _TLS(Protocol):
     def check_hostname(self) -> bool: ...
 
 OPENSSL_VERSION: str
-"""The OpenSSL this build runs with, or "" when built without it."""
+"""The OpenSSL the core runs with (Python's ssl module's), or "" when none was found."""
+
+def tls_available() -> tuple[bool, str]:
+    """``(True, "")`` when the core can speak TLS, else ``(False, why not)``."""
 
 class ScriptRef:
     """A Lua script as the wire wants it: its SHA1 and its source, both UTF-8 bytes."""

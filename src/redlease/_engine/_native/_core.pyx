@@ -48,7 +48,8 @@ any thread may block on it, the renewer thread included.
 #                      under a deadline, scripts with the NOSCRIPT fallback
 #   _tls.pxi           TLS on a connection (OpenSSL, glue in rl_tls.h): the
 #                      context from the ssl_* settings, handshake, reads and
-#                      writes without the GIL; FEATURES says if it is built
+#                      writes without the GIL, over the OpenSSL of Python's
+#                      ssl module, found at import (tls_available())
 #   _discovery.pxi     which server: the shared state of one Target (master
 #                      address, slot map), slot hashing, short-lived peers
 #   _sentinel.pxi      asking the sentinels for the master, checking ROLE

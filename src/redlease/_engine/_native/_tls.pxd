@@ -31,7 +31,10 @@ cdef extern from "rl_tls.h" nogil:
         const char* key_password
         int verify
 
+    int rl_tls_load(const char* ssl_module)
+    void rl_tls_unavailable(const char* why)
     int rl_tls_available()
+    const char* rl_tls_why()
     const char* rl_tls_version()
     void* rl_tls_ctx_new(const rl_tls_settings* s, int* what, char* err, size_t errlen)
     void rl_tls_ctx_up_ref(void* ctx)

@@ -9,20 +9,59 @@
 # connection waits in conn_wait, under the round trip's deadline and with
 # its cancel fd, exactly like a plain socket does.
 #
-# Without OpenSSL at build time the glue is stubs: FEATURES lacks "tls" and
-# engine selection never hands a TLS endpoint to this core.
+# OpenSSL is not linked: at import the glue finds the one Python's ssl module
+# has loaded (rl_tls.h says how and why). Where there is none, FEATURES lacks
+# "tls", tls_available() says why, and engine selection never hands a TLS
+# endpoint to this core.
 #
 # Needs: _posix, _resp_encode, _conn; _pool (exceptions).
 
 from libc.string cimport strcmp
 
+import importlib
+
 from redlease._errors import ConfigError as _ConfigError
 
-# "tls" when this build has OpenSSL (part of FEATURES, in _core.pyx).
+
+cdef bint _load_openssl():
+    """Find the ssl module's OpenSSL (once, at import); False with rl_tls_why() set."""
+    cdef bytes path
+    if os.environ.get("REDLEASE_NO_OPENSSL") == "1":
+        rl_tls_unavailable(b"REDLEASE_NO_OPENSSL=1 is set")
+        return False
+    try:
+        # Through importlib: the ssl module's extension, as Python's import
+        # finds it (sys.modules first).
+        _ssl = importlib.import_module("_ssl")
+    except ImportError as exc:
+        rl_tls_unavailable(f"this Python has no ssl module ({exc})".encode("utf-8", "replace"))
+        return False
+    module = getattr(_ssl, "__file__", None)  # None: built into the interpreter
+    if module is None:
+        return rl_tls_load(NULL) == 1
+    path = os.fsencode(module)
+    return rl_tls_load(path) == 1
+
+
+_load_openssl()
+
+# "tls" when OpenSSL was found (part of FEATURES, in _core.pyx).
 _TLS_FEATURES = ("tls",) if rl_tls_available() else ()
 
-# The OpenSSL this build runs with ("" without one).
+# The OpenSSL this core runs with ("" without one): the ssl module's.
 OPENSSL_VERSION = rl_tls_version().decode("ascii", "replace")
+
+
+def tls_available():
+    """``(True, "")`` when the native engine can speak TLS, else ``(False, why not)``.
+
+    It uses the OpenSSL that Python's ssl module loaded, found at import;
+    ``why`` says what was missing (no ssl module, no OpenSSL 1.1.1 or newer,
+    ``REDLEASE_NO_OPENSSL=1``).
+    """
+    if rl_tls_available():
+        return True, ""
+    return False, rl_tls_why().decode("utf-8", "replace")
 
 
 # ---------------------------------------------------------------- the context (GIL held)
@@ -88,7 +127,8 @@ cdef void* make_tls_context(object tls) except NULL:
     cdef bytes password = None
     memset(&s, 0, sizeof(s))
     if not rl_tls_available():
-        raise _ConfigError("the native extension was built without OpenSSL")
+        raise _ConfigError("the native engine has no OpenSSL: "
+                           + rl_tls_why().decode("utf-8", "replace"))
     cert_reqs = str(tls.cert_reqs or "required").lower()
     if cert_reqs not in ("none", "optional", "required"):
         raise _ConfigError(f"TLS setting ssl_cert_reqs must be none, optional or required, "
