@@ -1,8 +1,10 @@
 """What a release carries: the license where every pip reads it, and an sdist
 with the documents, the examples, the scripts and the tests.
 
-The metadata is prepared from this checkout the way a build frontend asks for it
-(no compiler, no wheel): a few seconds.
+The sdist is built from this checkout as a user's frontend builds it
+(``python -m build --sdist``: its own build environment from the build
+requirements, no compiler); its PKG-INFO is the metadata every wheel built from
+it carries.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import email
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -17,30 +20,35 @@ from packaging.metadata import Metadata
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PREPARE = """
-import sys
-import setuptools.build_meta as backend
-print(backend.prepare_metadata_for_build_wheel(sys.argv[1]))
-"""
-
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel's .dist-info (and the egg-info beside it) as setuptools prepares them."""
-    out = tmp_path_factory.mktemp("metadata")
+def sdist(tmp_path_factory: pytest.TempPathFactory) -> tarfile.TarFile:
+    """The sdist ``python -m build --sdist`` makes of this checkout, opened."""
+    out = tmp_path_factory.mktemp("sdist")
     done = subprocess.run(
-        [sys.executable, "-c", PREPARE, str(out)],
-        cwd=ROOT,
+        [sys.executable, "-m", "build", "--sdist", "--outdir", str(out), str(ROOT)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
-    assert done.returncode == 0, done.stderr
-    return out / done.stdout.strip().splitlines()[-1]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (built,) = out.glob("redlease-*.tar.gz")
+    return tarfile.open(built)
 
 
-def test_the_license_is_in_the_field_every_pip_shows(prepared: Path) -> None:
-    text = (prepared / "METADATA").read_text()
+def members(sdist: tarfile.TarFile) -> dict[str, tarfile.TarInfo]:
+    """The sdist's files by their path in the checkout (its top folder taken off)."""
+    return {m.name.split("/", 1)[1]: m for m in sdist.getmembers() if "/" in m.name}
+
+
+def read(sdist: tarfile.TarFile, name: str) -> str:
+    extracted = sdist.extractfile(members(sdist)[name])
+    assert extracted is not None, name
+    return extracted.read().decode()
+
+
+def test_the_license_is_in_the_field_every_pip_shows(sdist: tarfile.TarFile) -> None:
+    text = read(sdist, "PKG-INFO")
     headers = email.message_from_string(text)
     # pip 23's `pip show` prints the License field and nothing else; newer pips
     # print it too when there is no License-Expression.
@@ -48,13 +56,14 @@ def test_the_license_is_in_the_field_every_pip_shows(prepared: Path) -> None:
     # Metadata 2.4 allows one of License and License-Expression, never both.
     assert headers["License-Expression"] is None
     assert headers.get_all("License-File") == ["LICENSE"]
-    assert (prepared / "licenses" / "LICENSE").read_text() == (ROOT / "LICENSE").read_text()
+    assert read(sdist, "LICENSE") == (ROOT / "LICENSE").read_text()
     Metadata.from_email(text, validate=True)  # raises on metadata an index would reject
 
 
-def test_the_sdist_carries_the_documents_examples_scripts_and_tests(prepared: Path) -> None:
-    (egg_info,) = prepared.parent.glob("*.egg-info")
-    listed = set((egg_info / "SOURCES.txt").read_text().split())
+def test_the_sdist_carries_the_documents_examples_scripts_and_tests(
+    sdist: tarfile.TarFile,
+) -> None:
+    listed = set(members(sdist))
     wanted = {
         "LICENSE",
         "README.md",
