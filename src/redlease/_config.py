@@ -58,6 +58,22 @@ def to_seconds(value: object, what: str) -> float:
     return seconds
 
 
+def non_negative_seconds(value: object, what: str, zero: str) -> float:
+    """A wait (seconds or ``timedelta``) as float seconds, zero and infinity allowed, or
+    ConfigError; ``zero`` says in the message what a zero (or None) means for it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, timedelta)):
+        raise ConfigError(
+            f"{what} must be a duration in seconds (int or float) or a timedelta, "
+            f"got {type(value).__name__} {value!r}"
+        )
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if math.isnan(seconds):
+        raise ConfigError(f"{what} must be a number of seconds, got NaN")
+    if seconds < 0:
+        raise ConfigError(f"{what} must not be negative ({zero}), got {value!r}")
+    return seconds
+
+
 def whole_ms(seconds: float) -> int:
     """Seconds as the whole milliseconds Redis applies (``PX``), truncated.
 

@@ -55,11 +55,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 from .. import _scripts
-from .._config import Config, Duration, default_instance_id, named_for
+from .._config import Config, Duration, default_instance_id, named_for, non_negative_seconds
 from .._engine import ACTIVE, Keeper, call_timeout, is_cluster, run_one
 from .._engine.base import NoticeSubscription
 from .._engine.closing import StopsOnExit
@@ -366,19 +365,9 @@ def wait_deadline(timeout: object, what: str) -> float:
     """
     if timeout is None:
         return math.inf
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, timedelta)):
-        raise ConfigError(
-            f"{what} timeout must be None or a duration in seconds (int or float) or a "
-            f"timedelta, got {type(timeout).__name__} {timeout!r}"
-        )
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-    if math.isnan(seconds):
-        raise ConfigError(f"{what} timeout must be a number of seconds, got NaN")
-    if seconds < 0:
-        raise ConfigError(
-            f"{what} timeout must not be negative (None waits for as long as it takes), "
-            f"got {timeout!r}"
-        )
+    seconds = non_negative_seconds(
+        timeout, f"{what} timeout", "None waits for as long as it takes"
+    )
     return time.monotonic() + seconds
 
 

@@ -15,12 +15,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import math
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from .._config import Duration, check_max_ttl, to_seconds, whole_ms
+from .._config import Duration, check_max_ttl, non_negative_seconds, to_seconds, whole_ms
 from .._errors import AutoRenewTTLTooShort, ConfigError
 
 DEFAULT_TTL = 30.0
@@ -73,17 +71,7 @@ def check_wait(wait: object) -> float:
     """A wait window: zero (one attempt), positive, or ``math.inf`` (wait until acquired)."""
     if wait is None:
         return 0.0
-    if isinstance(wait, bool) or not isinstance(wait, (int, float, timedelta)):
-        raise ConfigError(
-            f"wait must be a duration in seconds (int or float) or a timedelta, "
-            f"got {type(wait).__name__} {wait!r}"
-        )
-    seconds = wait.total_seconds() if isinstance(wait, timedelta) else float(wait)
-    if math.isnan(seconds):
-        raise ConfigError("wait must be a number of seconds, got NaN")
-    if seconds < 0:
-        raise ConfigError(f"wait must not be negative (0 means a single attempt), got {wait!r}")
-    return seconds
+    return non_negative_seconds(wait, "wait", "0 means a single attempt")
 
 
 def check_flag(value: object, what: str) -> bool:
