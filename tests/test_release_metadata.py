@@ -1,15 +1,17 @@
 """What a release carries: the license where every pip reads it, and an sdist
 with the documents, the examples, the scripts and the tests.
 
-The sdist is built from this checkout as a user's frontend builds it
-(``python -m build --sdist``: its own build environment from the build
-requirements, no compiler); its PKG-INFO is the metadata every wheel built from
-it carries.
+The sdist is built as a user's frontend builds it (``python -m build --sdist``:
+its own build environment from the build requirements, no compiler), from a
+copy of this checkout, since setuptools stages an sdist in the folder it builds
+from; its PKG-INFO is the metadata every wheel built from it carries. Both tests
+run on one worker, which builds it once.
 """
 
 from __future__ import annotations
 
 import email
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -20,13 +22,23 @@ from packaging.metadata import Metadata
 
 ROOT = Path(__file__).resolve().parents[1]
 
+pytestmark = pytest.mark.xdist_group("sdist")
+
+# What a checkout holds that is not its source: never copied, never in an sdist.
+NOT_SOURCE = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "_build", "*.egg-info", "__pycache__", "*.so",
+    ".pytest_cache", ".mypy_cache", ".ruff_cache", ".benchmarks",
+)
+
 
 @pytest.fixture(scope="module")
 def sdist(tmp_path_factory: pytest.TempPathFactory) -> tarfile.TarFile:
     """The sdist ``python -m build --sdist`` makes of this checkout, opened."""
     out = tmp_path_factory.mktemp("sdist")
+    tree = out / "tree"
+    shutil.copytree(ROOT, tree, ignore=NOT_SOURCE)
     done = subprocess.run(
-        [sys.executable, "-m", "build", "--sdist", "--outdir", str(out), str(ROOT)],
+        [sys.executable, "-m", "build", "--sdist", "--outdir", str(out), str(tree)],
         capture_output=True,
         text=True,
         timeout=300,
