@@ -53,7 +53,7 @@ _REPLIES = {
     "lock_force_release": "evict",
     "sem_force_release": "evict",
     # A partition group's replies depend on the group (how many partitions a
-    # view reads): redlease._election.partitions checks them.
+    # view reads): redlease._election.member and .tenures check them.
     "partition_join": "any",
     "partition_view": "any",
     "partition_release": "any",

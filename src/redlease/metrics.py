@@ -72,7 +72,8 @@ except ImportError:  # pragma: no cover - exercised in a subprocess without the 
     ) from None
 
 from ._election.election import Election
-from ._election.partitions import REBALANCE_BUCKETS, Member
+from ._election.member import Member
+from ._election.sharewatch import REBALANCE_BUCKETS
 from ._engine import LATENESS_BUCKETS
 from ._engine.forksafe import ForkSafeLock
 from ._locks.lock import LockerCore

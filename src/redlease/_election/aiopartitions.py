@@ -1,6 +1,6 @@
 """The asyncio ``Partitions`` (``redlease.aio.Partitions``): the same member, for coroutines.
 
-The member's core (``partitions.Member``) runs as for ``redlease.Partitions``:
+The member's core (``member.Member``) runs as for ``redlease.Partitions``:
 its run loop on a thread of its own, its leases on the engine's one renewer,
 so a blocked event loop can neither delay a renewal nor a hand-over's
 release. What differs is the face: ``start``, ``stop``, ``assignment`` and
@@ -24,7 +24,9 @@ from typing import Any
 from .._aio import off_loop, settled
 from .._engine.closing import AwaitsStopOnExit
 from .aio import Elector, Fencer
-from .partitions import Callback, PartitionsShell, timed_out, wait_deadline
+from .partitions import PartitionsShell
+from .partnames import Callback
+from .sharewatch import timed_out, wait_deadline
 
 AsyncCallback = Callable[..., "Awaitable[object] | object"]
 
