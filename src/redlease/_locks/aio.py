@@ -33,8 +33,8 @@ from .args import AcquireOptions, Options, check_name, face_name, takes, takes_u
 from .holders import LockHolder
 from .lock import (
     DEFAULT_RETRY_INTERVAL,
-    DEFAULT_TTL,
     DEFAULT_WAIT,
+    LOCK_DEFAULT_TTL,
     LeaseStore,
     Locker,
     LockerCore,
@@ -367,7 +367,7 @@ async def with_lock(
     name: str,
     fn: Callable[[Lock], Awaitable[T]],
     *,
-    ttl: Duration = DEFAULT_TTL,
+    ttl: Duration = LOCK_DEFAULT_TTL,
     wait: Duration = DEFAULT_WAIT,
     retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
     auto_renew: bool = True,

@@ -32,8 +32,8 @@ from .._errors import NotAcquired, NotHeld
 from .._log import Events
 from .args import (
     DEFAULT_RETRY_INTERVAL,
-    DEFAULT_TTL,
     DEFAULT_WAIT,
+    LOCK_DEFAULT_TTL,
     AcquireOptions,
     Options,
     acquire_options,
@@ -52,8 +52,8 @@ _LockerT = TypeVar("_LockerT", bound="Locker")
 
 __all__ = [
     "DEFAULT_RETRY_INTERVAL",
-    "DEFAULT_TTL",
     "DEFAULT_WAIT",
+    "LOCK_DEFAULT_TTL",
     "LeaseStore",
     "Lock",
     "Locker",

@@ -40,8 +40,8 @@ from .fair import redis_place_keeper, since
 from .holders import SCAN_COUNT, LockHolder, check_label, from_reply, label, lease_keys
 from .lock import (
     DEFAULT_RETRY_INTERVAL,
-    DEFAULT_TTL,
     DEFAULT_WAIT,
+    LOCK_DEFAULT_TTL,
     LeaseStore,
     Lock,
     Locker,
@@ -502,7 +502,7 @@ def with_lock(
     name: str,
     fn: Callable[[Lock], T],
     *,
-    ttl: Duration = DEFAULT_TTL,
+    ttl: Duration = LOCK_DEFAULT_TTL,
     wait: Duration = DEFAULT_WAIT,
     retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
     auto_renew: bool = True,
