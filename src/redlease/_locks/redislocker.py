@@ -27,8 +27,8 @@ from .._engine import (
     run_one,
     sharded_notices,
 )
+from .._engine.clientfamily import threaded
 from .._engine.contact import named
-from .._engine.family import threaded
 from .._engine.notices import ChannelRefusals
 from .._engine.replies import released
 from .._errors import ConfigError
