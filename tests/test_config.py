@@ -32,7 +32,7 @@ def test_config_error_is_a_value_error_and_a_redlease_error() -> None:
 
 
 def test_default_ttl_is_five_seconds() -> None:
-    assert redlease.DEFAULT_TTL == 5.0
+    assert redlease.DEFAULT_TTL == redlease.ELECTOR_DEFAULT_TTL == 5.0
 
 
 def test_client_none_is_rejected() -> None:

@@ -166,8 +166,8 @@ def test_a_child_gets_every_module_wide_lock_back_unlocked(
     # Another thread of the parent holds every registry lock of the library
     # (shared engines, asyncio twins, the driver, notice listeners, metrics)
     # while the fork happens: in the child nobody would ever let them go.
+    import redlease._engine.clientfamily
     import redlease._engine.driver
-    import redlease._engine.family
     import redlease._engine.pynotices
     import redlease._engine.select  # each of these modules makes a registry lock
     from redlease._engine.forksafe import _live

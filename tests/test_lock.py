@@ -18,7 +18,7 @@ from helpers import require_native, require_valkey, stays, wait_until
 from redlease._testing import RedisServer
 from redlease.lock import (
     DEFAULT_RETRY_INTERVAL,
-    DEFAULT_TTL,
+    LOCK_DEFAULT_TTL,
     MIN_AUTO_RENEW_TTL,
     AutoRenewTTLTooShort,
     Lock,
@@ -464,14 +464,14 @@ def test_invalid_lock_names_are_rejected(locker: Locker, name: Any, rule: str) -
 
 
 def test_defaults_match_the_contract() -> None:
-    assert DEFAULT_TTL == 30.0
+    assert LOCK_DEFAULT_TTL == 30.0
     assert DEFAULT_RETRY_INTERVAL == 0.1
     assert MIN_AUTO_RENEW_TTL == 0.03
 
 
 def test_default_ttl_is_thirty_seconds(locker: Locker) -> None:
     held = locker.try_acquire("job")
-    assert held.ttl == DEFAULT_TTL
+    assert held.ttl == LOCK_DEFAULT_TTL
     held.release()
 
 

@@ -1,11 +1,12 @@
 # ruff: noqa: E501 - the table holds each signature whole, one per line
-"""The public API's signatures, pinned: a change to any of them is a change to the contract.
+"""The public API's signatures and constants, pinned: changing one changes the contract.
 
 Every class, function and method reached from ``redlease``, ``redlease.aio``,
 ``redlease.lock`` and ``redlease.metrics`` (their ``__all__``), with each
 parameter's name, kind and default (annotations aside: they may name other
-internals). A public name added, removed or changed fails this test; if the
-change is meant, DESIGN.md changes with it, and so does the table.
+internals), and every constant they export with its value. A public name
+added, removed or changed fails this test; if the change is meant, DESIGN.md
+changes with it, and so do the tables.
 """
 
 from __future__ import annotations
@@ -239,6 +240,22 @@ PINNED: dict[str, str | None] = {
     "redlease.with_lock": "(locker, name, fn, *, ttl=30.0, wait=0.0, retry_interval=0.1, auto_renew=True)",
 }
 
+# The constants, each with its value. ``DEFAULT_TTL`` is the first name of each
+# face's own default and stays: the elector's on ``redlease``, the lock's on
+# ``redlease.lock``; the names that say whose default it is are the other two.
+PINNED_CONSTANTS: dict[str, object] = {
+    "redlease.DEFAULT_RETRY_INTERVAL": 0.1,
+    "redlease.DEFAULT_TTL": 5.0,
+    "redlease.ELECTOR_DEFAULT_TTL": 5.0,
+    "redlease.LOCK_DEFAULT_TTL": 30.0,
+    "redlease.MIN_AUTO_RENEW_TTL": 0.03,
+    "redlease.lock.DEFAULT_PREFIX": "redlease:lock:",
+    "redlease.lock.DEFAULT_RETRY_INTERVAL": 0.1,
+    "redlease.lock.DEFAULT_TTL": 30.0,
+    "redlease.lock.LOCK_DEFAULT_TTL": 30.0,
+    "redlease.lock.MIN_AUTO_RENEW_TTL": 0.03,
+}
+
 
 def bare(obj: Any) -> str | None:
     """``obj``'s signature without annotations, or None when it has none to show."""
@@ -288,6 +305,34 @@ def test_every_public_signature_is_the_pinned_one() -> None:
     assert not changed, "signatures changed:\n" + "\n".join(changed)
     assert not added, "public callables not pinned:\n" + "\n".join(added)
     assert not gone, "pinned callables gone:\n" + "\n".join(gone)
+
+
+def public_constants() -> dict[str, object]:
+    """Every exported name that is neither a module, a class nor a callable (the version aside)."""
+    found: dict[str, object] = {}
+    for face in FACES:
+        for name in sorted(getattr(face, "__all__", ())):
+            obj = getattr(face, name)
+            if name == "__version__" or inspect.ismodule(obj) or inspect.isclass(obj):
+                continue
+            if not callable(obj):
+                found[f"{face.__name__}.{name}"] = obj
+    return found
+
+
+def test_every_public_constant_is_the_pinned_one() -> None:
+    assert public_constants() == PINNED_CONSTANTS
+
+
+def test_each_default_ttl_is_the_one_its_name_says() -> None:
+    """The old names are the new ones, not copies that could drift apart."""
+    assert redlease.DEFAULT_TTL is redlease.ELECTOR_DEFAULT_TTL
+    assert redlease.lock.DEFAULT_TTL is redlease.lock.LOCK_DEFAULT_TTL
+    assert redlease.LOCK_DEFAULT_TTL is redlease.lock.LOCK_DEFAULT_TTL
+    assert redlease.Config.resolve("svc").ttl == redlease.ELECTOR_DEFAULT_TTL
+    assert inspect.signature(redlease.MemoryLocker.acquire).parameters["ttl"].default == (
+        redlease.LOCK_DEFAULT_TTL
+    )
 
 
 def test_the_pin_sees_a_changed_default() -> None:

@@ -196,7 +196,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("room", ("redlease._election", "redlease._locks")),
-    ("support", ("redlease._aio", "redlease._config")),
+    ("support", ("redlease._aio", "redlease._config", "redlease._on_exit")),
     ("engine", ("redlease._engine",)),
     (
         "leaf",

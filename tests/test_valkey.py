@@ -32,7 +32,7 @@ from helpers import (
     require_valkey,
     wait_until,
 )
-from redlease._engine.family import REDIS, family_of, threaded
+from redlease._engine.clientfamily import REDIS, family_of, threaded
 from redlease._engine.replies import UnexpectedReply
 from redlease._testing import RedisServer
 

@@ -12,7 +12,7 @@ asyncio.
 """
 
 from . import aio
-from ._config import DEFAULT_TTL, Config
+from ._config import ELECTOR_DEFAULT_TTL, Config
 from ._election.elector import Elector, Fencer, stop_all
 from ._election.evict import evict
 from ._election.partitions import Partitions
@@ -31,6 +31,7 @@ from ._errors import (
 from ._version import __version__
 from .lock import (
     DEFAULT_RETRY_INTERVAL,
+    LOCK_DEFAULT_TTL,
     MIN_AUTO_RENEW_TTL,
     Lock,
     Locker,
@@ -42,9 +43,15 @@ from .lock import (
     with_lock,
 )
 
+DEFAULT_TTL = ELECTOR_DEFAULT_TTL
+"""``ELECTOR_DEFAULT_TTL`` (5.0 s) by its first name, kept working. It is an elector's
+default, not a lock's: that one is ``LOCK_DEFAULT_TTL`` (30.0 s)."""
+
 __all__ = [
     "DEFAULT_RETRY_INTERVAL",
     "DEFAULT_TTL",
+    "ELECTOR_DEFAULT_TTL",
+    "LOCK_DEFAULT_TTL",
     "MIN_AUTO_RENEW_TTL",
     "AutoRenewTTLTooShort",
     "Config",

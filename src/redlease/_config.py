@@ -20,8 +20,8 @@ Duration = int | float | timedelta
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-DEFAULT_TTL = 5.0
-"""Default lease TTL of an Elector, in seconds."""
+ELECTOR_DEFAULT_TTL = 5.0
+"""Default lease TTL of an Elector (and of a partition member), in seconds."""
 
 MIN_TTL = 0.1
 MIN_INTERVAL = 0.001
@@ -206,7 +206,7 @@ class Config:
         if not name:
             raise ConfigError("name must not be empty")
 
-        raw_ttl = DEFAULT_TTL if ttl is None else to_seconds(ttl, "ttl")
+        raw_ttl = ELECTOR_DEFAULT_TTL if ttl is None else to_seconds(ttl, "ttl")
         ttl_ms = check_max_ttl(whole_ms(raw_ttl), raw_ttl)
         ttl_s = ttl_ms / 1000
         if ttl_s < MIN_TTL:

@@ -102,7 +102,7 @@ class Events:
         # locker reaches the locks it grants later. Until something is
         # attached, the empty tuple every Events shares (see ``attach``).
         self.sinks: list[Sink] | tuple[()] = sinks if sinks is not None else ()
-        # Makes an error one of the user's client family (see ``_engine.family``), in place.
+        # Makes an error one of the user's client family (see ``_engine.clientfamily``), in place.
         self.adopt: Callable[[BaseException], object] = adopt or _as_is
         self._failing_since = 0.0  # 0: no outage going on
         self._failures = 0

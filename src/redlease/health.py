@@ -39,7 +39,7 @@ import redlease
 import redlease.aio
 from redlease import ConfigError
 
-from ._engine.closing import StopsOnExit
+from ._on_exit import StopsOnExit
 
 __all__ = ["READY", "HealthServer", "status"]
 

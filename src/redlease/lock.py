@@ -28,15 +28,20 @@ from __future__ import annotations
 from ._errors import AutoRenewTTLTooShort, NotAcquired, NotHeld
 from ._locks.args import MIN_AUTO_RENEW_TTL
 from ._locks.holders import LockHolder
-from ._locks.lock import DEFAULT_RETRY_INTERVAL, DEFAULT_TTL, Lock, Locker
+from ._locks.lock import DEFAULT_RETRY_INTERVAL, LOCK_DEFAULT_TTL, Lock, Locker
 from ._locks.memory import MemoryLocker
 from ._locks.redislocker import DEFAULT_PREFIX, RedisLocker, default_locker, with_lock
 from ._locks.semaphore import Semaphore
+
+DEFAULT_TTL = LOCK_DEFAULT_TTL
+"""``LOCK_DEFAULT_TTL`` (30.0 s) by its first name, kept working. It is a lock's default,
+not an elector's: ``redlease.DEFAULT_TTL`` is that one (5.0 s, ``ELECTOR_DEFAULT_TTL``)."""
 
 __all__ = [
     "DEFAULT_PREFIX",
     "DEFAULT_RETRY_INTERVAL",
     "DEFAULT_TTL",
+    "LOCK_DEFAULT_TTL",
     "MIN_AUTO_RENEW_TTL",
     "AutoRenewTTLTooShort",
     "Lock",

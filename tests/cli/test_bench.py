@@ -45,14 +45,14 @@ def test_bench_on_the_python_engine_measures_renewals(redis_server: RedisServer)
 
 def test_bench_table_says_when_the_native_engine_is_unavailable() -> None:
     from redlease._cli.bench import Result, render
-    from redlease._cli.redisurl import Target
+    from redlease._cli.redisurl import ReachableServer
 
     results = [
         Result(engine="native", unavailable="the native extension is not built"),
         Result(engine="python", lateness=[0.001, 0.002, 0.010],
                server_lateness=[0.0, 0.003, 0.020], kept_lease=True, writes_per_second=9000.0),
     ]
-    table = render(results, "idle", 1.0, Target("redis://x", "a server", embedded=False))
+    table = render(results, "idle", 1.0, ReachableServer("redis://x", "a server", embedded=False))
 
     assert re.search(r"late at the server p50\s+unavailable\s+3\.000 ms", table)
     assert re.search(r"late at the server max\s+unavailable\s+20\.0 ms", table)

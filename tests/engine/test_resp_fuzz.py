@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from helpers import require_native
 from redlease._engine.base import MAX_REPLY_DEPTH, MAX_REPLY_ELEMENTS
-from redlease._engine.pysock import Headers
+from redlease._engine.boundedsocket import Headers
 from redlease._engine.replies import ReplyTooLarge
 
 core = require_native()

@@ -36,7 +36,7 @@ from helpers import (
 )
 from redlease._engine import run_one
 from redlease._engine.client import native_endpoint
-from redlease._engine.family import threaded
+from redlease._engine.clientfamily import threaded
 from redlease._engine.native import NativeEngine
 from redlease._scripts import fenced_file
 from redlease._testing import ClusterSet, SentinelSet, TLSMaterials, key_slot

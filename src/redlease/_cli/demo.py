@@ -28,7 +28,7 @@ import redis
 
 from .._keys import ElectionKeys
 from .engineline import engine_line
-from .redisurl import CliError, Target, errors, one_line, redis_target, reply_text
+from .redisurl import CliError, ReachableServer, errors, one_line, redis_target, reply_text
 
 
 @dataclass
@@ -89,7 +89,7 @@ class Demo:
     """Runs the contenders, reacts to their events, and keeps the tally for the summary."""
 
     def __init__(
-        self, target: Target, contenders: int, ttl: float, duration: float, out: IO[str]
+        self, target: ReachableServer, contenders: int, ttl: float, duration: float, out: IO[str]
     ) -> None:
         self.target = target
         self.contenders = contenders

@@ -43,7 +43,7 @@ class CliError(Exception):
 
 
 @dataclass(frozen=True)
-class Target:
+class ReachableServer:
     """A reachable Redis server: its URL and how to describe it to a person."""
 
     url: str
@@ -400,7 +400,7 @@ def one_line(exc: BaseException) -> str:
 
 
 @contextmanager
-def redis_target(url: str | None) -> Iterator[Target]:
+def redis_target(url: str | None) -> Iterator[ReachableServer]:
     """The server at ``url`` (checked with PING), or an embedded one when ``url`` is None.
 
     The embedded server is a real redis-server on a private unix socket in a
@@ -409,14 +409,14 @@ def redis_target(url: str | None) -> Iterator[Target]:
     """
     if url is not None:
         ping(url)
-        yield Target(url=url, description=f"Redis at {redact(url)}", embedded=False)
+        yield ReachableServer(url=url, description=f"Redis at {redact(url)}", embedded=False)
         return
     with embedded_server() as target:
         yield target
 
 
 @contextmanager
-def embedded_server() -> Iterator[Target]:
+def embedded_server() -> Iterator[ReachableServer]:
     """Start a throwaway redis-server on a unix socket; stop it and remove its files after."""
     from .. import _testing as _server
 
@@ -435,7 +435,7 @@ def embedded_server() -> Iterator[Target]:
             f"could not start the embedded redis-server ({binary}): {one_line(exc)}"
         ) from None
     try:
-        yield Target(
+        yield ReachableServer(
             url=server.url,
             description=(
                 f"an embedded redis-server ({binary}) on a private unix socket {server.unix_path}"

@@ -14,8 +14,8 @@ from redis.exceptions import RedisError
 
 from .._aio import off_loop, outlast
 from .._engine import EncodableT
-from .._engine.closing import AwaitsStopOnExit
-from .._engine.family import threaded
+from .._engine.clientfamily import threaded
+from .._on_exit import AwaitsStopOnExit
 from .election import Run, check_leader_fn
 from .pipeline import AsyncFencedPipeline as FencedPipeline
 from .runloop import RunLoop

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from .._aio import off_loop, settled
-from .._engine.closing import AwaitsStopOnExit
+from .._on_exit import AwaitsStopOnExit
 from .aio import Elector, Fencer
 from .partitions import PartitionsShell
 from .partnames import Callback

@@ -28,8 +28,8 @@ from .._config import Config
 from .._engine import Engine, Keeper, is_cluster, run_one, sharded_notices, shared_engine
 from .._engine.base import NoticeSubscription, ScriptRequest
 from .._engine.client import call_timeout, slot_owner
+from .._engine.clientfamily import threaded
 from .._engine.contact import due, first_contact
-from .._engine.family import threaded
 from .._engine.forksafe import ForkSafeLock
 from .._engine.notices import NO_NOTICES, ChannelRefusals
 from .._engine.replies import released, rerouted

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Sequence
 
 from .._config import to_seconds
 from .._engine import EncodableT
-from .._engine.closing import StopsOnExit
 from .._errors import ConfigError
+from .._on_exit import StopsOnExit
 from .election import NEVER, LeaderFn, check_leader_fn
 from .pipeline import FencedPipeline
 from .runloop import RunLoop, end_together, run_here

@@ -24,7 +24,7 @@ from .. import _scripts
 from .._config import Config, Duration
 from .._engine import ACTIVE, Keeper, call_timeout, is_cluster, run_one
 from .._engine.base import NoticeSubscription
-from .._engine.family import threaded
+from .._engine.clientfamily import threaded
 from .._engine.notices import NO_NOTICES, ChannelRefusals, sharded_notices
 from .._engine.replies import unexpected_reply
 from .._errors import ConfigError

@@ -51,7 +51,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from .._config import Duration, named_for
-from .._engine.closing import StopsOnExit
+from .._on_exit import StopsOnExit
 from .elector import Elector, Fencer
 from .member import Member
 from .partnames import Callback

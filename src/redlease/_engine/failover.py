@@ -29,9 +29,9 @@ from redis.backoff import NoBackoff
 from redis.connection import Connection, SSLConnection
 from redis.retry import Retry
 
+from .boundedsocket import begin_round_trip, bounded_class
 from .client import TLS, Sentinels
 from .connect import pooled_connection
-from .pysock import begin_round_trip, bounded_class
 
 SWITCH_CHANNEL = "+switch-master"
 _POLL = 0.2

@@ -1,7 +1,7 @@
 """The Python engine's connection: one redis-py connection with a deadline on every call.
 
 ``BoundedConnection`` bounds each round trip (connect included; every read
-of a reply too, and the bytes it may read: see ``pysock``), pipelines
+of a reply too, and the bytes it may read: see ``boundedsocket``), pipelines
 a batch of commands, runs scripts (EVALSHA, then EVAL once on NOSCRIPT;
 one ASK redirection followed on a cluster) and drops itself after any
 error, to reconnect on the next call. The pools and the engine built on it
@@ -25,9 +25,9 @@ from redis.exceptions import (
 )
 
 from .base import EncodableT, ScriptRequest, remaining
+from .boundedsocket import begin_round_trip, bounded_class
 from .client import is_cluster, refresh_slot_map
 from .connect import connection_factory
-from .pysock import begin_round_trip, bounded_class
 from .replies import server_changed
 from .timing import wait_command
 

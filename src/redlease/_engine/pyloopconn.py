@@ -20,8 +20,8 @@ from redis.exceptions import ConnectionError, InvalidResponse
 
 from .._scripts import Script
 from .base import MAX_REPLY_BYTES
+from .boundedsocket import Headers
 from .encodable import EncodableT
-from .pysock import Headers
 from .replies import ReplyTooLarge
 
 try:

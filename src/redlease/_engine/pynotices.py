@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from .._log import logger
+from .boundedsocket import begin_round_trip, bounded_class
 from .client import is_cluster, refresh_slot_map
 from .connect import connection_factory
 from .forksafe import ForkSafeLock
 from .notices import Wake, channel_of, sharded_notices
-from .pysock import begin_round_trip, bounded_class
 from .timing import (
     NOTICE_BACKOFF_MIN,
     NOTICE_CONNECT_TIMEOUT,

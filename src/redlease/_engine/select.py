@@ -23,7 +23,7 @@ from .._log import logger
 from .._version import __version__
 from .base import Engine
 from .client import Endpoint, native_endpoint, write_timeout
-from .family import threaded
+from .clientfamily import threaded
 from .forksafe import ForkSafeLock
 
 ENGINES = ("auto", "native", "python")

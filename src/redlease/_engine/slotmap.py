@@ -5,7 +5,7 @@ over its own connections, where every read waits the socket timeout afresh:
 a node that trickles its ``CLUSTER SLOTS`` answer a byte at a time, or never
 ends it, holds the refresh as long as it likes, and nothing caps what it
 sends. Here the map is asked for like every other round trip of ours: over a
-connection like the client's with a ``BoundedSocket`` under it (``pysock``),
+connection like the client's with a ``BoundedSocket`` under it (``boundedsocket``),
 its handshake and the reply ending by one deadline and reading no more than
 the reply cap. The known nodes are asked in turn, each within the bound and
 all of them within twice it, so one frozen node cannot keep the refresh.
@@ -29,8 +29,8 @@ import redis.cluster
 from redis.exceptions import ConnectionError, TimeoutError
 
 from .base import remaining
+from .boundedsocket import begin_round_trip, bounded_class
 from .connect import connection_factory
-from .pysock import begin_round_trip, bounded_class
 from .replies import UnexpectedReply
 
 SLOTS = 16384

@@ -26,15 +26,15 @@ from typing import Any, TypeVar
 
 from .._aio import off_loop, settled
 from .._config import Duration
-from .._engine.family import threaded
+from .._engine.clientfamily import threaded
 from .._errors import NotHeld
 from . import args
 from .args import AcquireOptions, Options, check_name, face_name, takes, takes_unnamed
 from .holders import LockHolder
 from .lock import (
     DEFAULT_RETRY_INTERVAL,
-    DEFAULT_TTL,
     DEFAULT_WAIT,
+    LOCK_DEFAULT_TTL,
     LeaseStore,
     Locker,
     LockerCore,
@@ -367,7 +367,7 @@ async def with_lock(
     name: str,
     fn: Callable[[Lock], Awaitable[T]],
     *,
-    ttl: Duration = DEFAULT_TTL,
+    ttl: Duration = LOCK_DEFAULT_TTL,
     wait: Duration = DEFAULT_WAIT,
     retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
     auto_renew: bool = True,

@@ -21,8 +21,9 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from .._config import Duration, check_max_ttl, non_negative_seconds, to_seconds, whole_ms
 from .._errors import AutoRenewTTLTooShort, ConfigError
 
-DEFAULT_TTL = 30.0
-"""Default lease of a lock, in seconds: how long a crashed holder can block others."""
+LOCK_DEFAULT_TTL = 30.0
+"""Default lease of a lock (and of a semaphore's permit), in seconds: how long a crashed
+holder can block others."""
 
 DEFAULT_RETRY_INTERVAL = 0.1
 """Default polling cadence of a waiting ``acquire``, in seconds."""
@@ -93,7 +94,7 @@ class AcquireOptions:
 
 def acquire_options(
     *,
-    ttl: Duration = DEFAULT_TTL,
+    ttl: Duration = LOCK_DEFAULT_TTL,
     wait: Duration = DEFAULT_WAIT,
     retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
     auto_renew: bool = False,
@@ -106,13 +107,15 @@ def acquire_options(
     return AcquireOptions(ttl_ms, window, interval, bool(auto_renew), check_flag(fair, "fair"))
 
 
-def attempt_options(*, ttl: Duration = DEFAULT_TTL, auto_renew: bool = False) -> AcquireOptions:
+def attempt_options(
+    *, ttl: Duration = LOCK_DEFAULT_TTL, auto_renew: bool = False
+) -> AcquireOptions:
     """``try_acquire``'s arguments: one attempt, no wait."""
     return acquire_options(ttl=ttl, auto_renew=auto_renew)
 
 
 def hold_options(
-    ttl: Duration = DEFAULT_TTL,
+    ttl: Duration = LOCK_DEFAULT_TTL,
     wait: Duration = DEFAULT_WAIT,
     retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
     auto_renew: bool = True,

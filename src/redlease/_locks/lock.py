@@ -25,15 +25,15 @@ from typing import Any, TypeVar
 
 from .._aio import check_abandoned
 from .._engine import Keeper
-from .._engine.closing import ClosesOnExit
 from .._engine.driver import driver
 from .._engine.timing import renew_interval
 from .._errors import NotAcquired, NotHeld
 from .._log import Events
+from .._on_exit import ClosesOnExit
 from .args import (
     DEFAULT_RETRY_INTERVAL,
-    DEFAULT_TTL,
     DEFAULT_WAIT,
+    LOCK_DEFAULT_TTL,
     AcquireOptions,
     Options,
     acquire_options,
@@ -52,8 +52,8 @@ _LockerT = TypeVar("_LockerT", bound="Locker")
 
 __all__ = [
     "DEFAULT_RETRY_INTERVAL",
-    "DEFAULT_TTL",
     "DEFAULT_WAIT",
+    "LOCK_DEFAULT_TTL",
     "LeaseStore",
     "Lock",
     "Locker",

@@ -27,8 +27,8 @@ from .._engine import (
     run_one,
     sharded_notices,
 )
+from .._engine.clientfamily import threaded
 from .._engine.contact import named
-from .._engine.family import threaded
 from .._engine.notices import ChannelRefusals
 from .._engine.replies import released
 from .._errors import ConfigError
@@ -40,8 +40,8 @@ from .fair import redis_place_keeper, since
 from .holders import SCAN_COUNT, LockHolder, check_label, from_reply, label, lease_keys
 from .lock import (
     DEFAULT_RETRY_INTERVAL,
-    DEFAULT_TTL,
     DEFAULT_WAIT,
+    LOCK_DEFAULT_TTL,
     LeaseStore,
     Lock,
     Locker,
@@ -502,7 +502,7 @@ def with_lock(
     name: str,
     fn: Callable[[Lock], T],
     *,
-    ttl: Duration = DEFAULT_TTL,
+    ttl: Duration = LOCK_DEFAULT_TTL,
     wait: Duration = DEFAULT_WAIT,
     retry_interval: Duration = DEFAULT_RETRY_INTERVAL,
     auto_renew: bool = True,

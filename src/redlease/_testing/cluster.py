@@ -30,7 +30,7 @@ from typing import Any
 
 import redis
 
-from .._engine.closing import StopsOnExit
+from .._on_exit import StopsOnExit
 from ._cluster_nodes import SLOTS, NodeInfo, key_slot, parse_nodes
 from ._common import (
     LOOPBACK,

@@ -27,7 +27,7 @@ from typing import Any
 
 import redis
 
-from .._engine.closing import StopsOnExit
+from .._on_exit import StopsOnExit
 from ._common import (
     LOOPBACK,
     RedisServerError,

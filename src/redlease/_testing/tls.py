@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .._engine.closing import StopsOnExit
+from .._on_exit import StopsOnExit
 from ._common import RedisServerError, redis_server_candidates, register, unregister
 
 __all__ = [
