@@ -98,7 +98,7 @@ def extensions() -> list[Extension]:
     # One extension: _core.pyx includes the .pxi files (one concern each), and
     # _core.pxd, which Cython finds beside it, their .pxd declarations.
     # Listing them as dependencies rebuilds the extension when one changes.
-    included = sorted([*native.glob("*.pxi"), *native.glob("*.pxd"), *native.glob("*.h")])
+    included = sorted([*native.rglob("*.pxi"), *native.rglob("*.pxd"), *native.rglob("*.h")])
     compile_args, link_args = ["-O2", "-pthread"], ["-pthread"]
     sanitize = sanitizers()
     if sanitize:
@@ -120,8 +120,8 @@ def extensions() -> list[Extension]:
     # aiowriter.pxd making its class an extension type: one definition, which
     # runs uncompiled where no extension is built.
     writer = Extension(
-        "redlease._engine.aiowriter",
-        sources=["src/redlease/_engine/aiowriter.py"],
+        "redlease._engine.contract.aiowriter",
+        sources=["src/redlease/_engine/contract/aiowriter.py"],
         extra_compile_args=compile_args,
         extra_link_args=link_args,
     )

@@ -130,7 +130,7 @@ def main() -> None:
 
     if "native" in contenders and not native_engine_available()[0]:
         contenders.remove("native")
-    import redlease._engine.aiowriter as writer
+    import redlease._engine.contract.aiowriter as writer
 
     compiled = not writer.__file__.endswith(".py")
     short, long = opts.writes, 4 * opts.writes

@@ -51,7 +51,7 @@ import redlease
 import redlease.aio
 from redlease._cli.bench import LatenessWindow, native_engine_available, percentile
 from redlease._cli.writers import async_rate
-from redlease._engine import native as native_engine
+from redlease._engine.engines import native as native_engine
 from redlease._scripts import fenced_file
 from redlease._testing import RedisServer
 

@@ -32,8 +32,8 @@ import redis
 import redis.utils
 
 from redlease._engine._native import _core as _native
-from redlease._engine.client import Endpoint
-from redlease._engine.native import NativeEngine
+from redlease._engine.conn.client import Endpoint
+from redlease._engine.engines.native import NativeEngine
 from redlease._keys import ElectionKeys
 from redlease._scripts import fenced_file
 from redlease._testing import RedisServer
@@ -88,7 +88,7 @@ def main() -> None:
             ("redis-py", lambda: client.evalsha(script.sha, 2, *keys, *args)),
         ]
         try:
-            from redlease._engine.python import PythonEngine
+            from redlease._engine.engines.python import PythonEngine
 
             python = PythonEngine(client)
             contenders.append(("python engine", lambda: python.run(((script, keys, args),))))

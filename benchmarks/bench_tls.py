@@ -48,9 +48,9 @@ from redlease._cli.bench import (
     percentile,
 )
 from redlease._engine._native import _core as _native
-from redlease._engine.client import native_endpoint
-from redlease._engine.native import NativeEngine
-from redlease._engine.python import PythonEngine
+from redlease._engine.conn.client import native_endpoint
+from redlease._engine.engines.native import NativeEngine
+from redlease._engine.engines.python import PythonEngine
 from redlease._keys import ElectionKeys
 from redlease._scripts import fenced_file
 from redlease._testing import RedisServer, ServerTLS, TLSMaterials

@@ -201,7 +201,7 @@ def engine(request: pytest.FixtureRequest) -> str:
 
 def writer_compiled() -> bool:
     """Whether the installed asyncio writer is the compiled one."""
-    import redlease._engine.aiowriter as installed
+    import redlease._engine.contract.aiowriter as installed
 
     return not installed.__file__.endswith(".py")
 
@@ -229,8 +229,8 @@ def writer_build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
         if os.environ.get("REDLEASE_REQUIRE_NATIVE") == "1":
             assert writer_compiled(), "the asyncio writer was not compiled"
         return build
-    from redlease._engine import native as native_engine
-    from redlease._engine import python as python_engine
+    from redlease._engine.engines import native as native_engine
+    from redlease._engine.engines import python as python_engine
 
     writer = source_writer()
     monkeypatch.setattr(python_engine, "LoopWriter", writer)

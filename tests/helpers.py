@@ -523,7 +523,7 @@ def watch_release_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def watch_acquire_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The sizes of the batched acquires the driver sends from now on, in order."""
-    from redlease._engine import driver
+    from redlease._engine.process import driver
 
     return watch_batches(monkeypatch, driver)
 

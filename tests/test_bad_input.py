@@ -28,7 +28,7 @@ import redlease
 import redlease.aio
 from helpers import wait_until
 from redlease._config import MAX_TTL_MS
-from redlease._engine.timing import MAX_TTL
+from redlease._engine.rules.timing import MAX_TTL
 from redlease._testing import RedisServer
 from redlease.health import HealthServer
 

@@ -33,7 +33,7 @@ from helpers import (
     require_native,
     wait_until,
 )
-from redlease._engine.nativenotices import NativeSubscription
+from redlease._engine.notices.nativenotices import NativeSubscription
 from redlease._testing import ClusterSet
 from redlease._testing.notices import native_hubs, python_hubs
 from tls_helpers import require_native_tls
@@ -140,7 +140,7 @@ def _woken_during_a_gil_hold(
     hold's start and end, the release time, the time the doorbell was seen
     rung (0.0 when not watched) and when the follower was elected.
     """
-    from redlease._engine.driver import driver
+    from redlease._engine.process.driver import driver
 
     doorbell = driver().doorbell() if driven else -1
     client: RedisCluster = cluster.client(socket_timeout=2)
@@ -401,8 +401,8 @@ def test_one_native_reader_serves_every_master_and_a_node_that_never_answers_hol
     cluster_set: ClusterSet,
 ) -> None:
     from redlease._engine._native import _core
-    from redlease._engine.client import Endpoint
-    from redlease._engine.nativenotices import hub_key, registry
+    from redlease._engine.conn.client import Endpoint
+    from redlease._engine.notices.nativenotices import hub_key, registry
 
     client = cluster_set.client(socket_timeout=2)
     # One name per master: a follower of each listens on that master.

@@ -355,7 +355,7 @@ def test_any_mapping_and_any_pairs_are_taken_as_a_loop_of_set_would_take_them(
 def test_without_the_extension_the_items_are_checked_and_split_the_same_way(
     client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import redlease._engine.encodable as encodable
+    import redlease._engine.rules.encodable as encodable
 
     monkeypatch.setattr(encodable, "_split", None)
     monkeypatch.setattr(encodable, "_looked", True)

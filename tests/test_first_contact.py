@@ -37,7 +37,7 @@ from helpers import (
     family_errors,
     wait_until,
 )
-from redlease._engine import replies, replytable
+from redlease._engine.rules import replies, replytable
 from redlease._testing import RedisServer
 from redlease._testing.fake import FakeRedis, client_of
 

@@ -166,11 +166,11 @@ def test_a_child_gets_every_module_wide_lock_back_unlocked(
     # Another thread of the parent holds every registry lock of the library
     # (shared engines, asyncio twins, the driver, notice listeners, metrics)
     # while the fork happens: in the child nobody would ever let them go.
-    import redlease._engine.clientfamily
-    import redlease._engine.driver
-    import redlease._engine.pynotices
-    import redlease._engine.select  # each of these modules makes a registry lock
-    from redlease._engine.forksafe import _live
+    import redlease._engine.conn.clientfamily
+    import redlease._engine.engines.select  # each of these modules makes a registry lock
+    import redlease._engine.notices.pynotices
+    import redlease._engine.process.driver
+    from redlease._engine.process.forksafe import _live
 
     held = threading.Event()
     done = threading.Event()
@@ -207,7 +207,7 @@ _COLLECT_FIRST = """
 import gc, os, sys, time
 os.register_at_fork(after_in_child=gc.collect)
 from redlease._engine._native import _core
-from redlease._engine.client import Endpoint
+from redlease._engine.conn.client import Endpoint
 from redlease._scripts import load
 
 renew = load("renew")

@@ -35,9 +35,9 @@ from helpers import (
     make_elector,
     wait_until,
 )
-from redlease._engine import pynotices
-from redlease._engine.base import MAX_REPLY_BYTES
-from redlease._engine.replies import ReplyTooLarge
+from redlease._engine.contract.interface import MAX_REPLY_BYTES
+from redlease._engine.notices.notice import pynotices
+from redlease._engine.rules.replies import ReplyTooLarge
 from redlease._testing._common import client_module
 from redlease._testing.fake import (
     HOSTILE,
@@ -342,8 +342,8 @@ def test_sentinels_that_answer_badly_cost_the_confirmation_no_more_than_its_boun
     # Three sentinels answering SENTINEL MASTER badly: the Python engine's
     # master confirmation asks each within its share of the bound, reads no
     # more than the cap, and says the majority did not answer.
-    from redlease._engine.client import Sentinels
-    from redlease._engine.failover import SentinelProbes
+    from redlease._engine.conn.client import Sentinels
+    from redlease._engine.conn.failover import SentinelProbes
 
     fakes = [FakeRedis() for _ in range(3)]
     try:

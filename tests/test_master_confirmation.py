@@ -18,8 +18,8 @@ import redis
 
 import redlease
 from helpers import Events, Terms, elected_token, make_elector, wait_until
-from redlease._engine import failover
-from redlease._engine.client import sentinels_of
+from redlease._engine.conn import failover
+from redlease._engine.conn.client import sentinels_of
 from redlease._testing import SentinelSet
 
 pytestmark = [pytest.mark.topology, pytest.mark.usefixtures("engines_closed")]

@@ -31,7 +31,7 @@ from helpers import (
     wait_until,
 )
 from redlease._engine import make_engine
-from redlease._engine.nativenotices import NativeSubscription
+from redlease._engine.notices.nativenotices import NativeSubscription
 from redlease._testing import RedisServer
 from redlease._testing.notices import driver_notices, native_hubs, python_hubs
 
@@ -203,8 +203,8 @@ def test_one_native_reader_reads_every_server_and_a_server_that_never_answers_st
     native_engine: Any, client: redis.Redis, redis_server: RedisServer
 ) -> None:
     from redlease._engine._native import _core
-    from redlease._engine.client import Endpoint
-    from redlease._engine.nativenotices import hub_key, registry
+    from redlease._engine.conn.client import Endpoint
+    from redlease._engine.notices.nativenotices import hub_key, registry
 
     got: list[bytes | None] = []
     sub = native_engine.notices(client).listen("one-reader", got.append)
@@ -353,7 +353,7 @@ def test_a_started_follower_hears_its_notice_natively_while_another_thread_holds
     client: redis.Redis, redis_server: RedisServer
 ) -> None:
     require_native()
-    from redlease._engine.driver import driver
+    from redlease._engine.process.driver import driver
 
     doorbell = driver().doorbell()
     releaser = subprocess.Popen(

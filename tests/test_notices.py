@@ -23,7 +23,7 @@ from redis.cluster import RedisCluster, key_slot
 import redlease
 import redlease.aio
 from helpers import Events, elected_token, lock_handover, stays, wait_until
-from redlease._engine.timing import NOTICE_CATCH_UP
+from redlease._engine.rules.timing import NOTICE_CATCH_UP
 from redlease._scripts import load as load_script
 from redlease._testing import ClusterSet, RedisServer, SentinelSet
 from tls_helpers import require_native_tls

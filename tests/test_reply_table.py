@@ -1,6 +1,6 @@
 """Both engines give the same outcome for every reply at every call site (DESIGN.md section 13).
 
-The cases come from the reply table (``redlease._engine.replytable.CODES``):
+The cases come from the reply table (``redlease._engine.rules.replytable.CODES``):
 every error code it names (and, where the table reads it there, the same
 code wrapped in a script error as Redis 6 sends it), plus the replies that
 are not codes: the site's own answer, another error, a RESP3 null and an
@@ -24,7 +24,7 @@ import redis.asyncio
 import redlease
 import redlease.aio
 from helpers import NAME, Events, RunThread, Terms, require_native, wait_until
-from redlease._engine import replytable
+from redlease._engine.rules import replytable
 from redlease._testing.fake import FakeRedis, Reply, array, client_of, lock_won, won
 
 pytestmark = pytest.mark.timeout(60)

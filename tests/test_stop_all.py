@@ -12,7 +12,7 @@ import redis
 
 import redlease
 from helpers import elected_token, wait_until, watch_release_batches
-from redlease._engine.driver import BATCH
+from redlease._engine.process.driver import BATCH
 from redlease._testing import RedisServer
 
 pytestmark = pytest.mark.usefixtures("engines_closed")

@@ -224,11 +224,11 @@ PRIVATE_EXCEPTIONS: dict[str, str] = {
         "the same attribute: an elector's Election says, without a round trip, whether its run "
         "is going and when its lease was last confirmed (Election.health)"
     ),
-    "redlease/_engine/pynotices.py: conn._sock": (
+    "redlease/_engine/notices/pynotices.py: conn._sock": (
         "redis-py >= 5 has no public 'is this connection open' (is_connected came later)"
     ),
-    "redlease/_engine/pyconn.py: conn._sock": "the same, for a bounded connection's socket",
-    "redlease/_engine/aiowriter.py: loop._thread_id": (
+    "redlease/_engine/conn/pyconn.py: conn._sock": "the same, for a bounded connection's socket",
+    "redlease/_engine/contract/aiowriter.py: loop._thread_id": (
         "asyncio's own loops record the thread they run on there (set and cleared by "
         "run_forever); asyncio.get_running_loop() makes a getpid() system call per call on "
         "Python 3.11, once per fenced write"

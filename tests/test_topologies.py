@@ -21,7 +21,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.sentinel import Sentinel
 
 import redlease
-import redlease._engine.select
+import redlease._engine.engines.select
 import redlease.aio
 from helpers import elected_token, require_native, wait_until, watch_release_batches
 from redlease._testing import ClusterSet, RedisServer, SentinelSet
@@ -163,7 +163,7 @@ def test_native_engine_refuses_a_sentinel_client_and_says_why(
 ) -> None:
     """A build of the extension without Sentinel support: auto falls back, native refuses."""
     require_native()
-    monkeypatch.setattr(redlease._engine.select, "native_features", lambda: frozenset())
+    monkeypatch.setattr(redlease._engine.engines.select, "native_features", lambda: frozenset())
     client = sentinel.master_for("svc")
     e = redlease.Elector(client, "sentinel")
     assert e.engine == "python"
@@ -300,7 +300,7 @@ def test_cluster_acquires_due_together_share_a_round_trip_per_master(
     own reply; with a stale map the names of other masters are answered MOVED and
     acquire alone, and every run still leads."""
     from helpers import HeldDriver, watch_acquire_batches
-    from redlease._engine import driver as driver_module
+    from redlease._engine.process import driver as driver_module
 
     if stale_map:
         _one_owner_for_all(monkeypatch, cluster)
@@ -335,7 +335,7 @@ def test_native_engine_refuses_a_cluster_client(
 ) -> None:
     """A build of the extension without Cluster support: auto falls back, native refuses."""
     require_native()
-    monkeypatch.setattr(redlease._engine.select, "native_features", lambda: frozenset())
+    monkeypatch.setattr(redlease._engine.engines.select, "native_features", lambda: frozenset())
     assert redlease.Elector(cluster, "{job}").engine == "python"
     with pytest.raises(redlease.ConfigError, match="RedisCluster"):
         redlease.Elector(cluster, "{job}", engine="native")
@@ -423,7 +423,8 @@ def test_aio_elector_on_a_sentinel_master(sentinel_set: SentinelSet, family: str
         client = manager.master_for("svc", socket_timeout=2)
         e = redlease.aio.Elector(client, "aio-sentinel", ttl=0.5)
         # Its sync twin is a Sentinel master client: native when the extension is built.
-        assert e.engine == ("native" if redlease._engine.select.native_available()[0] else "python")
+        native = redlease._engine.engines.select.native_available()[0]
+        assert e.engine == ("native" if native else "python")
         token = await _aio_lead_and_fence(e, "aio-sentinel:state")
         assert await client.get("aio-sentinel:state") == b"v1"
         await client.aclose()

@@ -32,8 +32,8 @@ from helpers import (
     require_valkey,
     wait_until,
 )
-from redlease._engine.clientfamily import REDIS, family_of, threaded
-from redlease._engine.replies import UnexpectedReply
+from redlease._engine.conn.clientfamily import REDIS, family_of, threaded
+from redlease._engine.rules.replies import UnexpectedReply
 from redlease._testing import RedisServer
 
 require_valkey()  # skips the module without valkey-py (fails with REDLEASE_REQUIRE_VALKEY=1)

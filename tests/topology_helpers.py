@@ -86,7 +86,8 @@ def close_all_engines() -> None:
     that a finished test has stopped. Tests on topologies close them after
     each test so later tests see no such thread.
     """
-    from redlease._engine import failover, select
+    from redlease._engine.conn import failover
+    from redlease._engine.engines import select
 
     # Every Elector's engine is a shared one (one per client and engine kind).
     with select._shared_lock:

@@ -18,7 +18,7 @@ from ._election.evict import evict
 from ._election.partitions import Partitions
 from ._election.pipeline import FencedPipeline
 from ._election.term import Leader, Observer, Term
-from ._engine.select import EngineInfo, engine_info
+from ._engine import EngineInfo, engine_info
 from ._errors import (
     AutoRenewTTLTooShort,
     ConfigError,

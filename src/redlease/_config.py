@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from ._engine.replication import ReplicationGuard
-from ._engine.timing import DEFAULT_REPLICA_TIMEOUT, MAX_TTL
-from ._engine.timing import renew_interval as renew_interval_of
+from ._engine import DEFAULT_REPLICA_TIMEOUT, MAX_TTL, ReplicationGuard
+from ._engine import renew_interval as renew_interval_of
 from ._errors import ConfigError
 
 Duration = int | float | timedelta

@@ -74,8 +74,7 @@ except ImportError:  # pragma: no cover - exercised in a subprocess without the 
 from ._election.election import Election
 from ._election.member import Member
 from ._election.sharewatch import REBALANCE_BUCKETS
-from ._engine import LATENESS_BUCKETS
-from ._engine.forksafe import ForkSafeLock
+from ._engine import LATENESS_BUCKETS, ForkSafeLock
 from ._locks.lock import LockerCore
 from ._locks.stats import WAIT_BUCKETS, WaitStats
 from ._log import Events

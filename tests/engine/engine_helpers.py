@@ -18,8 +18,8 @@ from typing import Any
 import redis
 
 from helpers import require_native
-from redlease._engine.base import Keeper
-from redlease._engine.client import Endpoint
+from redlease._engine.conn.client import Endpoint
+from redlease._engine.contract.interface import Keeper
 from redlease._scripts import Script, load
 from redlease._testing import RedisServer
 
@@ -141,11 +141,11 @@ class Keepers:
         if engine is None:
             if self.kind == "native":
                 require_native()
-                from redlease._engine.native import NativeEngine
+                from redlease._engine.engines.native import NativeEngine
 
                 engine = NativeEngine(self._server.endpoint(unix=unix), write_timeout=None)
             else:
-                from redlease._engine.python import PythonEngine
+                from redlease._engine.engines.python import PythonEngine
 
                 client = self._server.client(unix=unix)
                 self._clients.append(client)

@@ -13,8 +13,8 @@ from redis.credentials import UsernamePasswordCredentialProvider
 from redis.sentinel import Sentinel
 
 import redlease
-from redlease._engine.client import native_endpoint
-from redlease._engine.select import native_available, native_features
+from redlease._engine.conn.client import native_endpoint
+from redlease._engine.engines.select import native_available, native_features
 
 SECRET = "s3cr3t-do-not-print"
 

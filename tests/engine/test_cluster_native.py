@@ -256,7 +256,7 @@ def test_pool_routes_each_call_to_its_keys_slot(
     cluster_set: ClusterSet, cluster: RedisCluster
 ) -> None:
     core = require_native()
-    from redlease._engine.client import native_endpoint
+    from redlease._engine.conn.client import native_endpoint
 
     endpoint, why = native_endpoint(cluster)
     assert endpoint is not None, why
@@ -281,7 +281,7 @@ def test_a_pool_keeps_a_connection_per_master_for_calls_that_go_all_over_the_clu
     cluster_set: ClusterSet, cluster: RedisCluster
 ) -> None:
     core = require_native()
-    from redlease._engine.client import native_endpoint
+    from redlease._engine.conn.client import native_endpoint
 
     endpoint, why = native_endpoint(cluster)
     assert endpoint is not None, why

@@ -20,7 +20,7 @@ import redlease
 from engine_helpers import RENEW, endpoint_at, native_ref, threads, wait_state
 from helpers import require_native, wait_until
 from redlease._engine import ACTIVE, LOST
-from redlease._engine.base import LATENESS_BUCKETS
+from redlease._engine.contract.interface import LATENESS_BUCKETS
 from redlease._testing import ClusterSet, key_slot
 from topology_helpers import close_all_engines
 

@@ -224,7 +224,7 @@ def test_a_signal_handler_may_close_the_pool_its_thread_is_calling(server: Serve
         f"""
         import signal, time
         from redlease._engine._native import _core as native
-        from redlease._engine.client import Endpoint
+        from redlease._engine.conn.client import Endpoint
         endpoint = Endpoint("127.0.0.1", {server.port}, None, 0, None, None, None)
         pool = native.Pool(native.Target(endpoint), 1)
         assert pool.command(["PING"], 2.0) == b"PONG"

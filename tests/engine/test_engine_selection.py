@@ -17,7 +17,7 @@ import redis
 
 import redlease
 from helpers import require_native
-from redlease._engine import select
+from redlease._engine.engines import select
 from redlease._testing import RedisServer
 
 

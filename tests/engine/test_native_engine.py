@@ -16,7 +16,7 @@ from redlease._scripts import fenced_file, load
 
 native = require_native()
 
-from redlease._engine.native import NativeEngine  # noqa: E402
+from redlease._engine.engines.native import NativeEngine  # noqa: E402
 
 
 def test_engine_runs_fenced_writes_and_control_scripts(server: Server, rc: redis.Redis) -> None:

@@ -10,7 +10,7 @@ import redis.exceptions as rex
 
 from engine_helpers import Server, run_batch
 from helpers import require_native
-from redlease._engine.base import ScriptRun, flatten
+from redlease._engine.contract.interface import ScriptRun, flatten
 from redlease._scripts import Script
 
 native = require_native()

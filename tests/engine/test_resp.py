@@ -124,7 +124,7 @@ def test_a_reply_nested_deeper_than_the_c_stack_is_refused_without_a_crash() -> 
         import socket, threading
         import redis
         from redlease._engine._native import _core as native
-        from redlease._engine.client import Endpoint
+        from redlease._engine.conn.client import Endpoint
         depth = 300000
         data = b"*1\\r\\n" * depth + b":7\\r\\n"
         try:

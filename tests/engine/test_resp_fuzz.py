@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from helpers import require_native
-from redlease._engine.base import MAX_REPLY_DEPTH, MAX_REPLY_ELEMENTS
-from redlease._engine.boundedsocket import Headers
-from redlease._engine.replies import ReplyTooLarge
+from redlease._engine.conn.boundedsocket import Headers
+from redlease._engine.contract.interface import MAX_REPLY_DEPTH, MAX_REPLY_ELEMENTS
+from redlease._engine.rules.replies import ReplyTooLarge
 
 core = require_native()
 

@@ -238,7 +238,7 @@ def test_native_sentinel_leader_keeps_its_lease_through_a_long_gil_holding_call(
 
 def test_target_and_pool_through_the_sentinels(sentinel_set: SentinelSet) -> None:
     core = require_native()
-    from redlease._engine.client import native_endpoint
+    from redlease._engine.conn.client import native_endpoint
 
     endpoint, why = native_endpoint(sentinel_set.master_for())
     assert endpoint is not None, why

@@ -283,7 +283,7 @@ def test_many_auto_renewed_locks_share_the_keeper_and_each_watchdog_still_sees_i
 def test_followers_that_poll_together_share_a_round_trip_and_each_reads_its_own_reply(
     redis_server: RedisServer, engine: str
 ) -> None:
-    from redlease._engine.driver import driver
+    from redlease._engine.process.driver import driver
 
     client = redis_server.client()
     holders = [redlease.Elector(client, f"batched-{i}", ttl=2.0, engine=engine) for i in range(100)]

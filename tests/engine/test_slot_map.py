@@ -23,8 +23,8 @@ import pytest
 from redis.cluster import PRIMARY, REPLICA, ClusterNode, RedisCluster
 
 from helpers import ClosedPort, wait_until
-from redlease._engine.base import MAX_REPLY_BYTES
-from redlease._engine.client import refresh_slot_map
+from redlease._engine.conn.client import refresh_slot_map
+from redlease._engine.contract.interface import MAX_REPLY_BYTES
 from redlease._testing import ClusterSet, key_slot
 from redlease._testing.fake import HOSTILE, FakeRedis, Reply, Stream, array, bulk
 
@@ -307,7 +307,7 @@ def test_after_a_failover_a_refresh_gives_the_same_nodes_their_new_roles(
 def test_a_cluster_clients_socket_timeout_is_its_call_and_write_bound(
     cluster_set: ClusterSet,
 ) -> None:
-    from redlease._engine.client import call_timeout, write_timeout
+    from redlease._engine.conn.client import call_timeout, write_timeout
 
     timed = cluster_set.client(socket_timeout=1.5)
     untimed = cluster_set.client(socket_timeout=None)

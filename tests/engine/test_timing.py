@@ -1,4 +1,4 @@
-"""One set of timing constants for both engines (``redlease._engine.timing``), and WAIT's
+"""One set of timing constants for both engines (``redlease._engine.rules.timing``), and WAIT's
 never-0 rule."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import redis
 
 from engine_helpers import KEEPER_KINDS, Server, native_ref, run_batch
 from helpers import require_native
-from redlease._engine import timing as _timing
-from redlease._engine.python import _Pool
-from redlease._engine.replication import ReplicationGuard
+from redlease._engine.engines.python import _Pool
+from redlease._engine.rules import timing as _timing
+from redlease._engine.rules.replication import ReplicationGuard
 from redlease._scripts import Script
 
 # Every constant the native engine keeps in a C global of its own.

@@ -230,7 +230,7 @@ def test_a_tls_handshake_that_is_never_answered_times_out_at_the_deadline(
     black_hole: Any,
 ) -> None:
     core = require_native_tls()
-    from redlease._engine.client import native_endpoint
+    from redlease._engine.conn.client import native_endpoint
 
     client = redis.Redis(host="127.0.0.1", port=black_hole.port, ssl=True, socket_timeout=0.3)
     endpoint, _ = native_endpoint(client)
@@ -550,7 +550,7 @@ def test_the_asyncio_elector_on_a_tls_client_runs_natively(
 @pytest.fixture
 def tls_endpoint(tls_server: RedisServer) -> Any:
     require_native_tls()
-    from redlease._engine.client import native_endpoint
+    from redlease._engine.conn.client import native_endpoint
 
     endpoint, why = native_endpoint(tls_client(tls_server))
     assert endpoint is not None and endpoint.tls is not None, why
@@ -606,7 +606,7 @@ def test_an_idle_tls_connection_is_kept_and_a_closed_one_replaced(
 
 def test_a_native_keeper_renews_over_tls_past_three_ttls(tls_endpoint: Any) -> None:
     core = require_native_tls()
-    from redlease._engine.native import NativeEngine
+    from redlease._engine.engines.native import NativeEngine
     from redlease._scripts import load
 
     engine = NativeEngine(tls_endpoint, write_timeout=2.0)
@@ -628,7 +628,7 @@ def test_a_native_keeper_renews_over_tls_past_three_ttls(tls_endpoint: Any) -> N
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_leaves_the_parents_tls_connections_alone(tls_endpoint: Any) -> None:
     core = require_native_tls()
-    from redlease._engine.native import NativeEngine
+    from redlease._engine.engines.native import NativeEngine
     from redlease._scripts import load
 
     engine = NativeEngine(tls_endpoint, write_timeout=2.0)

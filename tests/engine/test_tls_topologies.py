@@ -35,9 +35,9 @@ from helpers import (
     stays,
 )
 from redlease._engine import run_one
-from redlease._engine.client import native_endpoint
-from redlease._engine.clientfamily import threaded
-from redlease._engine.native import NativeEngine
+from redlease._engine.conn.client import native_endpoint
+from redlease._engine.conn.clientfamily import threaded
+from redlease._engine.engines.native import NativeEngine
 from redlease._scripts import fenced_file
 from redlease._testing import ClusterSet, SentinelSet, TLSMaterials, key_slot
 from redlease._testing._common import client_module
@@ -281,7 +281,7 @@ def test_a_native_elector_on_a_tls_cluster_it_would_reject_is_never_elected(
 ) -> None:
     """The elector, not only a write: the rejection comes through on_error, no term begins."""
     require_native_tls()
-    from redlease._engine import select
+    from redlease._engine.engines import select
 
     good = tls_cluster_set.client()
     endpoint, why = native_endpoint(good)
@@ -312,7 +312,7 @@ def test_without_openssl_tls_sentinel_and_cluster_clients_run_on_python(
     tls_sentinel_set: SentinelSet, tls_cluster_set: ClusterSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     require_native()
-    from redlease._engine import select
+    from redlease._engine.engines import select
 
     # What the engine selection hears where the core found no OpenSSL at
     # import (a fresh interpreter shows the core saying so, in

@@ -13,8 +13,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from .._aio import off_loop, outlast
-from .._engine import EncodableT
-from .._engine.clientfamily import threaded
+from .._engine import EncodableT, threaded
 from .._on_exit import AwaitsStopOnExit
 from .election import Run, check_leader_fn
 from .pipeline import AsyncFencedPipeline as FencedPipeline

@@ -25,15 +25,27 @@ from typing import Any, Protocol
 
 from .. import _scripts
 from .._config import Config
-from .._engine import Engine, Keeper, is_cluster, run_one, sharded_notices, shared_engine
-from .._engine.base import NoticeSubscription, ScriptRequest
-from .._engine.client import call_timeout, slot_owner
-from .._engine.clientfamily import threaded
-from .._engine.contact import due, first_contact
-from .._engine.forksafe import ForkSafeLock
-from .._engine.notices import NO_NOTICES, ChannelRefusals
-from .._engine.replies import released, rerouted
-from .._engine.replytable import CLUSTER
+from .._engine import (
+    CLUSTER,
+    NO_NOTICES,
+    ChannelRefusals,
+    Engine,
+    ForkSafeLock,
+    Keeper,
+    NoticeSubscription,
+    ScriptRequest,
+    call_timeout,
+    due,
+    first_contact,
+    is_cluster,
+    released,
+    rerouted,
+    run_one,
+    sharded_notices,
+    shared_engine,
+    slot_owner,
+    threaded,
+)
 from .._errors import ConfigError
 from .._keys import ElectionKeys, has_hash_tag
 from .._log import Events

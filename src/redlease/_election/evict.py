@@ -13,8 +13,7 @@ from typing import Any
 
 from .. import _scripts
 from .._config import Config
-from .._engine import call_timeout, run_one, sharded_notices, shared_engine
-from .._engine.clientfamily import threaded
+from .._engine import call_timeout, run_one, sharded_notices, shared_engine, threaded
 from .._keys import ElectionKeys
 from .election import check_cluster_name, instance_text
 

@@ -31,15 +31,22 @@ from redis.crc import key_slot
 from redis.exceptions import RedisError, ResponseError
 
 from .. import _scripts
-from .._engine import EncodableT, Engine, ScriptRun, flatten, is_failover_reply, run_one
-from .._engine.encodable import split_pairs
-from .._engine.forksafe import ForkSafeLock
-from .._engine.replication import ReplicationGuard
+from .._engine import (
+    EncodableT,
+    Engine,
+    ForkSafeLock,
+    ReplicationGuard,
+    ScriptRun,
+    flatten,
+    is_failover_reply,
+    run_one,
+    split_pairs,
+)
 from .._errors import TooManyEvalBodies
 from .._log import Events
 
 if TYPE_CHECKING:
-    from .._engine.aiowriter import LoopWriter
+    from .._engine import LoopWriter
     from .._scripts import Script
 
 MAX_EVAL_BODIES = 256

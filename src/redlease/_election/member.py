@@ -22,11 +22,19 @@ from typing import Any
 
 from .. import _scripts
 from .._config import Config, Duration
-from .._engine import ACTIVE, Keeper, call_timeout, is_cluster, run_one
-from .._engine.base import NoticeSubscription
-from .._engine.clientfamily import threaded
-from .._engine.notices import NO_NOTICES, ChannelRefusals, sharded_notices
-from .._engine.replies import unexpected_reply
+from .._engine import (
+    ACTIVE,
+    NO_NOTICES,
+    ChannelRefusals,
+    Keeper,
+    NoticeSubscription,
+    call_timeout,
+    is_cluster,
+    run_one,
+    sharded_notices,
+    threaded,
+    unexpected_reply,
+)
 from .._errors import ConfigError
 from .._keys import PartitionKeys, has_hash_tag
 from .._log import Events, logger

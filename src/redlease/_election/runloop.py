@@ -16,10 +16,16 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .._engine import ACTIVE, Engine, Keeper
-from .._engine.base import NoticeSubscription
-from .._engine.driver import BATCH, driver, run_batch
-from .._engine.timing import NOTICE_CATCH_UP
+from .._engine import (
+    ACTIVE,
+    BATCH,
+    NOTICE_CATCH_UP,
+    Engine,
+    Keeper,
+    NoticeSubscription,
+    driver,
+    run_batch,
+)
 from .election import Election, LeaderFn, Run, instance_text
 from .term import Reason, Term, end_term
 

@@ -19,9 +19,7 @@ from typing import Any
 
 from .. import _scripts
 from .._config import Config
-from .._engine import Keeper, run_one
-from .._engine.notices import ChannelRefusals
-from .._engine.replies import unexpected_reply
+from .._engine import ChannelRefusals, Keeper, run_one, unexpected_reply
 from .._log import Events, logger
 from .balance import preference
 from .partnames import MAX_PARTITIONS, Callback

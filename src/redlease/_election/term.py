@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
-from .._engine.forksafe import ForkSafeLock
+from .._engine import ForkSafeLock
 
 Reason = Literal["lost", "returned", "resigned", "stopped"]
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from .._aio import off_loop, settled
 from .._config import Duration
-from .._engine.clientfamily import threaded
+from .._engine import threaded
 from .._errors import NotHeld
 from . import args
 from .args import AcquireOptions, Options, check_name, face_name, takes, takes_unnamed

@@ -16,8 +16,7 @@ import math
 import time
 from collections.abc import Callable
 
-from .._engine import ACTIVE, Engine, Keeper
-from .._engine.timing import renew_interval
+from .._engine import ACTIVE, Engine, Keeper, renew_interval
 from .._scripts import load
 
 PLACE_INTERVALS = 3

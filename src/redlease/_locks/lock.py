@@ -24,9 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from .._aio import check_abandoned
-from .._engine import Keeper
-from .._engine.driver import driver
-from .._engine.timing import renew_interval
+from .._engine import Keeper, driver, renew_interval
 from .._errors import NotAcquired, NotHeld
 from .._log import Events
 from .._on_exit import ClosesOnExit

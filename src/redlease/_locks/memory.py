@@ -16,9 +16,7 @@ import time
 import weakref
 from collections.abc import Callable
 
-from .._engine import Keeper
-from .._engine.renewer import Lease, Renewer
-from .._engine.timing import renew_interval
+from .._engine import Keeper, Lease, Renewer, renew_interval
 from .args import check_name
 from .holders import LockHolder, check_label, label
 from .lock import LeaseStore, Locker, LockerCore

@@ -18,19 +18,19 @@ from redis.exceptions import AskError
 
 from .._config import Duration, replication_guard
 from .._engine import (
+    ChannelRefusals,
     Engine,
     Keeper,
     ScriptRequest,
     call_timeout,
     is_cluster,
     make_engine,
+    named,
+    released,
     run_one,
     sharded_notices,
+    threaded,
 )
-from .._engine.clientfamily import threaded
-from .._engine.contact import named
-from .._engine.notices import ChannelRefusals
-from .._engine.replies import released
 from .._errors import ConfigError
 from .._keys import LockKeys, has_hash_tag
 from .._log import Events

@@ -11,8 +11,7 @@ import os
 import threading
 import time
 
-from .._engine import ENDED, LOST, Keeper
-from .._engine.driver import driver
+from .._engine import ENDED, LOST, Keeper, driver
 from .._log import Events
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._engine import nativenotices, pynotices
+from .._engine.notices import nativenotices, pynotices
 
 __all__ = ["driver_notices", "native_hubs", "python_hubs"]
 

@@ -4,7 +4,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Protocol, TypeAlias
 
-from redlease._engine.base import BatchItem
+from redlease._engine.contract.interface import BatchItem
 from redlease._scripts import Script
 
 _Encodable: TypeAlias = str | bytes | bytearray | memoryview | int | float
@@ -15,7 +15,7 @@ FEATURES: frozenset[str]
 def native_timing() -> dict[str, int]: ...
 
 class _Endpoint(Protocol):
-    """What ``Target`` reads: the fields of ``redlease._engine.client.Endpoint``."""
+    """What ``Target`` reads: the fields of ``redlease._engine.conn.client.Endpoint``."""
 
     @property
     def host(self) -> str | None: ...
@@ -36,7 +36,7 @@ class _Endpoint(Protocol):
         """Optional: an endpoint without the attribute is plain TCP or a unix socket."""
 
 class _TLS(Protocol):
-    """What ``Target`` reads of ``endpoint.tls``: the fields of ``redlease._engine.client.TLS``."""
+    """What ``Target`` reads of ``endpoint.tls``: the fields of ``_engine.conn.client.TLS``."""
 
     @property
     def ca_certs(self) -> str | None: ...

@@ -109,41 +109,41 @@ import weakref
 
 # Every timing constant the engines share (renewal batching and retry floor,
 # notice timings, WAIT): the .pxi files convert them into their C globals.
-from redlease._engine import timing as _timing
+from redlease._engine.rules import timing as _timing
 # A batch's run of calls of one script (a fenced pipeline's set_many):
 # _pipeline.pxi encodes it from its lists.
-from redlease._engine.base import ScriptRun as _ScriptRun
+from redlease._engine.contract.interface import ScriptRun as _ScriptRun
 
 # Every ProcessBound alive in this process (Pool, LoopConn, Renewer,
 # NoticeHub), for the fork handler below. Not the leases, which are many: each
 # is made inert by the first thing that reaches it in a child (see Lease._r).
 _live = weakref.WeakSet()
 
-include "_posix.pxi"
-include "_process.pxi"
-include "_resp_encode.pxi"
-include "_resp_parse.pxi"
-include "_conn.pxi"
-include "_tls.pxi"
-include "_discovery.pxi"
-include "_sentinel.pxi"
-include "_cluster.pxi"
-include "_replies.pxi"
-include "_route.pxi"
-include "_pool.pxi"
-include "_loopconn.pxi"
-include "_pipeline.pxi"
-include "_lease.pxi"
-include "_renewer_heap.pxi"
-include "_renewer_cluster.pxi"
-include "_renewer_thread.pxi"
-include "_renewer_api.pxi"
-include "_renewer_lease_api.pxi"
-include "_notices_queue.pxi"
-include "_notices_session.pxi"
-include "_notices_reader.pxi"
-include "_notices_hub_api.pxi"
-include "_notices_sub_api.pxi"
+include "process/_posix.pxi"
+include "process/_process.pxi"
+include "conn/_resp_encode.pxi"
+include "conn/_resp_parse.pxi"
+include "conn/_conn.pxi"
+include "conn/_tls.pxi"
+include "conn/_discovery.pxi"
+include "conn/_sentinel.pxi"
+include "conn/_cluster.pxi"
+include "conn/_replies.pxi"
+include "conn/_route.pxi"
+include "conn/_pool.pxi"
+include "conn/_loopconn.pxi"
+include "conn/_pipeline.pxi"
+include "renewal/_lease.pxi"
+include "renewal/_renewer_heap.pxi"
+include "renewal/_renewer_cluster.pxi"
+include "renewal/_renewer_thread.pxi"
+include "renewal/_renewer_api.pxi"
+include "renewal/_renewer_lease_api.pxi"
+include "notices/_notices_queue.pxi"
+include "notices/_notices_session.pxi"
+include "notices/_notices_reader.pxi"
+include "notices/_notices_hub_api.pxi"
+include "notices/_notices_sub_api.pxi"
 
 
 # ---------------------------------------------------------------- fork safety
@@ -176,5 +176,5 @@ def native_timing():
 
 
 # What this build serves beyond a fixed TCP address or unix socket (see
-# redlease._engine.select).
+# redlease._engine.engines.select).
 FEATURES = frozenset(_DISCOVERY_FEATURES + _TLS_FEATURES)

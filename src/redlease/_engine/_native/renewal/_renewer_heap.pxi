@@ -1,0 +1,250 @@
+# The shared renewer's state, its timer heap and its leases' bookkeeping.
+# ONE pthread and ONE connection renew every lease of an engine (elector
+# terms and lock watchdogs alike). Leases wait in a timer heap keyed by their
+# next renewal; the ones falling due together (within RENEW_WINDOW_NS) go out
+# as one pipelined write and their replies are read in order. Each lease
+# keeps its own deadline (send time of its last good renewal + ttl), its own
+# token and state, its own errors and lateness figures: a reply of 0 ends
+# that lease alone.
+#
+# Here: the heap, and what a renewal's outcome does to its lease (renewed,
+# failed, lost, a reply of the wrong shape); the limits and the rl_renewer
+# and rl_rnode structs are declared in _renewer_heap.pxd. The round trips
+# are in _renewer_cluster.pxi and _renewer_thread.pxi, the Python faces in
+# _renewer_api.pxi and _renewer_lease_api.pxi.
+#
+# No GIL, ever, and no Python object on the thread. Python reads token and
+# state as atomics; everything else is guarded by the renewer's mutex ``mu``,
+# which the thread never holds across a wait for the server (the lock
+# discipline of _core.pyx): a Python thread may lock it with the GIL held.
+#
+# Needs: _posix, _resp_encode, _resp_parse, _conn, _replies, _lease.
+
+# Renewals due within this much of the earliest one are sent with it, and
+# after a failed renewal the next one waits at least RENEW_RETRY_NS (a refused
+# connect fails at once; without a floor the thread would spin until the
+# deadline; the lease deadline is unchanged by it). Both values come from
+# redlease._engine.rules.timing, read when the module is imported.
+cdef int64_t RENEW_WINDOW_NS = _timing.ns(_timing.RENEW_BATCH_WINDOW)
+cdef int64_t RENEW_RETRY_NS = _timing.ns(_timing.RENEW_RETRY_FLOOR)
+# the longest ttl (and renewal interval) a lease may have; the settings are
+# checked against the same value before a lease is ever made
+cdef int64_t MAX_TTL_NS = _timing.ns(_timing.MAX_TTL)
+
+
+# ---------------------------------------------------------------- the heap (mu held)
+
+cdef inline void heap_set(rl_renewer* r, size_t i, rl_lease* l) noexcept nogil:
+    r.heap[i] = l
+    l.heap_idx = <int>i
+
+
+cdef void heap_up(rl_renewer* r, size_t i) noexcept nogil:
+    cdef rl_lease* l = r.heap[i]
+    cdef size_t parent
+    while i > 0:
+        parent = (i - 1) // 2
+        if lease_key(r.heap[parent]) <= lease_key(l):
+            break
+        heap_set(r, i, r.heap[parent])
+        i = parent
+    heap_set(r, i, l)
+
+
+cdef void heap_down(rl_renewer* r, size_t i) noexcept nogil:
+    cdef rl_lease* l = r.heap[i]
+    cdef size_t child
+    while True:
+        child = 2 * i + 1
+        if child >= r.heap_len:
+            break
+        if child + 1 < r.heap_len and lease_key(r.heap[child + 1]) < lease_key(r.heap[child]):
+            child += 1
+        if lease_key(l) <= lease_key(r.heap[child]):
+            break
+        heap_set(r, i, r.heap[child])
+        i = child
+    heap_set(r, i, l)
+
+
+cdef int heap_push(rl_renewer* r, rl_lease* l) noexcept nogil:
+    cdef size_t cap
+    cdef rl_lease** grown
+    if r.heap_len == r.heap_cap:
+        cap = r.heap_cap * 2 if r.heap_cap else 64
+        grown = <rl_lease**>realloc(r.heap, cap * sizeof(rl_lease*))
+        if grown == NULL:
+            return -1
+        r.heap = grown
+        r.heap_cap = cap
+    heap_set(r, r.heap_len, l)
+    r.heap_len += 1
+    heap_up(r, r.heap_len - 1)
+    return 0
+
+
+cdef void heap_remove(rl_renewer* r, rl_lease* l) noexcept nogil:
+    cdef size_t i
+    cdef rl_lease* last
+    if l.heap_idx < 0:
+        return
+    i = <size_t>l.heap_idx
+    l.heap_idx = -1
+    r.heap_len -= 1
+    if i == r.heap_len:
+        return
+    last = r.heap[r.heap_len]
+    heap_set(r, i, last)
+    heap_up(r, i)
+    if last.heap_idx == <int>i:
+        heap_down(r, i)
+
+
+cdef void heap_fix(rl_renewer* r, rl_lease* l) noexcept nogil:
+    """Put ``l`` where its key says (pushing it when it is not in the heap)."""
+    if l.heap_idx < 0:
+        heap_push(r, l)
+        return
+    heap_up(r, <size_t>l.heap_idx)
+    heap_down(r, <size_t>l.heap_idx)
+
+
+cdef rl_lease* heap_pop(rl_renewer* r) noexcept nogil:
+    cdef rl_lease* top = r.heap[0]
+    heap_remove(r, top)
+    return top
+
+
+# ---------------------------------------------------------------- a renewal's outcome (mu held)
+
+cdef void batch_release(rl_renewer* r, rl_lease* l) noexcept nogil:
+    """``l`` is off the wire: back into the heap if its term runs on, freed if orphaned."""
+    l.inflight = 0
+    if l.detached:
+        lease_free(l)
+        return
+    if not l.closed and rl_load(&l.state) == ST_ACTIVE:
+        heap_fix(r, l)
+
+
+cdef void lease_failed(rl_lease* l, int kind, const char* msg, int64_t now) noexcept nogil:
+    """A failed renewal of ``l`` (mu held): tolerated until its deadline."""
+    if l.gen == l.sent_gen and rl_load(&l.state) == ST_ACTIVE and not l.closed:
+        # The failure is reported even when it ends the lease, as a
+        # keeper of its own reports the round trip its deadline cut short.
+        lease_record_error(l, kind, msg)
+        if now >= l.lease_deadline:
+            lease_lose(l)
+        else:
+            lease_wake(l)
+            l.next_send = l.sched + l.interval_ns
+            if l.next_send < now + RENEW_RETRY_NS:
+                l.next_send = now + RENEW_RETRY_NS
+
+
+cdef void batch_fail(rl_renewer* r, size_t first, int kind, const char* msg) noexcept nogil:
+    """Every lease of the batch from ``first`` on: a failed renewal (mu held)."""
+    cdef size_t i
+    cdef rl_lease* l
+    cdef int64_t now = rl_now_ns()
+    for i in range(first, r.batch_len):
+        l = r.batch[i]
+        lease_failed(l, kind, msg, now)
+        batch_release(r, l)
+    r.batch_len = 0
+
+
+cdef void lease_renewed(rl_lease* l) noexcept nogil:
+    """A reply of 1 (mu held): the lease runs to its send time + ttl."""
+    cdef int64_t now
+    if l.t_send + l.ttl_ns > l.lease_deadline:
+        rl_store(&l.lease_deadline, l.t_send + l.ttl_ns)
+    rl_store(&l.renewed_at, l.t_send)
+    rl_store(&l.renewals, rl_load(&l.renewals) + 1)
+    l.redirects = 0
+    l.next_send = l.sched + l.interval_ns
+    now = rl_now_ns()
+    if l.next_send < now:
+        l.next_send = now
+
+
+cdef void lease_unexpected(rl_lease* l, rl_conn* c) noexcept nogil:
+    """A reply the renew script cannot give (mu held): an error, and the stream is not trusted."""
+    cdef char msg[ERR_MSG]
+    reply_describe(c, "renew", "0 or 1", msg, ERR_MSG)
+    lease_failed(l, RL_EUNEXPECTED, msg, rl_now_ns())
+
+
+cdef void lease_apply_reply(rl_renewer* r, rl_rnode* n, rl_lease* l, rl_conn* c) noexcept nogil:
+    """The buffered reply to ``l``'s renewal (mu held); ``n``: the cluster node it went to,
+    NULL for a renewer with one server.
+
+    Only on a cluster are MOVED / ASK followed and the slot map read again
+    on a RETRY reply (``replytable.resends``); elsewhere they are failed
+    renewals, tried again at the next interval.
+    """
+    cdef rl_node* top = &c.nodes.items[0]
+    cdef rl_disco* d = <rl_disco*>r.conn.disco
+    cdef rl_addr there
+    cdef int what, slot
+    if l.gen != l.sent_gen or rl_load(&l.state) != ST_ACTIVE or l.closed:
+        return
+    what = reply_class(c, EXPECT_0_OR_1)
+    if what == REPLY_DONE:
+        if top.ival == 1:
+            lease_renewed(l)
+        else:
+            lease_lose(l)
+        return
+    if what == REPLY_UNEXPECTED:
+        lease_unexpected(l, c)
+        if n != NULL:
+            n.drop = 1
+        else:
+            r.saw_unexpected = 1
+        return
+    if reply_is_noscript(c):
+        # The server lost its scripts (SCRIPT FLUSH, a restart): load them
+        # and send this renewal again at once; not a failed renewal.
+        if n != NULL:
+            n.need_load = 1
+        else:
+            r.need_load = 1
+        l.next_send = rl_now_ns()
+        return
+    if n != NULL and (what == REPLY_MOVED or what == REPLY_ASK):
+        l.redirects += 1
+        if (l.redirects <= MAX_REDIRECTS
+                and parse_redirect(c, redirect_skip(what), &slot, &there) == 0):
+            if what == REPLY_MOVED:
+                # The slot has a new owner: the map says so, and this lease's
+                # renewal goes there at once (within its own deadline).
+                slot_moved(d, slot, &there)
+            else:
+                # Mid-migration: this renewal alone goes to the importing
+                # node, after ASKING; the map is unchanged.
+                l.ask_node = rnode_find(r, &there)
+            l.next_send = rl_now_ns()
+            return
+    conn_fail_with_reply(c)
+    if what == REPLY_FAILOVER:
+        # READONLY / MASTERDOWN / NOREPLICAS: this server is no longer the
+        # master the lease was granted on; the term ends now, not at its
+        # deadline.
+        lease_record_error(l, c.err_kind, c.err_msg)
+        lease_lose(l)
+        if n != NULL:
+            cluster_forget(d)
+            n.drop = 1
+        else:
+            r.saw_failover = 1
+        return
+    if n != NULL and what == REPLY_RETRY:
+        # Not executed (CLUSTERDOWN, TRYAGAIN, LOADING...): ask for the slot
+        # map again and resend after a pause, until the deadline.
+        lease_record_error(l, c.err_kind, c.err_msg)
+        lease_wake(l)
+        cluster_forget(d)
+        l.next_send = rl_now_ns() + RETRY_PAUSE_NS
+        return
+    lease_failed(l, c.err_kind, c.err_msg, rl_now_ns())
