@@ -196,7 +196,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("room", ("redlease._election", "redlease._locks")),
-    ("support", ("redlease._aio", "redlease._config", "redlease._on_exit")),
+    ("support", ("redlease._offload", "redlease._config", "redlease._on_exit")),
     ("engine", ("redlease._engine",)),
     (
         "leaf",
@@ -579,7 +579,7 @@ def test_the_shape_checks_see_what_they_are_for() -> None:
         "redlease._engine.python:7 -> redlease._locks.lock (room above engine)",
         "redlease._locks.lock:5 -> redlease._election.term (another room)",
     ]
-    assert room_of("redlease._locks.aio") == "redlease._locks"
+    assert room_of("redlease._locks.aiolocks") == "redlease._locks"
     assert room_of("redlease._config") == "redlease._config"
 
     lazy = ast.parse(

@@ -19,11 +19,11 @@ is the public face.
 
 from __future__ import annotations
 
-from ._election.aio import Elector, Fencer
+from ._election.aioelector import Elector, Fencer
 from ._election.aiopartitions import Partitions
 from ._election.pipeline import AsyncFencedPipeline as FencedPipeline
 from ._election.term import Observer, Term
-from ._locks.aio import Lock, MemoryLocker, RedisLocker, Semaphore, with_lock
+from ._locks.aiolocks import Lock, MemoryLocker, RedisLocker, Semaphore, with_lock
 
 __all__ = [
     "Elector",

@@ -21,9 +21,9 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from .._aio import off_loop, settled
+from .._offload import off_loop, settled
 from .._on_exit import AwaitsStopOnExit
-from .aio import Elector, Fencer
+from .aioelector import Elector, Fencer
 from .partitions import PartitionsShell
 from .partnames import Callback
 from .sharewatch import timed_out, wait_deadline

@@ -23,10 +23,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from .._aio import check_abandoned
 from .._engine import Keeper, driver, renew_interval
 from .._errors import NotAcquired, NotHeld
 from .._log import Events
+from .._offload import check_abandoned
 from .._on_exit import ClosesOnExit
 from .args import (
     DEFAULT_RETRY_INTERVAL,

@@ -12,8 +12,8 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from .._aio import off_loop, outlast
 from .._engine import EncodableT, threaded
+from .._offload import off_loop, outlast
 from .._on_exit import AwaitsStopOnExit
 from .election import Run, check_leader_fn
 from .pipeline import AsyncFencedPipeline as FencedPipeline

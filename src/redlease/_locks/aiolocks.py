@@ -24,10 +24,10 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from .._aio import off_loop, settled
 from .._config import Duration
 from .._engine import threaded
 from .._errors import NotHeld
+from .._offload import off_loop, settled
 from . import args
 from .args import AcquireOptions, Options, check_name, face_name, takes, takes_unnamed
 from .holders import LockHolder
