@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ import redis
 import redlease
 from helpers import elected_token, make_elector, require_native, wait_until
 from redlease._testing import RedisServer
+from topology_helpers import close_all_engines
 
 LEADER_KEY = "fork:leader"
 CHILD_TIMEOUT = 30.0
@@ -119,6 +121,27 @@ def test_forked_child_can_run_an_elector_of_its_own(client: redis.Redis, engine:
         seen = in_child(child)
         assert seen == {"token": 1, "applied": True}
         assert e.token() == parent_token
+
+
+def test_a_child_closing_the_engines_it_inherited_leaves_the_parents_renewals_alone(
+    client: redis.Redis, engine: str
+) -> None:
+    # A child's clean-up (or its collector, or its exit) may close or free the
+    # copies of the parent's engines: a copy's renewer shares its wake-up
+    # descriptor with the parent's renewer thread, which must never hear it.
+    e = make_elector(client, engine, name="fork", ttl=0.5)
+    with e:
+        token = elected_token(e)
+
+        def child() -> dict[str, object]:
+            close_all_engines()
+            gc.collect()
+            return {}
+
+        assert in_child(child) == {}
+        time.sleep(1.5)  # three TTLs: only the parent's renewals can keep it
+        assert e.token() == token
+        assert client.get(LEADER_KEY) == e.instance_id.encode()
 
 
 def test_started_followers_hear_release_notices_in_the_parent_and_in_a_forked_child(

@@ -459,7 +459,10 @@ cdef class Pool(ProcessBound):
         cdef int i
         if self.slots == NULL:
             return
-        disco_after_fork(self.target.disco)
+        # The slots' own reference to the Target's discovery state, not
+        # self.target: when the collector frees the pool in a cycle, it may
+        # have cleared that attribute (to None) before __dealloc__ runs here.
+        disco_after_fork(self.slots[0].conn.disco)
         for i in range(self.size):
             # The thread that held it does not exist in the child.
             rl_mutex_init_errorcheck(&self.slots[i].mu)

@@ -245,6 +245,7 @@ cdef class Renewer(ProcessBound):
         if r == NULL or self._closed:
             return
         self._closed = True
+        self.inherited()  # a forked child's copy: inert before its lock is taken
         pthread_mutex_lock(&r.mu)
         while r.heap_len:
             l = heap_pop(r)
@@ -272,9 +273,17 @@ cdef class Renewer(ProcessBound):
         r.heap_len = 0
         r.batch_len = 0
         r.changes.len = 0
+        # The eventfd is the parent's too: written here (by close() or the
+        # copy being freed), it would cancel every round trip of the
+        # parent's thread from then on, as nothing drains it.
+        if r.ctl_fd >= 0:
+            close(r.ctl_fd)
+            r.ctl_fd = -1
+        r.conn.cancel_fd = -1
         tls_forget_after_fork(&r.conn)
         conn_drop(&r.conn)
         if r.nodes != NULL:
             for j in range(RENEW_NODES_MAX):
+                r.nodes[j].conn.cancel_fd = -1
                 tls_forget_after_fork(&r.nodes[j].conn)
                 conn_drop(&r.nodes[j].conn)
