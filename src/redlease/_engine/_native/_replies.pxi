@@ -114,11 +114,6 @@ cdef int reply_class(rl_conn* c, int expect) noexcept nogil:
     return reply_node_class(c.r.data, &c.nodes.items[0], expect)
 
 
-cdef bint reply_is_failover(rl_conn* c) noexcept nogil:
-    """A READONLY, MASTERDOWN or NOREPLICAS error reply: no longer the lease's master."""
-    return reply_class(c, EXPECT_ANY) == REPLY_FAILOVER
-
-
 cdef bint node_is_noscript(const char* base, rl_node* top) noexcept nogil:
     """A NOSCRIPT error reply: the script did not run (it is sent again as EVAL)."""
     return top.kind == c'-' and node_starts(base, top, CODE_NOSCRIPT)
