@@ -349,9 +349,10 @@ _NATIVE_CLASS = {
 """The table's kinds as the native core's REPLY_* classes (it folds a few together)."""
 
 
-def test_the_native_core_names_the_codes_of_the_table(native_built: None) -> None:
-    """The codes the native core spells out (``_replies.pxi``) are the table's, in its order,
-    with its kinds and the same ones read wrapped in a script error."""
+def test_the_native_core_holds_the_codes_of_the_table(native_built: None) -> None:
+    """The C table the native core filled from ``replytable.CODES`` at import (``_replies.pxi``),
+    read back, is the table: every code, in its order, with its kind and whether it is read
+    wrapped in a script error."""
     from redlease._engine._native import _core
 
     assert _core.reply_codes() == replytable.CODES

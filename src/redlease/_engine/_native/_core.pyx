@@ -108,8 +108,11 @@ import os
 import weakref
 
 # Every timing constant the engines share (renewal batching and retry floor,
-# notice timings, WAIT): the .pxi files convert them into their C globals.
+# the resend pause, notice timings, WAIT): the .pxi files convert them into
+# their C globals.
 from redlease._engine import timing as _timing
+# The reply table: _replies.pxi copies its codes and kinds into C.
+from redlease._engine import replytable as _replytable
 # A batch's run of calls of one script (a fenced pipeline's set_many):
 # _pipeline.pxi encodes it from its lists.
 from redlease._engine.base import ScriptRun as _ScriptRun
