@@ -35,6 +35,7 @@ from .._engine import EncodableT, Engine, ScriptRun, flatten, is_failover_reply,
 from .._engine.encodable import split_pairs
 from .._engine.forksafe import ForkSafeLock
 from .._engine.replication import ReplicationGuard
+from .._engine.replies import MAX_TOKEN
 from .._errors import TooManyEvalBodies
 from .._log import Events
 
@@ -44,9 +45,6 @@ if TYPE_CHECKING:
 
 MAX_EVAL_BODIES = 256
 """Distinct ``fence_eval`` bodies one Elector caches before TooManyEvalBodies."""
-
-MAX_TOKEN = 2**53
-"""Tokens at or above this cannot be compared exactly by Redis' Lua (doubles)."""
 
 FENCE_SET = _scripts.fenced_file("fence_set")
 FENCE_HSET = _scripts.fenced_file("fence_hset")
