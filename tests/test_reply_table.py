@@ -23,7 +23,7 @@ import redis.asyncio
 
 import redlease
 import redlease.aio
-from helpers import NAME, Events, RunThread, Terms, require_native, wait_until
+from helpers import NAME, Events, RunThread, Terms, require_native, require_probe, wait_until
 from redlease._engine import replytable
 from redlease._testing.fake import FakeRedis, Reply, array, client_of, lock_won, won
 
@@ -364,13 +364,12 @@ def test_the_native_core_holds_the_codes_of_the_table(native_built: None) -> Non
 def test_the_native_core_reads_each_code_as_the_table_does(
     native_built: None, code: str, wrapped: bool, cluster: bool
 ) -> None:
-    from redlease._engine._native import _core
-
+    probe = require_probe()
     kind, wraps = next((k, w) for c, k, w in replytable.CODES if c == code)
     raw = _error(code)
     if wrapped:
         raw = b"-" + _WRAP % (b"0" * 40, raw[1:-2]) + b" \r\n"
-    what, route = _core.reply_kind(raw, cluster)
+    what, route = probe.reply_kind(raw, cluster)
     read_as = kind if (wraps or not wrapped) else replytable.ERROR
     assert what == _NATIVE_CLASS[read_as]
     where = replytable.CLUSTER if cluster else replytable.SENTINEL
@@ -379,6 +378,5 @@ def test_the_native_core_reads_each_code_as_the_table_does(
 
 
 def test_a_resp3_null_is_read_as_nil_by_the_native_core(native_built: None) -> None:
-    from redlease._engine._native import _core
-
-    assert _core.reply_kind(b"_\r\n") == _core.reply_kind(b"$-1\r\n")
+    probe = require_probe()
+    assert probe.reply_kind(b"_\r\n") == probe.reply_kind(b"$-1\r\n")

@@ -27,7 +27,16 @@ import redis
 import redis.exceptions as rex
 
 import redlease._engine as engines
-from engine_helpers import RENEW, Keepers, Server, native_ref, open_fds, thread_ids, wait_state
+from engine_helpers import (
+    RENEW,
+    Keepers,
+    Server,
+    command,
+    native_ref,
+    open_fds,
+    thread_ids,
+    wait_state,
+)
 from helpers import gil_call_size, hold_gil, require_native, wait_until
 from redlease._engine import ACTIVE, ENDED, IDLE, LOST
 from redlease._scripts import Script
@@ -538,7 +547,7 @@ def test_a_forked_child_cannot_renew_or_use_the_parents_sockets(
     ttl = 0.5
     k = native_keepers(server, ttl=ttl, interval=0.1)
     _start(k, rc, token=9)
-    assert pool.command(["SET", "who", "parent"], 2.0) == b"OK"
+    assert command(pool, ["SET", "who", "parent"], 2.0) == b"OK"
     wait_until(lambda: k.renewals >= 1, 2.0)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
@@ -553,8 +562,8 @@ def test_a_forked_child_cannot_renew_or_use_the_parents_sockets(
                 raise AssertionError("begin() worked in the child")
             assert k.wait(0) is False
             # The inherited pool opens its own connection in the child.
-            assert pool.command(["CLIENT", "SETNAME", "child"], 2.0) == b"OK"
-            assert pool.command(["GET", "who"], 2.0) == b"parent"
+            assert command(pool, ["CLIENT", "SETNAME", "child"], 2.0) == b"OK"
+            assert command(pool, ["GET", "who"], 2.0) == b"parent"
             time.sleep(ttl * 3)
             code = 0
         os._exit(code)
@@ -566,7 +575,7 @@ def test_a_forked_child_cannot_renew_or_use_the_parents_sockets(
         assert k.wait(0) is True
         # The parent's own connection is still in step with its replies.
         for i in range(20):
-            assert pool.command(["ECHO", i], 2.0) == str(i).encode()
+            assert command(pool, ["ECHO", i], 2.0) == str(i).encode()
     finally:
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0

@@ -92,6 +92,11 @@ any thread may block on it, the renewer thread included.
 #                      NoticeBell and NoticeSub: the Python faces of waiters
 #
 # The fork handler lives here, at the end: every ProcessBound made inert.
+#
+# The tests' hooks into the core (its encoder and parser, its reading of a
+# reply, a plain command on a Pool) are not here: they are the module
+# _probe.pyx, which cimports what _core.pxd declares and which no engine
+# imports.
 
 cimport cython
 from cpython.bytes cimport (

@@ -415,24 +415,6 @@ cdef class Pool(ProcessBound):
         finally:
             release_slot(slot)
 
-    def command(self, args, double timeout):
-        """Run one plain command, e.g. ``["PING"]``; the reply as redis-py gives it."""
-        cdef int64_t deadline = deadline_after(timeout)
-        cdef rl_slot* slot = self.grab(deadline)
-        cdef rl_conn* c = &slot.conn
-        cdef int rc
-        try:
-            c.w.len = 0
-            put_command(&c.w, args)
-            c.slot = -1
-            with nogil:
-                rc = route_run(c, deadline, NULL, send_all, NULL, False)
-            if rc < 0:
-                raise conn_exception(c)
-            return take_reply(c)
-        finally:
-            release_slot(slot)
-
     @property
     def connections(self):
         """How many connections are open right now."""

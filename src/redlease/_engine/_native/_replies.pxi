@@ -251,26 +251,3 @@ def reply_codes():
     return tuple((CODE_TEXT[i].decode("ascii"), CODE_KIND[i], bool(CODE_WRAPS[i]))
                  for i in range(N_CODES))
 
-
-def reply_kind(bytes reply, bint cluster=False):
-    """``(class, route class)`` of one raw RESP reply: REPLY_* numbers.
-
-    The route class is for a client through sentinels, or with ``cluster``,
-    on a cluster. For ``tests/test_reply_table.py``, which checks the C
-    reading of every code against the reply table.
-    """
-    cdef rl_nodes nodes
-    cdef rl_disco d
-    cdef const char* data = reply
-    cdef int what, route
-    nodes.items = NULL
-    nodes.len = 0
-    nodes.cap = 0
-    if resp_parse(data, <size_t>len(reply), &nodes) != len(reply):
-        free(nodes.items)
-        raise ValueError("not one whole RESP reply")
-    d.kind = DISCO_CLUSTER if cluster else DISCO_SENTINEL
-    what = reply_node_class(data, &nodes.items[0], EXPECT_ANY)
-    route = reply_route_class(data, &nodes.items[0], &d)
-    free(nodes.items)
-    return what, route
