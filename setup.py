@@ -116,6 +116,18 @@ def extensions() -> list[Extension]:
         extra_compile_args=compile_args,
         extra_link_args=link_args,
     )
+    # The core's test hooks (its encoder, parser, reply reading, a plain
+    # command), a module of their own that no engine imports: it reaches the
+    # core's C functions through what _core.pxd declares (cimport), and the
+    # core carries nothing for it.
+    probe = Extension(
+        "redlease._engine._native._probe",
+        sources=[str((native / "_probe.pyx").relative_to(HERE))],
+        depends=[str(path.relative_to(HERE)) for path in included],
+        include_dirs=[str(native.relative_to(HERE))],
+        extra_compile_args=compile_args,
+        extra_link_args=link_args,
+    )
     # The asyncio writer's Python source, compiled as it is, with
     # aiowriter.pxd making its class an extension type: one definition, which
     # runs uncompiled where no extension is built.
@@ -127,7 +139,9 @@ def extensions() -> list[Extension]:
     )
     return [
         *cythonize(
-            [ext],
+            [ext, probe],
+            # Where ``cimport redlease._engine._native._core`` finds _core.pxd.
+            include_path=["src"],
             language_level=3,
             compiler_directives={"boundscheck": False, "wraparound": False},
         ),

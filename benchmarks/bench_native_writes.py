@@ -31,7 +31,7 @@ from collections.abc import Callable
 import redis
 import redis.utils
 
-from redlease._engine._native import _core as _native
+from redlease._engine._native import _probe
 from redlease._engine.conn.client import Endpoint
 from redlease._engine.engines.native import NativeEngine
 from redlease._keys import ElectionKeys
@@ -94,7 +94,7 @@ def main() -> None:
             contenders.append(("python engine", lambda: python.run(((script, keys, args),))))
         except ImportError:
             pass
-        raw = _native._encode_command(["EVALSHA", script.sha, len(keys), *keys, *args])
+        raw = _probe.encode_command(["EVALSHA", script.sha, len(keys), *keys, *args])
         contenders.append(("raw socket", raw_socket_writer(server, opts.unix, raw)))
 
         results = [time_calls(name, op, opts.seconds, opts.rounds) for name, op in contenders]

@@ -62,6 +62,23 @@ def require_native() -> ModuleType:
     return _core
 
 
+def require_probe() -> ModuleType:
+    """The native core's test hooks (``redlease._engine._native._probe``), as ``require_native``.
+
+    Its RESP encoder and parser, its reading of a reply and a plain command
+    on a ``Pool`` connection: what the core keeps to itself, built beside it.
+    """
+    require_native()
+    try:
+        from redlease._engine._native import _probe
+    except ImportError as exc:
+        _missing(
+            "REDLEASE_REQUIRE_NATIVE",
+            f"the native core's test hooks redlease._engine._native._probe are not built ({exc})",
+        )
+    return _probe
+
+
 def _missing(required_by: str, reason: str) -> NoReturn:
     """Skip for ``reason``, or fail when the environment variable ``required_by`` is 1."""
     if os.environ.get(required_by) == "1":

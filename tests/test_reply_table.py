@@ -23,7 +23,7 @@ import redis.asyncio
 
 import redlease
 import redlease.aio
-from helpers import NAME, Events, RunThread, Terms, require_native, wait_until
+from helpers import NAME, Events, RunThread, Terms, require_native, require_probe, wait_until
 from redlease._engine.rules import replytable
 from redlease._testing.fake import FakeRedis, Reply, array, client_of, lock_won, won
 
@@ -349,9 +349,10 @@ _NATIVE_CLASS = {
 """The table's kinds as the native core's REPLY_* classes (it folds a few together)."""
 
 
-def test_the_native_core_names_the_codes_of_the_table(native_built: None) -> None:
-    """The codes the native core spells out (``_replies.pxi``) are the table's, in its order,
-    with its kinds and the same ones read wrapped in a script error."""
+def test_the_native_core_holds_the_codes_of_the_table(native_built: None) -> None:
+    """The C table the native core filled from ``replytable.CODES`` at import (``_replies.pxi``),
+    read back, is the table: every code, in its order, with its kind and whether it is read
+    wrapped in a script error."""
     from redlease._engine._native import _core
 
     assert _core.reply_codes() == replytable.CODES
@@ -363,13 +364,12 @@ def test_the_native_core_names_the_codes_of_the_table(native_built: None) -> Non
 def test_the_native_core_reads_each_code_as_the_table_does(
     native_built: None, code: str, wrapped: bool, cluster: bool
 ) -> None:
-    from redlease._engine._native import _core
-
+    probe = require_probe()
     kind, wraps = next((k, w) for c, k, w in replytable.CODES if c == code)
     raw = _error(code)
     if wrapped:
         raw = b"-" + _WRAP % (b"0" * 40, raw[1:-2]) + b" \r\n"
-    what, route = _core.reply_kind(raw, cluster)
+    what, route = probe.reply_kind(raw, cluster)
     read_as = kind if (wraps or not wrapped) else replytable.ERROR
     assert what == _NATIVE_CLASS[read_as]
     where = replytable.CLUSTER if cluster else replytable.SENTINEL
@@ -378,6 +378,5 @@ def test_the_native_core_reads_each_code_as_the_table_does(
 
 
 def test_a_resp3_null_is_read_as_nil_by_the_native_core(native_built: None) -> None:
-    from redlease._engine._native import _core
-
-    assert _core.reply_kind(b"_\r\n") == _core.reply_kind(b"$-1\r\n")
+    probe = require_probe()
+    assert probe.reply_kind(b"_\r\n") == probe.reply_kind(b"$-1\r\n")

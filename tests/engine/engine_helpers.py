@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from helpers import require_native
+from helpers import require_native, require_probe
 from redlease._engine.conn.client import Endpoint
 from redlease._engine.contract.interface import Keeper
 from redlease._scripts import Script, load
@@ -197,6 +197,15 @@ class Keepers:
             engine.close()
         for client in self._clients:
             client.close()
+
+
+def command(pool: Any, args: list[Any], timeout: float) -> Any:
+    """One plain command (``["PING"]``) on one of a native ``Pool``'s connections; its reply.
+
+    Through the core's test hooks (``_native._probe``): the engine itself
+    only ever runs scripts on a Pool.
+    """
+    return require_probe().command(pool, args, timeout)
 
 
 def native_ref(script: Script) -> Any:

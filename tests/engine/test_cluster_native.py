@@ -13,6 +13,7 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot as redis_key_slot
 
 import redlease
+from engine_helpers import command
 from helpers import (
     Events,
     ProcessContender,
@@ -272,7 +273,7 @@ def test_pool_routes_each_call_to_its_keys_slot(
         for key in ("a", "b", "c", "d", "{x}1", "{y}2"):
             assert pool.execute(script, [key], ["v-" + key], 2.0) == b"OK"
             assert cluster_set.node_for_key(key).client().get(key) == b"v-" + key.encode()
-        assert pool.command(["PING"], 2.0) == b"PONG"
+        assert command(pool, ["PING"], 2.0) == b"PONG"
     finally:
         pool.close()
 

@@ -9,7 +9,7 @@ import pytest
 import redis
 import redis.exceptions as rex
 
-from engine_helpers import RENEW, Server, endpoint_at, lua, wait_state
+from engine_helpers import RENEW, Server, command, endpoint_at, lua, wait_state
 from helpers import BlackHole, require_native
 from redlease._engine import ACTIVE, LOST, run_one
 from redlease._scripts import fenced_file, load
@@ -92,7 +92,7 @@ def test_no_repr_or_error_shows_the_password(
         assert target.username == "default" and not hasattr(target, "password")
         # The server refuses the password: the error names the address, not the secret.
         with pytest.raises(rex.AuthenticationError) as refused:
-            pool.command(["PING"], 2.0)
+            command(pool, ["PING"], 2.0)
         shown.append(refused.value)
         with pytest.raises(rex.AuthenticationError) as refused_call:
             run_one(engine, (load("release"), ["n:leader"], ["me"]), timeout=2.0)[0]
@@ -105,13 +105,13 @@ def test_no_repr_or_error_shows_the_password(
         # No server at all, and a server that never answers.
         closed = native.Pool(native.Target(endpoint_at(closed_port.port, password=SECRET)))
         with pytest.raises(rex.ConnectionError) as unreachable:
-            closed.command(["PING"], 2.0)
+            command(closed, ["PING"], 2.0)
         shown += [closed, unreachable.value]
         hole = BlackHole()
         try:
             silent = native.Pool(native.Target(endpoint_at(hole.port, password=SECRET)))
             with pytest.raises(rex.TimeoutError) as timed_out:
-                silent.command(["PING"], 0.2)
+                command(silent, ["PING"], 0.2)
             shown += [silent, timed_out.value]
         finally:
             hole.close()

@@ -6,16 +6,16 @@ import pytest
 import redis.exceptions as rex
 
 from engine_helpers import in_child
-from helpers import require_native
+from helpers import require_probe
 
-native = require_native()
+probe = require_probe()
 
 
 # ---------------------------------------------------------------- encoding
 
 
 def test_each_argument_type_is_encoded_like_redis_py() -> None:
-    encoded = native._encode_command(
+    encoded = probe.encode_command(
         ["SET", b"k\x00", 42, -7, 2**70, 1.5, 0.1, 1e100, "é", bytearray(b"ba"), memoryview(b"mv")]
     )
     expected = (
@@ -29,13 +29,13 @@ def test_each_argument_type_is_encoded_like_redis_py() -> None:
 def test_int_and_float_text_matches_repr() -> None:
     for value in (0, -(2**63), 2**63 - 1, 2**64, 3.0, -0.0, 1 / 3, 1e-310, float("inf")):
         text = repr(value).encode()
-        assert native._encode_command([value]) == b"*1\r\n$%d\r\n%s\r\n" % (len(text), text)
+        assert probe.encode_command([value]) == b"*1\r\n$%d\r\n%s\r\n" % (len(text), text)
 
 
 @pytest.mark.parametrize("value", [True, False, None, [1], {"a": 1}, object()])
 def test_unencodable_arguments_raise_type_error_naming_the_type(value: object) -> None:
     with pytest.raises(TypeError, match=type(value).__name__):
-        native._encode_command(["SET", "k", value])
+        probe.encode_command(["SET", "k", value])
 
 
 # ---------------------------------------------------------------- parsing
@@ -56,7 +56,7 @@ def test_unencodable_arguments_raise_type_error_naming_the_type(value: object) -
     ],
 )
 def test_each_reply_type_is_parsed(data: bytes, value: object) -> None:
-    assert native._parse_reply(data + b"+next\r\n") == (value, len(data))
+    assert probe.parse_reply(data + b"+next\r\n") == (value, len(data))
 
 
 def test_error_replies_use_redis_py_exception_classes() -> None:
@@ -70,10 +70,10 @@ def test_error_replies_use_redis_py_exception_classes() -> None:
         b"-BUSY Redis is busy running a script\r\n": rex.ResponseError,
     }
     for data, cls in cases.items():
-        parsed = native._parse_reply(data)
+        parsed = probe.parse_reply(data)
         assert parsed is not None
         assert type(parsed[0]) is cls, data
-    nested = native._parse_reply(b"*2\r\n:1\r\n-NOSCRIPT gone\r\n")
+    nested = probe.parse_reply(b"*2\r\n:1\r\n-NOSCRIPT gone\r\n")
     assert nested is not None
     assert type(nested[0][1]) is rex.NoScriptError
 
@@ -81,8 +81,8 @@ def test_error_replies_use_redis_py_exception_classes() -> None:
 def test_incomplete_replies_ask_for_more() -> None:
     whole = b"*2\r\n$5\r\nhello\r\n:12\r\n"
     for cut in range(len(whole)):
-        assert native._parse_reply(whole[:cut]) is None
-    assert native._parse_reply(whole) == ([b"hello", 12], len(whole))
+        assert probe.parse_reply(whole[:cut]) is None
+    assert probe.parse_reply(whole) == ([b"hello", 12], len(whole))
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,7 @@ def test_incomplete_replies_ask_for_more() -> None:
 )
 def test_malformed_replies_are_rejected(data: bytes) -> None:
     with pytest.raises(ValueError):
-        native._parse_reply(data)
+        probe.parse_reply(data)
 
 
 def test_array_counts_that_overflow_the_element_tally_are_rejected() -> None:
@@ -100,13 +100,13 @@ def test_array_counts_that_overflow_the_element_tally_are_rejected() -> None:
     # it into Python objects read past the end of the node array.
     child = in_child(
         """
-        from redlease._engine._native import _core as native
+        from redlease._engine._native import _probe as probe
         for data in (
             b"*2\\r\\n*9223372036854775807\\r\\n",
             b"*3\\r\\n*4611686018427387904\\r\\n*4611686018427387904\\r\\n",
         ):
             try:
-                got = native._parse_reply(data)
+                got = probe.parse_reply(data)
             except ValueError:
                 continue
             assert got is None, got
@@ -124,11 +124,12 @@ def test_a_reply_nested_deeper_than_the_c_stack_is_refused_without_a_crash() -> 
         import socket, threading
         import redis
         from redlease._engine._native import _core as native
+        from redlease._engine._native import _probe as probe
         from redlease._engine.conn.client import Endpoint
         depth = 300000
         data = b"*1\\r\\n" * depth + b":7\\r\\n"
         try:
-            native._parse_reply(data)
+            probe.parse_reply(data)
         except ValueError as exc:
             assert "depth limit" in str(exc), exc
         else:
@@ -149,7 +150,7 @@ def test_a_reply_nested_deeper_than_the_c_stack_is_refused_without_a_crash() -> 
             endpoint = Endpoint("127.0.0.1", port, None, 0, None, None, None)
             pool = native.Pool(native.Target(endpoint))
             try:
-                pool.command(["PING"], 5.0)
+                probe.command(pool, ["PING"], 5.0)
             except redis.RedisError as exc:
                 out.append(exc)
             pool.close()

@@ -17,12 +17,12 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from helpers import require_native
+from helpers import require_probe
 from redlease._engine.conn.boundedsocket import Headers
 from redlease._engine.contract.interface import MAX_REPLY_DEPTH, MAX_REPLY_ELEMENTS
 from redlease._engine.rules.replies import ReplyTooLarge
 
-core = require_native()
+probe = require_probe()
 
 MAX_DEPTH = 4
 """Nesting the generated replies reach (hiredis refuses deeper than 7)."""
@@ -71,7 +71,7 @@ def hiredis_reads(data: bytes) -> tuple[str, Any]:
 
 def native_reads(data: bytes) -> tuple[str, Any]:
     try:
-        got = core._parse_reply(data)
+        got = probe.parse_reply(data)
     except ValueError:
         return "malformed", None
     if got is None:

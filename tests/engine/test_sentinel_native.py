@@ -11,7 +11,7 @@ import redis
 import redis.sentinel
 
 import redlease
-from engine_helpers import threads
+from engine_helpers import command, threads
 from helpers import (
     ClosedPort,
     Events,
@@ -247,8 +247,8 @@ def test_target_and_pool_through_the_sentinels(sentinel_set: SentinelSet) -> Non
     assert target.address == "sentinel:svc"
     pool = core.Pool(target, 1)
     try:
-        assert pool.command(["ROLE"], 2.0)[0] == b"master"
-        port = pool.command(["CONFIG", "GET", "port"], 2.0)[1]
+        assert command(pool, ["ROLE"], 2.0)[0] == b"master"
+        port = command(pool, ["CONFIG", "GET", "port"], 2.0)[1]
         assert int(port) == sentinel_set.master().port
     finally:
         pool.close()

@@ -29,6 +29,7 @@ NATIVE_NAMES = (
     "NOTICE_BACKOFF_MAX",
     "NOTICE_CONNECT_TIMEOUT",
     "MAX_TTL",
+    "RESEND_PAUSE",
 )
 
 INCR = Script("incr", "return redis.call('INCR', KEYS[1])")

@@ -23,6 +23,7 @@ import redis.exceptions as rex
 
 import redlease
 import redlease.aio
+from engine_helpers import command
 from helpers import (
     Events,
     ProcessContender,
@@ -238,7 +239,7 @@ def test_a_tls_handshake_that_is_never_answered_times_out_at_the_deadline(
     try:
         started = time.monotonic()
         with pytest.raises(rex.TimeoutError, match="connecting"):
-            pool.command(["PING"], 0.3)
+            command(pool, ["PING"], 0.3)
         took = time.monotonic() - started
         assert 0.25 <= took < 1.0, f"the handshake gave up after {took:.2f} s"
         assert pool.connections == 0
@@ -564,16 +565,16 @@ def test_a_pool_moves_large_values_and_serves_threads_over_tls(tls_endpoint: Any
     pool = core.Pool(target, 3)
     try:
         big = os.urandom(3 * 1024 * 1024)  # many TLS records each way
-        assert pool.command(["SET", "big", big], 5.0) == b"OK"
-        assert pool.command(["GET", "big"], 5.0) == big
+        assert command(pool, ["SET", "big", big], 5.0) == b"OK"
+        assert command(pool, ["GET", "big"], 5.0) == big
         errors: list[BaseException] = []
 
         def worker(i: int) -> None:
             try:
                 for j in range(200):
                     value = f"{i}-{j}".encode() * (1 + j % 50)
-                    assert pool.command(["SET", f"k{i}", value], 5.0) == b"OK"
-                    assert pool.command(["GET", f"k{i}"], 5.0) == value
+                    assert command(pool, ["SET", f"k{i}", value], 5.0) == b"OK"
+                    assert command(pool, ["GET", f"k{i}"], 5.0) == value
             except BaseException as exc:  # pragma: no cover - reported below
                 errors.append(exc)
 
@@ -594,12 +595,12 @@ def test_an_idle_tls_connection_is_kept_and_a_closed_one_replaced(
     core = require_native_tls()
     pool = core.Pool(core.Target(tls_endpoint), 1)
     try:
-        first = pool.command(["CLIENT", "ID"], 5.0)
+        first = command(pool, ["CLIENT", "ID"], 5.0)
         time.sleep(1.3)  # past the idle probe: TLS housekeeping alone must not cost it
-        assert pool.command(["CLIENT", "ID"], 5.0) == first
+        assert command(pool, ["CLIENT", "ID"], 5.0) == first
         tls_client(tls_server).client_kill_filter(_id=first)
         time.sleep(1.3)
-        assert pool.command(["CLIENT", "ID"], 5.0) != first
+        assert command(pool, ["CLIENT", "ID"], 5.0) != first
     finally:
         pool.close()
 
@@ -638,14 +639,14 @@ def test_a_forked_child_leaves_the_parents_tls_connections_alone(tls_endpoint: A
         token, _, _ = run_one(engine, (load("acquire"), keys, ["me", 500]), timeout=2.0)[0]
         keeper = engine.keeper((load("renew"), ["f:leader"], ["me", 500]), interval=0.02, ttl=0.5)
         keeper.begin(token, time.monotonic())
-        parent_id = pool.command(["CLIENT", "ID"], 2.0)
+        parent_id = command(pool, ["CLIENT", "ID"], 2.0)
         wait_until(lambda: keeper.renewals >= 3, 2.0)
         pid = os.fork()  # the keeper thread may be inside OpenSSL right now
         if pid == 0:  # pragma: no cover - runs in the child
             code = 1
             try:
                 # The inherited pool makes a TLS connection of its own.
-                child_id = pool.command(["CLIENT", "ID"], 2.0)
+                child_id = command(pool, ["CLIENT", "ID"], 2.0)
                 if child_id != parent_id and keeper.token == 0:
                     code = 0
             finally:
@@ -653,7 +654,7 @@ def test_a_forked_child_leaves_the_parents_tls_connections_alone(tls_endpoint: A
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         # Nothing was said on the parent's connections in the child's name.
-        assert pool.command(["CLIENT", "ID"], 2.0) == parent_id
+        assert command(pool, ["CLIENT", "ID"], 2.0) == parent_id
         renewals = keeper.renewals
         time.sleep(0.3)
         assert keeper.state == ACTIVE and keeper.renewals > renewals

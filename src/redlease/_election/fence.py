@@ -32,6 +32,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from .. import _scripts
 from .._engine import (
+    MAX_TOKEN,
     EncodableT,
     Engine,
     ForkSafeLock,
@@ -51,9 +52,6 @@ if TYPE_CHECKING:
 
 MAX_EVAL_BODIES = 256
 """Distinct ``fence_eval`` bodies one Elector caches before TooManyEvalBodies."""
-
-MAX_TOKEN = 2**53
-"""Tokens at or above this cannot be compared exactly by Redis' Lua (doubles)."""
 
 FENCE_SET = _scripts.fenced_file("fence_set")
 FENCE_HSET = _scripts.fenced_file("fence_hset")

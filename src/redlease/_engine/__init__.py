@@ -46,6 +46,7 @@ from .rules.encodable import split_pairs
 from .rules.replication import ReplicationGuard
 from .rules.replies import (
     FAILOVER_REPLIES,
+    MAX_TOKEN,
     UnexpectedReply,
     is_failover_reply,
     released,
@@ -66,6 +67,7 @@ __all__ = [
     "LATENESS_BUCKETS",
     "LATENESS_SAMPLES",
     "LOST",
+    "MAX_TOKEN",
     "MAX_TTL",
     "NOTICE_CATCH_UP",
     "NO_NOTICES",

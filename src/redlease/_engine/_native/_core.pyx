@@ -92,6 +92,11 @@ any thread may block on it, the renewer thread included.
 #                      NoticeBell and NoticeSub: the Python faces of waiters
 #
 # The fork handler lives here, at the end: every ProcessBound made inert.
+#
+# The tests' hooks into the core (its encoder and parser, its reading of a
+# reply, a plain command on a Pool) are not here: they are the module
+# _probe.pyx, which cimports what _core.pxd declares and which no engine
+# imports.
 
 cimport cython
 from cpython.bytes cimport (
@@ -108,8 +113,11 @@ import os
 import weakref
 
 # Every timing constant the engines share (renewal batching and retry floor,
-# notice timings, WAIT): the .pxi files convert them into their C globals.
+# the resend pause, notice timings, WAIT): the .pxi files convert them into
+# their C globals.
 from redlease._engine.rules import timing as _timing
+# The reply table: _replies.pxi copies its codes and kinds into C.
+from redlease._engine.rules import replytable as _replytable
 # A batch's run of calls of one script (a fenced pipeline's set_many):
 # _pipeline.pxi encodes it from its lists.
 from redlease._engine.contract.interface import ScriptRun as _ScriptRun
@@ -164,6 +172,7 @@ def native_timing():
         "RENEW_BATCH_WINDOW": RENEW_WINDOW_NS,
         "RENEW_RETRY_FLOOR": RENEW_RETRY_NS,
         "MAX_TTL": MAX_TTL_NS,
+        "RESEND_PAUSE": RETRY_PAUSE_NS,
         "NOTICE_READ_SLICE": NOTICE_SLICE_NS,
         "NOTICE_PING_AFTER": NOTICE_PING_NS,
         "NOTICE_DEAD_AFTER": NOTICE_DEAD_NS,

@@ -45,13 +45,10 @@ from ..renewal.renewer import Lease, Renewer
 from ..rules.replication import ReplicationGuard
 from ..rules.replies import UnexpectedReply, check, classify, fits, resent
 from ..rules.replytable import ASK, MOVED, topology
-from ..rules.timing import wait_command
+from ..rules.timing import RESEND_PAUSE, wait_command
 
 _MAX_REDIRECTS = 3
 """MOVED replies followed per call (on a cluster client)."""
-
-_RETRY_PAUSE = 0.05
-"""Seconds before the one resend of a call the server did not run (a failover, LOADING...)."""
 
 
 def _send_again(reply: object, topology: int, sends: int, deadline: float) -> bool:
@@ -67,7 +64,7 @@ def _send_again(reply: object, topology: int, sends: int, deadline: float) -> bo
         return sends <= _MAX_REDIRECTS
     if sends > 1:
         return False
-    time.sleep(min(_RETRY_PAUSE, max(deadline - time.monotonic(), 0.0)))
+    time.sleep(min(RESEND_PAUSE, max(deadline - time.monotonic(), 0.0)))
     return True
 
 

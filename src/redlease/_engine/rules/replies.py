@@ -20,8 +20,9 @@ Two questions, each answered here and nowhere else:
   out (control calls, fenced writes, pipelines, the loop writer, renewals)
   and drop a connection that carried one.
 
-The native core keeps the same kinds in C (``_native/conn/_replies.pxi``) for the
-replies it reads without the GIL.
+The native core copies the table's codes and kinds into C when it is
+imported (``_native/conn/_replies.pxi``), for the replies it reads without the
+GIL.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The reply table: what each error reply means, and what every call site does with it.
 
 Both engines read this table. The Python side uses it directly
-(``replies.classify`` and ``replies.resent``); the native core keeps the
-same codes in C (``_native/conn/_replies.pxi``), and ``tests/test_reply_table.py``
-fails when the two disagree on any code here. The reply codes are spelled
-out here and nowhere else in the Python sources.
+(``replies.classify`` and ``replies.resent``); the native core copies its
+codes and kinds into C when it is imported (``_native/conn/_replies.pxi``), and
+``tests/test_reply_table.py`` checks the copy and drives every code through
+both engines. The reply codes are spelled out here and nowhere else in the
+sources.
 
 Kinds
 -----

@@ -59,6 +59,17 @@ def renew_interval(ttl: float) -> float:
     return ttl / RENEWALS_PER_TTL
 
 
+# ---------------------------------------------------------------- resends
+
+RESEND_PAUSE = 0.05
+"""The pause before the one resend of a call the server did not run (a failover, LOADING...).
+
+Also between two attempts at a master or a slot owner that failed to
+answer, and before a cluster renewal answered "not executed" (CLUSTERDOWN,
+TRYAGAIN...) is sent again.
+"""
+
+
 # ---------------------------------------------------------------- release notices
 
 NOTICE_READ_SLICE = 0.25

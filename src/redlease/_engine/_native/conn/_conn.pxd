@@ -66,6 +66,7 @@ cdef int conn_timeout(rl_conn* c, const char* what) noexcept nogil
 cdef int conn_wait(rl_conn* c, short events, int64_t deadline, const char* what) noexcept nogil
 cdef int run_signal_handlers() noexcept nogil
 cdef int conn_send(rl_conn* c, const char* data, size_t n, int64_t deadline) noexcept nogil
+cdef ssize_t conn_try_send(rl_conn* c, const char* data, size_t n) noexcept nogil
 cdef Py_ssize_t conn_parse(rl_conn* c, size_t off) noexcept nogil
 cdef int conn_read_reply(rl_conn* c, int64_t deadline) noexcept nogil
 cdef void conn_consume(rl_conn* c) noexcept nogil

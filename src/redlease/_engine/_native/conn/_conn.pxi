@@ -162,6 +162,26 @@ cdef int conn_send(rl_conn* c, const char* data, size_t n, int64_t deadline) noe
     return 0
 
 
+cdef ssize_t conn_try_send(rl_conn* c, const char* data, size_t n) noexcept nogil:
+    """What the socket takes of ``data`` right now, without blocking (maybe 0), or -1.
+
+    -1: the failure is recorded in ``c`` (and the connection dropped). What
+    was not taken is sent later, by ``conn_send`` or another try.
+    """
+    cdef ssize_t k
+    if c.ssl != NULL:
+        return tls_try_send(c, data, n)
+    while True:
+        k = send(c.fd, data, n, MSG_NOSIGNAL | MSG_DONTWAIT)
+        if k >= 0:
+            return k
+        if errno != EINTR:
+            break
+    if rl_would_block(errno):
+        return 0
+    return conn_io_error(c, errno, "writing to")
+
+
 cdef Py_ssize_t conn_parse(rl_conn* c, size_t off) noexcept nogil:
     """What the bytes buffered from ``off`` on are; its nodes land in ``c.nodes``.
 

@@ -35,8 +35,9 @@ cdef extern from *:
 # the master is still the one they name (a failover that leaves the old
 # master up and writable would otherwise go unnoticed until it is demoted).
 cdef int64_t REVERIFY_NS = 1000000000
-# Between attempts at a master or a slot owner that failed to answer.
-cdef int64_t RETRY_PAUSE_NS = 50000000
+# Between attempts at a master or a slot owner that failed to answer, and
+# before the one resend of a call the server did not run (timing.RESEND_PAUSE).
+cdef int64_t RETRY_PAUSE_NS = _timing.ns(_timing.RESEND_PAUSE)
 # The least time one sentinel or node is given to answer a question.
 cdef int64_t MIN_ASK_NS = 50000000
 

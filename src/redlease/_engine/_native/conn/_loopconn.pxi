@@ -144,27 +144,13 @@ cdef class LoopConn(ProcessBound):
         if c.fd < 0:
             return self.out.len == self.sent
         while self.sent < self.out.len:
-            if c.ssl != NULL:
-                k = tls_try_send(c, self.out.data + self.sent, self.out.len - self.sent)
-                if k < 0:
-                    self.clear()
-                    raise conn_exception(c)
-                if k == 0:
-                    break
-                self.sent += <size_t>k
-                continue
-            k = send(c.fd, self.out.data + self.sent, self.out.len - self.sent,
-                     MSG_NOSIGNAL | MSG_DONTWAIT)
-            if k >= 0:
-                self.sent += <size_t>k
-            elif errno == EINTR:
-                continue
-            elif rl_would_block(errno):
-                break
-            else:
-                conn_io_error(c, errno, "writing to")
+            k = conn_try_send(c, self.out.data + self.sent, self.out.len - self.sent)
+            if k < 0:
                 self.clear()
                 raise conn_exception(c)
+            if k == 0:
+                break
+            self.sent += <size_t>k
         if self.sent == self.out.len:
             self.out.len = 0
             self.sent = 0

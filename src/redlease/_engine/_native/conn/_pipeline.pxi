@@ -518,7 +518,6 @@ cdef object batch_execute(Pool pool, rl_batch* b, object first_keys, int64_t dea
     ``replicas``); the number of replicas that acknowledged (0 without)."""
     cdef rl_slot* slot
     cdef rl_conn* c
-    cdef int64_t wait_deadline
     cdef int rc
     acked = 0
     slot = pool.grab_for(first_keys, deadline)
@@ -530,19 +529,7 @@ cdef object batch_execute(Pool pool, rl_batch* b, object first_keys, int64_t dea
         if rc < 0:
             raise conn_exception(c)
         if replicas > 0:
-            if c.fd < 0:
-                # Never WAIT on a new connection: it would count another server's replicas.
-                raise _RedisConnectionError("Connection closed before WAIT")
-            c.w.len = 0
-            put_command(&c.w, wait_cmd)
-            wait_deadline = rl_now_ns()
-            wait_deadline = (deadline if deadline > wait_deadline else wait_deadline) + \
-                <int64_t>wait_ms * 1000000
-            with nogil:
-                rc = conn_run_command(c, wait_deadline)
-            if rc < 0:
-                raise conn_exception(c)
-            acked = take_reply(c)
+            acked = wait_replicas(c, pool.target.address, wait_cmd, wait_ms, deadline)
     finally:
         release_slot(slot)
     return acked

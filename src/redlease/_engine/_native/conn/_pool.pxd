@@ -1,5 +1,6 @@
 # What _pool.pxi offers the other units: failures and replies as Python
-# objects, deadlines, and the Python-facing ScriptRef, Target and Pool.
+# objects, deadlines, the WAIT after a write, and the Python-facing
+# ScriptRef, Target and Pool.
 
 cdef struct rl_slot:
     pthread_mutex_t mu
@@ -15,6 +16,8 @@ cdef object make_exception(int kind, bytes message)
 cdef object conn_exception(rl_conn* c)
 cdef object take_reply(rl_conn* c)
 cdef int64_t deadline_after(double timeout) except? -1
+cdef object wait_replicas(rl_conn* c, object address, object wait_cmd, int wait_ms,
+                          int64_t deadline)
 
 cdef class ScriptRef:
     cdef readonly bytes sha

@@ -96,6 +96,30 @@ cdef int64_t deadline_after(double timeout) except? -1:
     return rl_now_ns() + <int64_t>(timeout * 1e9)
 
 
+cdef object wait_replicas(rl_conn* c, object address, object wait_cmd, int wait_ms,
+                          int64_t deadline):
+    """``wait_cmd`` (``WAIT replicas wait_ms``) on the connection that just wrote, GIL released.
+
+    The number of replicas that acknowledged. Never on a new connection: it
+    would count another server's replicas. The WAIT gets ``wait_ms`` beyond
+    ``deadline`` (or beyond now, when that has passed).
+    """
+    cdef int64_t wait_deadline
+    cdef int rc
+    if c.fd < 0:
+        raise _RedisConnectionError(f"Connection to {address} closed before WAIT")
+    c.w.len = 0
+    put_command(&c.w, wait_cmd)
+    wait_deadline = rl_now_ns()
+    wait_deadline = (deadline if deadline > wait_deadline else wait_deadline) + \
+        <int64_t>wait_ms * 1000000
+    with nogil:
+        rc = conn_run_command(c, wait_deadline)
+    if rc < 0:
+        raise conn_exception(c)
+    return take_reply(c)
+
+
 cdef class ScriptRef:
     """A Lua script as the wire wants it: its SHA1 and its source, both UTF-8 bytes."""
 
@@ -372,16 +396,13 @@ cdef class Pool(ProcessBound):
         ``timeout``.
         """
         cdef int64_t deadline = deadline_after(timeout)
-        cdef int64_t wait_deadline
-        cdef rl_slot* slot = self.grab_for(keys, deadline)
-        cdef rl_conn* c = &slot.conn
+        cdef rl_slot* slot
+        cdef rl_conn* c
         cdef rl_script_cmd cmd
         cdef int rc
-        try:
-            wait_cmd = _timing.wait_command(replicas, wait_ms)
-        except ValueError:
-            release_slot(slot)
-            raise
+        wait_cmd = _timing.wait_command(replicas, wait_ms)
+        slot = self.grab_for(keys, deadline)
+        c = &slot.conn
         try:
             put_evalsha(&c.w, ref.sha, ref.source, keys, args, &cmd)
             c.slot = disco_slot_for(c.disco, keys)
@@ -390,40 +411,7 @@ cdef class Pool(ProcessBound):
             if rc < 0:
                 raise conn_exception(c)
             reply = take_reply(c)
-            if c.fd < 0:
-                # Never WAIT on a new connection: it would count another server's replicas.
-                raise _RedisConnectionError(
-                    f"Connection to {self.target.address} closed before WAIT"
-                )
-            c.w.len = 0
-            put_command(&c.w, wait_cmd)
-            wait_deadline = rl_now_ns()
-            wait_deadline = (deadline if deadline > wait_deadline else wait_deadline) + \
-                <int64_t>wait_ms * 1000000
-            with nogil:
-                rc = conn_run_command(c, wait_deadline)
-            if rc < 0:
-                raise conn_exception(c)
-            acked = take_reply(c)
-            return reply, acked
-        finally:
-            release_slot(slot)
-
-    def command(self, args, double timeout):
-        """Run one plain command, e.g. ``["PING"]``; the reply as redis-py gives it."""
-        cdef int64_t deadline = deadline_after(timeout)
-        cdef rl_slot* slot = self.grab(deadline)
-        cdef rl_conn* c = &slot.conn
-        cdef int rc
-        try:
-            c.w.len = 0
-            put_command(&c.w, args)
-            c.slot = -1
-            with nogil:
-                rc = route_run(c, deadline, NULL, send_all, NULL, False)
-            if rc < 0:
-                raise conn_exception(c)
-            return take_reply(c)
+            return reply, wait_replicas(c, self.target.address, wait_cmd, wait_ms, deadline)
         finally:
             release_slot(slot)
 

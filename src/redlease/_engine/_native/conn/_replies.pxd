@@ -10,20 +10,6 @@ cdef enum:
     REPLY_ERROR = 5       # any other error reply
     REPLY_UNEXPECTED = 6  # not the shape the caller expects
 
-# The reply table's kinds, numbered as ``replytable`` numbers them, and how
-# many codes it names (the codes themselves: _replies.pxi).
-cdef enum:
-    KIND_DONE = 0
-    KIND_NOSCRIPT = 1
-    KIND_MOVED = 2
-    KIND_ASK = 3
-    KIND_TRYAGAIN = 4
-    KIND_RETRY = 5
-    KIND_FAILOVER = 6
-    KIND_NOREPLICAS = 7
-    KIND_ERROR = 8
-    N_CODES = 10
-
 # The shapes a caller may expect (``reply_class``'s ``expect``).
 cdef enum:
     EXPECT_ANY = 0

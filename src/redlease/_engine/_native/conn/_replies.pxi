@@ -6,24 +6,70 @@
 # (_discovery).
 
 # -- the reply codes ---------------------------------------------------------------------
-# Every error code the core reads, spelled here and nowhere else in it: the
-# reply table's (``replytable.CODES``, in its order, with its kinds and
-# whether it is also read wrapped in a script error; ``reply_codes()`` hands
-# them out and ``tests/test_reply_table.py`` fails when they differ), and
-# NOPERM, the refusal of a subscription (not a call's reply).
+# The reply table (``replytable.CODES``: each error code the core reads, its
+# kind, and whether it is also read wrapped in a script error), copied into
+# C when the module is imported, in its order, with the kinds numbered as
+# ``replytable`` numbers them: no code or kind is spelled in the core.
+# ``reply_codes()`` reads the copy back (``tests/test_reply_table.py``
+# checks it is the table). NOPERM, the refusal of a subscription (not a
+# call's reply), is the table module's too.
 
-cdef const char* CODE_TEXT[N_CODES]
-cdef int CODE_KIND[N_CODES]
-cdef bint CODE_WRAPS[N_CODES]
-CODE_TEXT[:] = [b"NOSCRIPT", b"MOVED", b"ASK", b"TRYAGAIN", b"LOADING", b"CLUSTERDOWN",
-                b"READONLY", b"MASTERDOWN", b"NOREPLICAS", b"BUSY"]
-CODE_KIND[:] = [KIND_NOSCRIPT, KIND_MOVED, KIND_ASK, KIND_TRYAGAIN, KIND_RETRY, KIND_RETRY,
-                KIND_FAILOVER, KIND_FAILOVER, KIND_NOREPLICAS, KIND_ERROR]
-CODE_WRAPS[:] = [False, False, False, False, False, False, True, True, True, False]
-cdef const char* CODE_NOSCRIPT = b"NOSCRIPT"
-cdef const char* CODE_MOVED = b"MOVED"
-cdef const char* CODE_ASK = b"ASK"
-cdef const char* CODE_NOPERM = b"NOPERM"
+cdef enum:
+    CODES_MAX = 32        # room for the table's codes (checked at import)
+
+cdef int KIND_DONE = _replytable.DONE
+cdef int KIND_NOSCRIPT = _replytable.NOSCRIPT
+cdef int KIND_MOVED = _replytable.MOVED
+cdef int KIND_ASK = _replytable.ASK
+cdef int KIND_TRYAGAIN = _replytable.TRYAGAIN
+cdef int KIND_RETRY = _replytable.RETRY
+cdef int KIND_FAILOVER = _replytable.FAILOVER
+cdef int KIND_NOREPLICAS = _replytable.NOREPLICAS
+cdef int KIND_ERROR = _replytable.ERROR
+
+# The codes' bytes, kept alive for the pointers below.
+cdef tuple CODE_BYTES = tuple([code.encode("ascii") for code, _kind, _wraps in _replytable.CODES])
+cdef bytes NOPERM_BYTES = _replytable.NOPERM.encode("ascii")
+cdef int N_CODES = 0
+cdef const char* CODE_TEXT[CODES_MAX]
+cdef int CODE_KIND[CODES_MAX]
+cdef bint CODE_WRAPS[CODES_MAX]
+cdef const char* CODE_NOSCRIPT = NULL
+cdef const char* CODE_MOVED = NULL
+cdef const char* CODE_ASK = NULL
+cdef const char* CODE_NOPERM = NULL
+
+
+cdef const char* code_of_kind(int kind) except NULL:
+    """The table's code of ``kind`` (one of the kinds that has a single code)."""
+    cdef int i
+    for i in range(N_CODES):
+        if CODE_KIND[i] == kind:
+            return CODE_TEXT[i]
+    raise RuntimeError(f"the reply table has no code of kind {_replytable.KIND_NAMES[kind]}")
+
+
+cdef int load_codes() except -1:
+    """Copy ``replytable.CODES`` into the C table (at import)."""
+    global N_CODES, CODE_NOSCRIPT, CODE_MOVED, CODE_ASK, CODE_NOPERM
+    cdef Py_ssize_t i
+    if len(CODE_BYTES) > CODES_MAX:
+        raise RuntimeError(
+            f"the reply table has {len(CODE_BYTES)} codes; the core holds {CODES_MAX}")
+    for i in range(len(CODE_BYTES)):
+        _code, kind, wraps = _replytable.CODES[i]
+        CODE_TEXT[i] = PyBytes_AS_STRING(CODE_BYTES[i])
+        CODE_KIND[i] = kind
+        CODE_WRAPS[i] = wraps
+    N_CODES = <int>len(CODE_BYTES)
+    CODE_NOSCRIPT = code_of_kind(KIND_NOSCRIPT)
+    CODE_MOVED = code_of_kind(KIND_MOVED)
+    CODE_ASK = code_of_kind(KIND_ASK)
+    CODE_NOPERM = PyBytes_AS_STRING(NOPERM_BYTES)
+    return 0
+
+
+load_codes()
 
 
 cdef bint node_starts(const char* base, rl_node* top, const char* prefix) noexcept nogil:
@@ -114,11 +160,6 @@ cdef int reply_class(rl_conn* c, int expect) noexcept nogil:
     return reply_node_class(c.r.data, &c.nodes.items[0], expect)
 
 
-cdef bint reply_is_failover(rl_conn* c) noexcept nogil:
-    """A READONLY, MASTERDOWN or NOREPLICAS error reply: no longer the lease's master."""
-    return reply_class(c, EXPECT_ANY) == REPLY_FAILOVER
-
-
 cdef bint node_is_noscript(const char* base, rl_node* top) noexcept nogil:
     """A NOSCRIPT error reply: the script did not run (it is sent again as EVAL)."""
     return top.kind == c'-' and node_starts(base, top, CODE_NOSCRIPT)
@@ -202,34 +243,11 @@ cdef void reply_describe(rl_conn* c, const char* what, const char* wanted,
 
 
 def reply_codes():
-    """The reply table as the native core reads it: ``(code, kind, wrapped)`` per code.
+    """The reply table as the native core holds it in C: ``(code, kind, wrapped)`` per code.
 
-    For ``tests/test_reply_table.py``, which checks it equals
-    ``replytable.CODES``.
+    Read back from the C copy made at import; ``tests/test_reply_table.py``
+    checks it equals ``replytable.CODES``.
     """
     return tuple((CODE_TEXT[i].decode("ascii"), CODE_KIND[i], bool(CODE_WRAPS[i]))
                  for i in range(N_CODES))
 
-
-def reply_kind(bytes reply, bint cluster=False):
-    """``(class, route class)`` of one raw RESP reply: REPLY_* numbers.
-
-    The route class is for a client through sentinels, or with ``cluster``,
-    on a cluster. For ``tests/test_reply_table.py``, which checks the C
-    reading of every code against the reply table.
-    """
-    cdef rl_nodes nodes
-    cdef rl_disco d
-    cdef const char* data = reply
-    cdef int what, route
-    nodes.items = NULL
-    nodes.len = 0
-    nodes.cap = 0
-    if resp_parse(data, <size_t>len(reply), &nodes) != len(reply):
-        free(nodes.items)
-        raise ValueError("not one whole RESP reply")
-    d.kind = DISCO_CLUSTER if cluster else DISCO_SENTINEL
-    what = reply_node_class(data, &nodes.items[0], EXPECT_ANY)
-    route = reply_route_class(data, &nodes.items[0], &d)
-    free(nodes.items)
-    return what, route

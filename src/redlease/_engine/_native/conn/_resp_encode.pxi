@@ -225,20 +225,6 @@ cdef int build_eval(rl_buf* e, const rl_buf* w, const rl_script_cmd* cmd) noexce
     return buf_put(e, w.data + cmd.tail, w.len - cmd.tail)
 
 
-def _encode_command(args):
-    """The RESP2 encoding of one command, e.g. ``_encode_command(["SET", "k", 1])``.
-
-    A test hook, not part of the module's interface.
-    """
-    cdef rl_buf b
-    memset(&b, 0, sizeof(b))
-    try:
-        put_command(&b, args)
-        return PyBytes_FromStringAndSize(b.data, <Py_ssize_t>b.len)
-    finally:
-        buf_free(&b)
-
-
 cdef inline bint plain_value(object o) noexcept:
     """An exact str, bytes, int or float: what a fenced write's value may be, checked no further."""
     cdef type t = type(o)

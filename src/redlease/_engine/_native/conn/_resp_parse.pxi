@@ -202,27 +202,3 @@ cdef object build_reply(const char* base, rl_node* nodes, size_t* i):
             owed.pop()
             value = filling.pop()
 
-
-def _parse_reply(bytes data not None):
-    """``(value, consumed)`` for the first whole reply in ``data``, or None when incomplete.
-
-    Error replies come back as exception instances (not raised). A malformed
-    reply raises ValueError. A test hook, not part of the module's interface.
-    """
-    cdef rl_nodes nodes
-    cdef Py_ssize_t rc
-    cdef size_t i = 0
-    memset(&nodes, 0, sizeof(nodes))
-    try:
-        rc = resp_parse(PyBytes_AS_STRING(data), <size_t>PyBytes_GET_SIZE(data), &nodes)
-        if rc == 0:
-            return None
-        if rc == -2:
-            raise MemoryError()
-        if rc == RESP_PAST_LIMIT:
-            raise ValueError("RESP2 array past the element or depth limit")
-        if rc < 0:
-            raise ValueError("malformed RESP2 reply")
-        return build_reply(PyBytes_AS_STRING(data), nodes.items, &i), rc
-    finally:
-        free(nodes.items)

@@ -1,11 +1,5 @@
-# The bottom layer's one Python-visible helper; its C and system
-# declarations are in _posix.pxd.
+# The bottom layer: its C and system declarations are all in _posix.pxd
+# (CLOCK_MONOTONIC, rl_now_ns, is the clock every deadline here is measured
+# on, time.monotonic()'s).
 #
 # Needs: nothing: the bottom layer.
-
-def _monotonic():
-    """CLOCK_MONOTONIC in seconds: the clock every deadline here is measured on.
-
-    A test hook, not part of the module's interface.
-    """
-    return <double>rl_now_ns() / 1e9

@@ -4,7 +4,7 @@
 # and the replies read from whichever node answers first (cluster_round,
 # which the thread's main loop calls with mu held). No GIL, ever.
 #
-# Needs: _posix, _resp_encode, _resp_parse, _conn, _tls, _discovery, _cluster, _replies, _lease, _renewer_heap.
+# Needs: _posix, _resp_parse, _conn, _discovery, _cluster, _replies, _lease, _renewer_heap.
 
 # ---------------------------------------------------------------- on a cluster
 
@@ -58,61 +58,6 @@ cdef void node_fail(rl_renewer* r, rl_rnode* n, int kind, const char* msg) noexc
     cluster_forget(<rl_disco*>r.conn.disco)
 
 
-cdef int node_try_send(rl_conn* c, const char* data, size_t n) noexcept nogil:
-    """Write what the socket takes without blocking; bytes still to send, or -1."""
-    cdef ssize_t sent = 0
-    if c.ssl != NULL:
-        sent = tls_try_send(c, data, n)
-        if sent < 0:
-            return -1
-        return <int>(n - <size_t>sent)
-    while True:
-        sent = send(c.fd, data, n, MSG_NOSIGNAL | MSG_DONTWAIT)
-        if sent >= 0 or errno != EINTR:
-            break
-    if sent < 0:
-        if not rl_would_block(errno):
-            return conn_io_error(c, errno, "writing to")
-        sent = 0
-    return <int>(n - <size_t>sent)
-
-
-cdef int node_encode(rl_renewer* r, rl_rnode* n) noexcept nogil:
-    """Encode ``n``'s part of the batch into r.out (mu held), dropping ended terms; -1: no memory."""
-    cdef size_t i, kept = 0
-    cdef int j
-    cdef rl_lease* l
-    cdef int64_t now
-    r.out.len = 0
-    n.loads_left = 0
-    if n.need_load:
-        for j in range(r.nscripts):
-            if buf_put(&r.out, r.loads[j].data, r.loads[j].len) < 0:
-                return -1
-        n.loads_left = r.nscripts
-    for i in range(n.first, n.first + n.count):
-        l = r.batch[i]
-        if l.gen != l.sent_gen or rl_load(&l.state) != ST_ACTIVE or l.closed:
-            batch_release(r, l)
-            continue
-        if l.asking and buf_put(&r.out, ASKING_CMD, strlen(ASKING_CMD)) < 0:
-            return -1
-        if buf_put(&r.out, l.cmd.data, l.cmd.len) < 0:
-            return -1
-        r.batch[n.first + kept] = l
-        kept += 1
-    n.count = kept
-    now = rl_now_ns()
-    for i in range(n.first, n.first + kept):
-        l = r.batch[i]
-        l.t_send = now
-        lease_record_lateness(l, <double>(now - l.sched) / 1e9 if now > l.sched else 0.0)
-    r.sent_total += <int64_t>kept
-    if kept:
-        r.batches_total += 1
-    return 0
-
-
 cdef int node_reply_buffered(rl_conn* c) noexcept nogil:
     """Whether a whole reply is already in ``c``'s buffer (parsed into its nodes)."""
     cdef Py_ssize_t rc
@@ -164,7 +109,7 @@ cdef void cluster_round(rl_renewer* r) noexcept nogil:
     cdef pollfd fds[65]
     cdef int which[64]
     cdef size_t i, pos, total
-    cdef int k, idx, own, need, nfds, rc, left, pending
+    cdef int k, idx, own, need, nfds, rc, pending
     cdef int64_t now, bound, overall, wait_until_ns
     cdef char msg[ERR_MSG]
     now = rl_now_ns()
@@ -265,20 +210,13 @@ cdef void cluster_round(rl_renewer* r) noexcept nogil:
         if n.failed:
             node_fail(r, n, n.conn.err_kind, n.conn.err_msg)
             continue
-        if node_encode(r, n) < 0:
+        if renewals_encode(r, n.first, &n.count, n.need_load, &n.loads_left) < 0:
             conn_fail(&n.conn, RL_ENOMEM, "out of memory encoding renewals")
             node_fail(r, n, n.conn.err_kind, n.conn.err_msg)
             continue
-        if n.count == 0 and n.loads_left == 0:
+        if n.count == 0:
             continue
-        left = node_try_send(&n.conn, r.out.data, r.out.len)
-        if left > 0:
-            pthread_mutex_unlock(&r.mu)
-            rc = conn_send(&n.conn, r.out.data + (r.out.len - <size_t>left), <size_t>left, n.deadline)
-            pthread_mutex_lock(&r.mu)
-            if rc < 0:
-                left = -1
-        if left < 0:
+        if renewals_send(r, &n.conn, n.deadline) < 0:
             node_fail(r, n, n.conn.err_kind, n.conn.err_msg)
             n.count = 0
             n.loads_left = 0

@@ -1,6 +1,6 @@
 # What _renewer_heap.pxi offers the other units: the shared renewer's state
-# (rl_renewer, rl_rnode) and limits, its timer heap, and what a renewal's
-# outcome does to its lease.
+# (rl_renewer, rl_rnode) and limits, its timer heap, what a renewal's
+# outcome does to its lease, and a batch of renewals encoded and written.
 
 cdef enum:
     RENEW_NODES_MAX = 64
@@ -60,3 +60,6 @@ cdef void batch_fail(rl_renewer* r, size_t first, int kind, const char* msg) noe
 cdef void lease_renewed(rl_lease* l) noexcept nogil
 cdef void lease_unexpected(rl_lease* l, rl_conn* c) noexcept nogil
 cdef void lease_apply_reply(rl_renewer* r, rl_rnode* n, rl_lease* l, rl_conn* c) noexcept nogil
+cdef int renewals_encode(rl_renewer* r, size_t first, size_t* count, bint need_load,
+                         int* loads) noexcept nogil
+cdef int renewals_send(rl_renewer* r, rl_conn* c, int64_t deadline) noexcept nogil

@@ -7,10 +7,12 @@
 # token and state, its own errors and lateness figures: a reply of 0 ends
 # that lease alone.
 #
-# Here: the heap, and what a renewal's outcome does to its lease (renewed,
-# failed, lost, a reply of the wrong shape); the limits and the rl_renewer
-# and rl_rnode structs are declared in _renewer_heap.pxd. The round trips
-# are in _renewer_cluster.pxi and _renewer_thread.pxi, the Python faces in
+# Here: the heap, what a renewal's outcome does to its lease (renewed,
+# failed, lost, a reply of the wrong shape), and a batch's renewals encoded
+# and written (one encoder and one write for a renewer with one server and
+# for each node of a cluster); the limits and the rl_renewer and rl_rnode
+# structs are declared in _renewer_heap.pxd. The round trips are in
+# _renewer_cluster.pxi and _renewer_thread.pxi, the Python faces in
 # _renewer_api.pxi and _renewer_lease_api.pxi.
 #
 # No GIL, ever, and no Python object on the thread. Python reads token and
@@ -18,7 +20,7 @@
 # which the thread never holds across a wait for the server (the lock
 # discipline of _core.pyx): a Python thread may lock it with the GIL held.
 #
-# Needs: _posix, _resp_encode, _resp_parse, _conn, _replies, _lease.
+# Needs: _posix, _resp_encode, _resp_parse, _conn, _discovery, _replies, _lease.
 
 # Renewals due within this much of the earliest one are sent with it, and
 # after a failed renewal the next one waits at least RENEW_RETRY_NS (a refused
@@ -248,3 +250,76 @@ cdef void lease_apply_reply(rl_renewer* r, rl_rnode* n, rl_lease* l, rl_conn* c)
         l.next_send = rl_now_ns() + RETRY_PAUSE_NS
         return
     lease_failed(l, c.err_kind, c.err_msg, rl_now_ns())
+
+
+# ---------------------------------------------------------------- a batch on the wire (mu held)
+
+cdef int renewals_encode(rl_renewer* r, size_t first, size_t* count, bint need_load,
+                         int* loads) noexcept nogil:
+    """Encode the renewals ``r.batch[first:first + count[0]]`` into ``r.out`` (mu held).
+
+    Leases whose term ended since they were picked are released here, under
+    the lock, so once end() has returned nothing more is sent for that term;
+    ``count[0]`` becomes how many are kept (in order, from ``first``). With
+    ``need_load`` every script's SCRIPT LOAD goes first (``loads[0]``: how
+    many replies to them come first; else 0), and a lease sent after an ASK
+    redirection (on a cluster) has ASKING before its renewal. When none is
+    kept nothing is encoded: the loads wait for the next renewals. 0, or -1
+    out of memory (the kept leases are still in the batch, to be failed).
+    """
+    cdef size_t i, kept = 0
+    cdef int j
+    cdef rl_lease* l
+    cdef int64_t now
+    r.out.len = 0
+    loads[0] = 0
+    for i in range(first, first + count[0]):
+        l = r.batch[i]
+        if l.gen != l.sent_gen or rl_load(&l.state) != ST_ACTIVE or l.closed:
+            batch_release(r, l)
+            continue
+        r.batch[first + kept] = l
+        kept += 1
+    count[0] = kept
+    if kept == 0:
+        return 0
+    if need_load:
+        for j in range(r.nscripts):
+            if buf_put(&r.out, r.loads[j].data, r.loads[j].len) < 0:
+                return -1
+    for i in range(first, first + kept):
+        l = r.batch[i]
+        if l.asking and buf_put(&r.out, ASKING_CMD, strlen(ASKING_CMD)) < 0:
+            return -1
+        if buf_put(&r.out, l.cmd.data, l.cmd.len) < 0:
+            return -1
+    if need_load:
+        loads[0] = r.nscripts
+    now = rl_now_ns()
+    for i in range(first, first + kept):
+        l = r.batch[i]
+        l.t_send = now
+        # Sent up to one window early: on time, not early.
+        lease_record_lateness(l, <double>(now - l.sched) / 1e9 if now > l.sched else 0.0)
+    r.sent_total += <int64_t>kept
+    r.batches_total += 1
+    return 0
+
+
+cdef int renewals_send(rl_renewer* r, rl_conn* c, int64_t deadline) noexcept nogil:
+    """Write ``r.out`` on ``c`` (mu held on entry and on return); 0, or -1 (failure in ``c``).
+
+    What the socket takes at once is written under the lock, so that once
+    end() has returned nothing more is sent for that term; the rest, if any,
+    with mu released, before ``deadline``.
+    """
+    cdef ssize_t sent = conn_try_send(c, r.out.data, r.out.len)
+    cdef int rc
+    if sent < 0:
+        return -1
+    if <size_t>sent == r.out.len:
+        return 0
+    pthread_mutex_unlock(&r.mu)
+    rc = conn_send(c, r.out.data + sent, r.out.len - <size_t>sent, deadline)
+    pthread_mutex_lock(&r.mu)
+    return rc

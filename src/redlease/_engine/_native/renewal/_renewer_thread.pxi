@@ -4,7 +4,7 @@
 # connection (which behind Sentinel follows the master the sentinels name).
 # No GIL, ever: it talks to Python through the leases' atomics and eventfds.
 #
-# Needs: _posix, _resp_encode, _conn, _tls, _discovery, _sentinel, _pipeline (batch_prepare, batch_lost), _lease, _renewer_heap, _renewer_cluster.
+# Needs: _posix, _conn, _discovery, _sentinel, _pipeline (batch_prepare, batch_lost), _lease, _renewer_heap, _renewer_cluster.
 
 cdef extern from *:
     """
@@ -41,71 +41,13 @@ cdef void renewer_drop_master(rl_renewer* r) noexcept nogil:
     r.need_load = 1
 
 
-cdef int renewer_send_batch(rl_renewer* r, int64_t* deadline, int* nloads) noexcept nogil:
-    """Encode the batch (mu held) and write what the socket takes without blocking.
-
-    Leases whose term ended since they were picked are dropped here, under
-    the lock, so once end() has returned nothing more is sent for that term.
-    Returns how many bytes are still to send, or -1 (failure recorded in the
-    connection, mu still held).
-    """
-    cdef rl_conn* c = &r.conn
-    cdef size_t i, kept = 0
-    cdef int j
-    cdef rl_lease* l
-    cdef int64_t now
-    cdef ssize_t sent = 0
-    r.out.len = 0
-    nloads[0] = 0
-    if r.need_load:
-        for j in range(r.nscripts):
-            if buf_put(&r.out, r.loads[j].data, r.loads[j].len) < 0:
-                return conn_fail(c, RL_ENOMEM, "out of memory encoding renewals")
-        nloads[0] = r.nscripts
-    for i in range(r.batch_len):
-        l = r.batch[i]
-        if l.gen != l.sent_gen or rl_load(&l.state) != ST_ACTIVE or l.closed:
-            batch_release(r, l)
-            continue
-        if buf_put(&r.out, l.cmd.data, l.cmd.len) < 0:
-            r.batch_len = kept
-            return conn_fail(c, RL_ENOMEM, "out of memory encoding renewals")
-        r.batch[kept] = l
-        kept += 1
-    r.batch_len = kept
-    if kept == 0:
-        return 0
-    now = rl_now_ns()
-    for i in range(kept):
-        l = r.batch[i]
-        l.t_send = now
-        # Sent up to one window early: on time, not early.
-        lease_record_lateness(l, <double>(now - l.sched) / 1e9 if now > l.sched else 0.0)
-    r.sent_total += <int64_t>kept
-    r.batches_total += 1
-    if c.ssl != NULL:
-        sent = tls_try_send(c, r.out.data, r.out.len)
-        if sent < 0:
-            return -1
-        return <int>(r.out.len - <size_t>sent)
-    while True:
-        sent = send(c.fd, r.out.data, r.out.len, MSG_NOSIGNAL | MSG_DONTWAIT)
-        if sent >= 0 or errno != EINTR:
-            break
-    if sent < 0:
-        if not rl_would_block(errno):
-            return conn_io_error(c, errno, "writing to")
-        sent = 0
-    return <int>(r.out.len - <size_t>sent)
-
-
 cdef void* renewer_main(void* arg) noexcept nogil:
     cdef rl_renewer* r = <rl_renewer*>arg
     cdef rl_conn* c = &r.conn
     cdef rl_lease* l
     cdef rl_lease* top
     cdef int64_t now, deadline, d, wake_at
-    cdef int rc, left, nloads, j, fd
+    cdef int rc, nloads, j, fd
     cdef size_t i
     rl_name_renewer_thread()
     pthread_mutex_lock(&r.mu)
@@ -165,22 +107,23 @@ cdef void* renewer_main(void* arg) noexcept nogil:
         if r.stop:
             batch_fail(r, 0, RL_ECANCELLED, "cancelled")
             break
-        left = renewer_send_batch(r, &deadline, &nloads)
-        if left < 0:
+        if renewals_encode(r, 0, &r.batch_len, r.need_load, &nloads) < 0:
+            conn_fail(c, RL_ENOMEM, "out of memory encoding renewals")
             batch_fail(r, 0, c.err_kind, c.err_msg)
             continue
-        if r.batch_len == 0 and nloads == 0:
+        if r.batch_len == 0:
+            continue
+        if renewals_send(r, c, deadline) < 0:
+            batch_fail(r, 0, c.err_kind, c.err_msg)
+            renewer_lost(r)
             continue
         pthread_mutex_unlock(&r.mu)
         rc = 0
-        if left > 0:
-            rc = conn_send(c, r.out.data + (r.out.len - <size_t>left), <size_t>left, deadline)
-        if rc == 0:
-            for j in range(nloads):
-                rc = conn_read_reply(c, deadline)
-                if rc < 0:
-                    break
-                conn_consume(c)
+        for j in range(nloads):
+            rc = conn_read_reply(c, deadline)
+            if rc < 0:
+                break
+            conn_consume(c)
         if rc == 0:
             r.need_load = 0
         pthread_mutex_lock(&r.mu)

@@ -1,0 +1,13 @@
+"""Type stubs for the native core's test hooks (``_probe.pyx``)."""
+
+from collections.abc import Sequence
+from typing import Any
+
+from redlease._engine._native._core import Pool
+
+_Encodable = str | bytes | bytearray | memoryview | int | float
+
+def command(pool: Pool, args: Sequence[_Encodable], timeout: float) -> Any: ...
+def encode_command(args: Sequence[_Encodable]) -> bytes: ...
+def parse_reply(data: bytes) -> tuple[Any, int] | None: ...
+def reply_kind(reply: bytes, cluster: bool = False) -> tuple[int, int]: ...
