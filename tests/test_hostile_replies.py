@@ -36,7 +36,7 @@ from helpers import (
     wait_until,
 )
 from redlease._engine.contract.interface import MAX_REPLY_BYTES
-from redlease._engine.notices.notice import pynotices
+from redlease._engine.notices import pynotices
 from redlease._engine.rules.replies import ReplyTooLarge
 from redlease._testing._common import client_module
 from redlease._testing.fake import (
