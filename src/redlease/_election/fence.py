@@ -369,7 +369,8 @@ class Fence:
         wait = self._wait
         try:
             if wait is None:
-                reply = self._engine.call_one(*request)
+                script, keys, args = request  # a call with its arguments laid out is cheaper
+                reply = self._engine.call_one(script, keys, args)
             else:
                 reply, acked = run_one(self._engine, request, wait=wait)
         except RedisError as exc:
@@ -407,8 +408,9 @@ class Fence:
             writer = self._writer(loop)
             if writer is None:
                 return loop.run_in_executor(None, self.write, request)
+        script, keys, args = request
         try:
-            return writer.write(*request, self)
+            return writer.write(script, keys, args, self)
         except RedisError as exc:  # the engine was closed
             self._failed(request, exc)
             raise
