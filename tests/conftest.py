@@ -246,7 +246,8 @@ def source_writer() -> type:
     import redlease._engine
 
     path = Path(redlease._engine.__file__).parent / "contract" / "aiowriter.py"
-    spec = importlib.util.spec_from_file_location("redlease._engine.contract._aiowriter_source", path)
+    name = "redlease._engine.contract._aiowriter_source"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

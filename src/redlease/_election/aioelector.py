@@ -10,8 +10,6 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from .._engine import EncodableT, threaded
 from .._offload import off_loop, outlast
 from .._on_exit import AwaitsStopOnExit
@@ -40,19 +38,12 @@ class Fencer(FencerShell):
     __slots__ = ()
     _face = "aio.Fencer"
 
+    # Each write awaits the fence's future itself: one coroutine a write, this one.
+
     async def set(self, key: str | bytes, value: EncodableT) -> bool:
         """Fenced ``SET``; see ``Elector.fence_set``."""
-        # The fence's set_async, its common case awaited here: one coroutine a write.
-        fence, token = self._fence, self.token
-        sent = fence.set_sent(token, key, value)
-        if sent is None:
-            return await fence.write_async(fence.set_request(token, key, value))
-        try:
-            reply = await sent
-        except RedisError as exc:
-            fence.failed(token, exc)
-            raise
-        return fence.set_settled(reply)
+        fence = self._fence
+        return await fence.write_async(fence.set_request(self.token, key, value))
 
     async def hset(self, key: str | bytes, field: str | bytes, value: EncodableT) -> bool:
         """Fenced ``HSET``; see ``Elector.fence_hset``."""
@@ -239,15 +230,15 @@ class Elector(ElectorShell, AwaitsStopOnExit):
         Cancelled, its outcome is unknown (see ``Fencer``): never resent, and
         the next write gets its own reply.
         """
-        return await self._fence.set_async(token, key, value)
+        fence = self._fence
+        return await fence.write_async(fence.set_request(token, key, value))
 
     async def fence_hset(
         self, token: int, key: str | bytes, field: str | bytes, value: EncodableT
     ) -> bool:
         """Fenced ``HSET key field value``; semantics as ``fence_set``."""
-        return await self._fence.write_async(
-            self._fence.hset_request(token, key, field, value)
-        )
+        fence = self._fence
+        return await fence.write_async(fence.hset_request(token, key, field, value))
 
     async def fence_eval(
         self,
@@ -257,9 +248,8 @@ class Elector(ElectorShell, AwaitsStopOnExit):
         args: Sequence[EncodableT] = (),
     ) -> bool:
         """Fence an arbitrary Lua write; semantics as ``redlease.Elector.fence_eval``."""
-        return await self._fence.write_async(
-            self._fence.eval_request(token, body, keys, args)
-        )
+        fence = self._fence
+        return await fence.write_async(fence.eval_request(token, body, keys, args))
 
 
     def fence_pipeline(self, token: int) -> FencedPipeline:

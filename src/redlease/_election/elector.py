@@ -183,13 +183,15 @@ class Elector(ElectorShell, StopsOnExit):
         connection broke, the deadline passed) it raises redis-py's
         ConnectionError or TimeoutError, and it may or may not have landed.
         """
-        return self._fence.set(token, key, value)
+        fence = self._fence
+        return fence.write(fence.set_request(token, key, value))
 
     def fence_hset(
         self, token: int, key: str | bytes, field: str | bytes, value: EncodableT
     ) -> bool:
         """Fenced ``HSET key field value``; semantics as ``fence_set``."""
-        return self._fence.write(self._fence.hset_request(token, key, field, value))
+        fence = self._fence
+        return fence.write(fence.hset_request(token, key, field, value))
 
     def fence_eval(
         self,
@@ -207,7 +209,8 @@ class Elector(ElectorShell, StopsOnExit):
         Elector, and the 257th raises TooManyEvalBodies. A body that errors
         raises ResponseError and does not move the mark.
         """
-        return self._fence.write(self._fence.eval_request(token, body, keys, args))
+        fence = self._fence
+        return fence.write(fence.eval_request(token, body, keys, args))
 
     def fence_pipeline(self, token: int) -> FencedPipeline:
         """A pipeline of fenced writes with ``token``, sent in one round trip.

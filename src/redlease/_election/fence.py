@@ -7,6 +7,16 @@ and sends every request through the engine's one way to run scripts
 (``run``; coroutines' through the loop writer, pipelines included), so the
 two front ends differ only in how they wait for the reply.
 
+One path for every write. Its request is built by ``set_request``,
+``hset_request`` or ``eval_request`` (a pipeline's ``set_many`` and
+``hset_many`` by ``bind_run``), whichever face it comes from:
+``Elector.fence_*``, ``Fencer``, a pipeline, threaded or asyncio. One write
+is sent by ``write`` from a thread, and by ``write_async`` for a coroutine,
+whose future the face awaits itself; a pipeline's batch by ``write_many`` /
+``write_many_async``. The common case (exact types, a live token, no slot
+to check, no replication guard) takes this path too, with nothing checked
+twice and no call it does not need.
+
 A fenced write is sent at most once. When its outcome is unknown (the
 connection broke or the deadline passed after the script may have reached
 the server) it raises redis-py's ``ConnectionError`` / ``TimeoutError``: the
@@ -180,7 +190,11 @@ class Fence:
 
     Each ``*_request`` validates its arguments and returns the request, or
     None when the token can never write (0 and negative tokens: the inert
-    Fencer). ``write``/``write_async`` send a request and return ``applied``.
+    Fencer): every face builds its writes with them, pipelines included
+    (whose ``set_many`` and ``hset_many`` are ``bind_run``'s). ``write``
+    sends one request from a thread and returns ``applied``; ``write_async``
+    is its future for a coroutine; ``write_many`` / ``write_many_async``
+    send a pipeline's batch.
     """
 
     __slots__ = (
@@ -227,44 +241,19 @@ class Fence:
             Callable[[], asyncio.AbstractEventLoop | None], LoopWriter | None
         ] = _NO_LOOP_WRITER
 
-    def _plain(self, token: object, key: object, value: object) -> bool:
-        """A set's common case: exact types, a live token, no slot to check."""
-        return (
+    # -- the one request builder ---------------------------------------------------
+
+    def set_request(self, token: object, key: object, value: object) -> FenceRequest | None:
+        """A ``set``'s request, validated: what every face's set sends (a pipeline's too)."""
+        if (
             type(token) is int
             and 0 < token < MAX_TOKEN
             and type(key) in KEY_TYPES
             and type(value) in VALUE_TYPES
             and self._slot is None
-        )
-
-    def _counted(self, reply: object) -> bool:
-        """A single write's ``applied`` (its reply was checked: 0 or 1), counted."""
-        applied: bool = reply == 1
-        if self._events.sinks:
-            self._events.fenced(applied)
-        return applied
-
-    def set(self, token: object, key: object, value: object) -> bool:
-        """``write(set_request(token, key, value))``: a sync ``fence_set``.
-
-        The common case (exact types, a live token, no slot to check, no
-        replication guard) in one call to the engine, with nothing between.
-        """
-        if self._wait is None and self._plain(token, key, value):
-            # The types were checked above, which the checker cannot follow.
-            keys, args = (self._applied_key, key), (token, value)
-            try:
-                reply = self._engine.call_one(FENCE_SET, keys, args)  # type: ignore[arg-type]
-            except RedisError as exc:
-                self.failed(token, exc)  # type: ignore[arg-type]
-                raise
-            return self._counted(reply)
-        return self.write(self.set_request(token, key, value))
-
-    def set_request(self, token: object, key: object, value: object) -> FenceRequest | None:
-        if self._plain(token, key, value):
+        ):
             # Exact types, a live token, no slot to check (the common case): the
-            # request as bind() makes it, nothing to check one by one.
+            # request as bind() makes it, with nothing to check one by one.
             return FENCE_SET, (self._applied_key, key), (token, value)  # type: ignore[return-value]
         return self._request(token, FENCE_SET, (check_key(key),), (check_value(value),))
 
@@ -282,9 +271,9 @@ class Fence:
         self, token: object, body: object, keys: object, args: object
     ) -> FenceRequest | None:
         check_token(token)
-        return self._request(token, *self.eval_parts(body, keys, args))
+        return self._request(token, *self._eval_parts(body, keys, args))
 
-    def eval_parts(
+    def _eval_parts(
         self, body: object, keys: object, args: object
     ) -> tuple[Script, tuple[str | bytes, ...], tuple[EncodableT, ...]]:
         """A ``fence_eval``'s script, keys and args, validated (the token aside)."""
@@ -298,84 +287,166 @@ class Fence:
         )
         return self._eval_script(body), checked_keys, checked_args
 
-    def write(self, request: FenceRequest | None) -> bool:
-        """Send ``request`` once and return whether it was applied.
+    def _request(
+        self,
+        token: object,
+        script: Script,
+        keys: tuple[str | bytes, ...],
+        args: tuple[EncodableT, ...],
+    ) -> FenceRequest | None:
+        checked = check_token(token)
+        if checked < 1:
+            return None  # the inert and non-positive tokens never write
+        return self.bind(checked, script, keys, args)
 
-        With the replication guard on, the write is followed by ``WAIT`` on
-        its connection, and an applied write that fewer than
-        ``min_replicas`` replicas confirmed raises ``NotReplicated``.
+    def bind(
+        self,
+        token: int,
+        script: Script,
+        keys: tuple[str | bytes, ...],
+        args: tuple[EncodableT, ...],
+    ) -> FenceRequest:
+        """The request of a validated write with a positive ``token``.
+
+        The token goes as an int: both engines send an int as its decimal,
+        the bytes a ``str(token)`` would be. On a cluster, a key outside the
+        name's slot raises here.
+        """
+        if self._slot is not None:
+            self._check_slots(keys)
+        return script, (self._applied_key, *keys), (token, *args)
+
+    def bind_run(
+        self,
+        token: int,
+        script: Script,
+        keys: tuple[str | bytes, ...],
+        firsts: list[Any],
+        seconds: list[EncodableT],
+        first_is_key: bool,
+    ) -> ScriptRun:
+        """``bind`` for many writes of one script at once, as one ``ScriptRun``.
+
+        Write ``i`` is what ``bind(token, script, keys + (firsts[i],),
+        (seconds[i],))`` makes when ``first_is_key`` (a ``set_many``), else
+        ``bind(token, script, keys, (firsts[i], seconds[i]))`` (an
+        ``hset_many``). On a cluster every key's slot is checked here.
+        """
+        if self._slot is not None:
+            self._check_slots((*keys, *firsts) if first_is_key else keys)
+        return ScriptRun(
+            script, (self._applied_key, *keys), (token,), firsts, seconds, first_is_key
+        )
+
+    def _check_slots(self, keys: tuple[str | bytes, ...]) -> None:
+        """Refuse, before anything is sent, a cluster write with a key outside the name's slot.
+
+        The fence mark lives in the name's slot and the script reads it and
+        writes the keys atomically, which one node can only do for keys of
+        its own slot. The error is the one the server would give, with the
+        keys named. The mark's own slot was computed once, with the fence;
+        each of these keys' is computed here, once per write (the engine
+        routes by the mark's).
+        """
+        foreign = [k for k in keys if _slot(k) != self._slot]
+        if foreign:
+            error = ResponseError(
+                f"CROSSSLOT Keys in request don't hash to the same slot: fenced write keys "
+                f"{foreign!r} are not in slot {self._slot} of {self._name!r}; on a cluster "
+                f"give every key the name's hash tag"
+            )
+            self._events.adopt(error)
+            raise error
+
+    # -- the senders: one write, or a batch; from a thread, or from a coroutine -------
+
+    def write(self, request: FenceRequest | None) -> bool:
+        """Send one write's ``request`` once and return whether it was applied.
+
+        Every face's single write from a thread goes through here: without
+        the replication guard, in one call to the engine (its single-call
+        path). With the guard on, the write is followed by ``WAIT`` on its
+        connection, and an applied write that fewer than ``min_replicas``
+        replicas confirmed raises ``NotReplicated``.
         """
         if request is None:
             return False
+        wait = self._wait
         try:
-            reply, acked = run_one(self._engine, request, wait=self._wait)
+            if wait is None:
+                script, keys, args = request  # a call with its arguments laid out is cheaper
+                reply = self._engine.call_one(script, keys, args)
+            else:
+                reply, acked = run_one(self._engine, request, wait=wait)
         except RedisError as exc:
             self._failed(request, exc)
             raise
-        return self._outcome(reply, acked)
+        applied = self.settled(reply)
+        if applied and wait is not None:
+            wait.require(
+                acked,
+                f"fenced write on {self._name!r} was applied on the master but",
+                "a failover now could lose it",
+            )
+        return applied
 
-    def set_sent(self, token: object, key: object, value: object) -> asyncio.Future[Any] | None:
-        """An asyncio set's common case, sent: the future of its reply; else None, nothing sent.
+    def write_async(self, request: FenceRequest | None) -> asyncio.Future[bool]:
+        """``write`` for a coroutine: the future of its ``applied``, to be awaited at once.
 
-        The common case: exact types, a live token, no slot to check, and this
-        loop's writer known (the loop that wrote last). Its awaiter settles the
-        reply with ``set_settled`` and an error with ``failed``; every other
-        set goes through ``set_async``. A coroutine awaits this future itself,
-        with no coroutine of the fence's between.
+        Every face's single write from a coroutine goes through here, and the
+        face awaits this future itself, with no coroutine of the fence's
+        between (a coroutine more costs each write its frame and its steps).
+        The write is pipelined on the engine's connection for the running
+        loop, which settles the future through the fence (``settled``,
+        ``raised``): its ``applied`` counted, an error reported. Where the
+        engine has no loop writer (see ``Engine.loop_writer``), or the
+        replication guard is on (WAIT must follow on the write's own
+        connection), the future is ``write``'s on the loop's default executor.
         """
-        if self._plain(token, key, value):
-            writer = self._loop_writer[1]
-            if writer is not None and writer.running_here():
-                # The types were checked above, which the checker cannot follow.
-                return writer.write(FENCE_SET, (self._applied_key, key), (token, value))  # type: ignore[arg-type]
-        return None
+        if request is None:
+            inert: asyncio.Future[bool] = _running_loop().create_future()
+            inert.set_result(False)
+            return inert
+        writer = self._loop_writer[1]  # the loop's that wrote last
+        if writer is None or not writer.running_here():
+            loop = _running_loop()
+            writer = self._writer(loop)
+            if writer is None:
+                return loop.run_in_executor(None, self.write, request)
+        script, keys, args = request
+        try:
+            return writer.write(script, keys, args, self)
+        except RedisError as exc:  # the engine was closed
+            self._failed(request, exc)
+            raise
+
+    def settled(self, reply: object) -> bool:
+        """A single write's reply (checked: 0 or 1) as its ``applied``, counted."""
+        applied: bool = reply == 1
+        if self._events.sinks:
+            self._events.fenced(applied)
+        return applied
+
+
+    def raised(self, args: Sequence[EncodableT], exc: BaseException) -> None:
+        """A single write with ``args`` (its token first) failed with ``exc``: reported."""
+        if isinstance(exc, RedisError):
+            self.failed(args[0], exc)
 
     def failed(self, token: EncodableT, exc: RedisError) -> None:
         """A write with ``token`` raised ``exc``: made the client family's, and a failover
-        reply reported (the awaiter of a ``set_sent`` future reports its error here)."""
+        reply reported."""
         self._events.adopt(exc)
         if self._failovers is not None and is_failover_reply(exc):
             self._failovers.failover_seen(int(token), exc)
 
-    set_settled = _counted  # a sent set's reply (checked by the writer: 0 or 1), counted
-
-    async def set_async(self, token: object, key: object, value: object) -> bool:
-        """``write_async(set_request(token, key, value))``: an asyncio set."""
-        sent = self.set_sent(token, key, value)
-        if sent is None:
-            return await self.write_async(self.set_request(token, key, value))
-        try:
-            reply = await sent
-        except RedisError as exc:
-            self.failed(token, exc)  # type: ignore[arg-type]
-            raise
-        return self._counted(reply)
-
-    async def write_async(self, request: FenceRequest | None) -> bool:
-        """``write`` for a coroutine: pipelined on the engine's connection for this loop.
-
-        Where the engine has no loop writer (see ``Engine.loop_writer``), or
-        the replication guard is on (WAIT must follow on the write's own
-        connection), the blocking write runs on the loop's default executor.
-        """
-        if request is None:
-            return False
-        loop = _running_loop()
-        loop_ref, writer = self._loop_writer  # this loop's, when it wrote last
-        if loop_ref() is not loop:
-            writer = self._writer(loop)
-        if writer is None:
-            return await loop.run_in_executor(None, self.write, request)
-        try:
-            reply = await writer.write(*request)
-        except RedisError as exc:
-            self._failed(request, exc)
-            raise
-        # ``_outcome`` without the guard, which never writes here (see ``_writer``).
-        return self._counted(reply)
+    def _failed(self, request: FenceRequest | ScriptRun, exc: RedisError) -> None:
+        """``request`` raised ``exc``: ``failed`` with its token (its first arg)."""
+        args = request.args if type(request) is ScriptRun else request[2]  # type: ignore[index]
+        self.failed(args[0], exc)
 
     def _writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
-        """The engine's loop writer for ``loop``; None where writes go through ``run``.
+        """The engine's loop writer for ``loop``; None where writes go through ``write``.
 
         Remembered for the loop that asked last, but never with the guard on,
         so that a write finds it without a call.
@@ -387,23 +458,6 @@ class Fence:
             writer = self._engine.loop_writer(loop)
             self._loop_writer = (weakref.ref(loop), writer)
         return writer
-
-    def _outcome(self, reply: object, acked: int) -> bool:
-        """A single write's ``applied``, counted; with the guard on, its replicas required."""
-        applied = self._counted(reply)
-        wait = self._wait
-        if applied and wait is not None:
-            wait.require(
-                acked,
-                f"fenced write on {self._name!r} was applied on the master but",
-                "a failover now could lose it",
-            )
-        return applied
-
-    def _failed(self, request: FenceRequest | ScriptRun, exc: RedisError) -> None:
-        """``request`` raised ``exc``: ``failed`` with its token (its first arg)."""
-        args = request.args if type(request) is ScriptRun else request[2]  # type: ignore[index]
-        self.failed(args[0], exc)
 
     def write_many(self, requests: Sequence[FenceRequest | ScriptRun | None]) -> list[bool]:
         """Send ``requests`` in one round trip, in order; one ``applied`` per write
@@ -527,85 +581,6 @@ class Fence:
                 script = _scripts.fenced("fence_eval", body)
                 scripts[body] = script
         return script
-
-    def _request(
-        self,
-        token: object,
-        script: Script,
-        keys: tuple[str | bytes, ...],
-        args: tuple[EncodableT, ...],
-    ) -> FenceRequest | None:
-        checked = check_token(token)
-        if checked < 1:
-            return None  # the inert and non-positive tokens never write
-        return self.bind(checked, script, keys, args)
-
-    def direct(self, token: int | None) -> tuple[str, int] | None:
-        """``(mark key, token)`` that ``bind`` puts first, when it would check nothing else.
-
-        None for the inert tokens (``token`` None) and on a cluster, where
-        every key's slot is checked: those requests go through ``bind``.
-        """
-        if token is None or self._slot is not None:
-            return None
-        return self._applied_key, token
-
-    def bind(
-        self,
-        token: int,
-        script: Script,
-        keys: tuple[str | bytes, ...],
-        args: tuple[EncodableT, ...],
-    ) -> FenceRequest:
-        """The request of a validated write with a positive ``token``.
-
-        The token goes as an int: both engines send an int as its decimal,
-        the bytes a ``str(token)`` would be. On a cluster, a key outside the
-        name's slot raises here.
-        """
-        if self._slot is not None:
-            self._check_slots(keys)
-        return script, (self._applied_key, *keys), (token, *args)
-
-    def bind_run(
-        self,
-        token: int,
-        script: Script,
-        keys: tuple[str | bytes, ...],
-        firsts: list[Any],
-        seconds: list[EncodableT],
-        first_is_key: bool,
-    ) -> ScriptRun:
-        """``bind`` for many writes of one script at once, as one ``ScriptRun``.
-
-        Write ``i`` is what ``bind(token, script, keys + (firsts[i],),
-        (seconds[i],))`` makes when ``first_is_key`` (a ``set_many``), else
-        ``bind(token, script, keys, (firsts[i], seconds[i]))`` (an
-        ``hset_many``). On a cluster every key's slot is checked here.
-        """
-        if self._slot is not None:
-            self._check_slots((*keys, *firsts) if first_is_key else keys)
-        return ScriptRun(
-            script, (self._applied_key, *keys), (token,), firsts, seconds, first_is_key
-        )
-
-    def _check_slots(self, keys: tuple[str | bytes, ...]) -> None:
-        """Refuse, before anything is sent, a cluster write with a key outside the name's slot.
-
-        The fence mark lives in the name's slot and the script reads it and
-        writes the keys atomically, which one node can only do for keys of
-        its own slot. The error is the one the server would give, with the
-        keys named.
-        """
-        foreign = [k for k in keys if _slot(k) != self._slot]
-        if foreign:
-            error = ResponseError(
-                f"CROSSSLOT Keys in request don't hash to the same slot: fenced write keys "
-                f"{foreign!r} are not in slot {self._slot} of {self._name!r}; on a cluster "
-                f"give every key the name's hash tag"
-            )
-            self._events.adopt(error)
-            raise error
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -22,7 +22,6 @@ from .fence import (
     check_key,
     check_pairs,
     check_token,
-    check_value,
 )
 
 if TYPE_CHECKING:
@@ -45,32 +44,25 @@ class _PipelineWrites:
     costs only its own arguments' checks (a pipeline is for many writes).
     """
 
-    __slots__ = ("_direct", "_fence", "_requests", "_token_arg", "token")
+    __slots__ = ("_fence", "_requests", "token")
 
     def __init__(self, fence: Fence, token: object) -> None:
         self._fence = fence
         self.token = check_token(token)
-        # None: the inert and non-positive tokens never write, nor send.
-        self._token_arg = self.token if self.token >= 1 else None
-        # (mark key, token): what every request of a live token begins its keys
-        # and args with, where no key needs a slot check; else None.
-        self._direct = fence.direct(self._token_arg)
+        # A request per write (None for each of the inert and non-positive
+        # tokens, which never write, nor send), or a ScriptRun for many.
         self._requests: list[FenceRequest | ScriptRun | None] = []
+
+    # Each write's request is the fence's, as a single write of any face builds it.
 
     def set(self: _P, key: str | bytes, value: EncodableT) -> _P:
         """Queue a fenced ``SET key value``; bad arguments raise here, before anything is sent."""
-        direct = self._direct
-        if direct is not None and type(key) in KEY_TYPES and type(value) in VALUE_TYPES:
-            # Exact types, a live token, no slot to check: the request as bind() makes it,
-            # built here (a pipeline of many writes pays no call per write for it).
-            self._requests.append((FENCE_SET, (direct[0], key), (direct[1], value)))
-            return self
-        self._add(FENCE_SET, (check_key(key),), (check_value(value),))
+        self._requests.append(self._fence.set_request(self.token, key, value))
         return self
 
     def hset(self: _P, key: str | bytes, field: str | bytes, value: EncodableT) -> _P:
         """Queue a fenced ``HSET key field value``."""
-        self._add(FENCE_HSET, (check_key(key),), (check_value(field, "field"), check_value(value)))
+        self._requests.append(self._fence.hset_request(self.token, key, field, value))
         return self
 
     def set_many(self: _P, items: Pairs) -> _P:
@@ -117,16 +109,8 @@ class _PipelineWrites:
         args: Sequence[EncodableT] = (),
     ) -> _P:
         """Queue a fenced Lua write (body rules as ``Elector.fence_eval``)."""
-        self._add(*self._fence.eval_parts(body, keys, args))
+        self._requests.append(self._fence.eval_request(self.token, body, keys, args))
         return self
-
-    def _add(
-        self, script: Script, keys: tuple[str | bytes, ...], args: tuple[EncodableT, ...]
-    ) -> None:
-        token_arg = self._token_arg
-        self._requests.append(
-            None if token_arg is None else self._fence.bind(token_arg, script, keys, args)
-        )
 
     def _add_run(
         self,
@@ -138,12 +122,12 @@ class _PipelineWrites:
     ) -> None:
         if not firsts:
             return
-        token_arg = self._token_arg
-        if token_arg is None:
+        token = self.token
+        if token < 1:
             self._requests.extend([None] * len(firsts))  # one rejected write each
             return
         self._requests.append(
-            self._fence.bind_run(token_arg, script, keys, firsts, seconds, first_is_key)
+            self._fence.bind_run(token, script, keys, firsts, seconds, first_is_key)
         )
 
     def __len__(self) -> int:

@@ -22,3 +22,9 @@ cdef class LoopWriter:
     cdef bint _timer
     cdef bint _closed
     cdef object __weakref__
+
+
+# A reply's and an error's way into a future: C calls, not Python ones (a fenced
+# write from a coroutine settles through them).
+cdef _settle(object fut, object settler, object reply)
+cdef _reject(object fut, object settler, object args, object error)

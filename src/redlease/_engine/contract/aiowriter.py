@@ -107,12 +107,57 @@ Put = Callable[[Script, Sequence["str | bytes"], Sequence[EncodableT], bool], No
 """Queue one script call on the connection (EVAL instead of EVALSHA when the flag is set)."""
 
 
+class Settler(Protocol):
+    """Who says what a call's future gets: ``settled(reply)`` for its reply, and is told
+    ``raised(args, exc)`` of its error before the future gets it (a fenced write's fence:
+    the future's awaiter then has nothing left to do)."""
+
+    def settled(self, reply: Any) -> Any: ...
+
+    def raised(self, args: Sequence[EncodableT], exc: BaseException) -> None: ...
+
+
 _Future = asyncio.Future
 _monotonic = time.monotonic
 _get_ident = threading.get_ident
 
-# One call in flight: its future, what to resend on NOSCRIPT, and its deadline.
-_Entry = tuple["asyncio.Future[Any]", Script, Sequence["str | bytes"], Sequence[EncodableT], float]
+# One call in flight: its future, what to resend on NOSCRIPT, its deadline, its settler.
+_Entry = tuple[
+    "asyncio.Future[Any]",
+    Script,
+    Sequence["str | bytes"],
+    Sequence[EncodableT],
+    float,
+    "Settler | None",
+]
+
+
+def _settle(fut: asyncio.Future[Any], settler: Settler | None, reply: Any) -> None:
+    """``fut`` (not done) gets ``reply``, or what its settler makes of it."""
+    if settler is None:
+        fut.set_result(reply)
+        return
+    try:
+        result = settler.settled(reply)
+    except Exception as exc:  # the settler's own failure is the awaiter's, not the loop's
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)
+
+
+def _reject(
+    fut: asyncio.Future[Any],
+    settler: Settler | None,
+    args: Sequence[EncodableT],
+    error: BaseException,
+) -> None:
+    """``fut`` (not done) gets ``error``, its settler told first."""
+    if settler is not None:
+        try:
+            settler.raised(args, error)
+        except Exception as exc:
+            error = exc
+    fut.set_exception(error)
 
 
 class LoopWriter:
@@ -180,9 +225,18 @@ class LoopWriter:
         return len(self._pending)
 
     def write(
-        self, script: Script, keys: Sequence[str | bytes], args: Sequence[EncodableT]
+        self,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[EncodableT],
+        settler: Settler | None = None,
     ) -> asyncio.Future[Any]:
-        """Queue one call of ``script``; the future gets its reply (or its error)."""
+        """Queue one call of ``script``; the future gets its reply (or its error).
+
+        With a ``settler``, the future gets what ``settler.settled`` makes of
+        the reply, and an error only once ``settler.raised`` was told of it;
+        a future already done (its task cancelled) is neither.
+        """
         loop = self._loop_ref()
         if loop is None:
             raise RuntimeError("the event loop of this writer is gone")
@@ -199,7 +253,7 @@ class LoopWriter:
         else:
             fut = loop.create_future()
             deadline = loop.time() + self._timeout
-        pending.append((fut, script, keys, args, deadline))
+        pending.append((fut, script, keys, args, deadline, settler))
         if not self._timer:
             self._timer = True
             loop.call_at(pending[0][4], self._on_timer)
@@ -271,7 +325,7 @@ class LoopWriter:
             if not pending:
                 self._fail(ConnectionError("redlease: a reply nobody asked for; connection reset"))
                 return
-            fut, script, keys, args, _deadline = pending.popleft()
+            fut, script, keys, args, _deadline, settler = pending.popleft()
             kind = DONE if not isinstance(reply, Exception) else classify(reply)
             if kind == DONE:
                 if type(reply) is not int or reply > 1 or reply < 0 or script.reply != "flag":
@@ -282,22 +336,23 @@ class LoopWriter:
                     # trusted: reconnect once nothing is in flight.
                     self._reroute = True
                     if not fut.done():
-                        fut.set_exception(reply)
+                        _reject(fut, settler, args, reply)
                 elif not fut.done():  # else the task was cancelled: the reply is dropped
-                    fut.set_result(reply)
+                    _settle(fut, settler, reply)
             elif kind == NOSCRIPT:
                 if fut.done():
                     continue  # not run, and its task is gone: never sent again
                 # Not run: load the script with EVAL and wait for that reply instead.
                 self._put(script, keys, args, True)
-                pending.append((fut, script, keys, args, self._loop().time() + self._timeout))
+                deadline = self._loop().time() + self._timeout
+                pending.append((fut, script, keys, args, deadline, settler))
                 resend = True
             elif resent(reply, self._topology):
                 self._reroute = True
                 if not fut.done():
-                    self._send_blocking(fut, script, keys, args)
+                    self._send_blocking(fut, script, keys, args, settler)
             elif not fut.done():
-                fut.set_exception(reply)
+                _reject(fut, settler, args, reply)
         if self._reroute and not pending:
             self._reroute = False
             self._disconnect()
@@ -310,6 +365,7 @@ class LoopWriter:
         script: Script,
         keys: Sequence[str | bytes],
         args: Sequence[EncodableT],
+        settler: Settler | None,
     ) -> None:
         """Send a call that did not run through ``fallback`` on the executor; ``fut`` gets it."""
         attempt = self._loop().run_in_executor(None, self._fallback, script, keys, args)
@@ -318,11 +374,11 @@ class LoopWriter:
             if fut.done():
                 return
             if done.cancelled():
-                fut.set_exception(ConnectionError("redlease: the write was cancelled"))
+                _reject(fut, settler, args, ConnectionError("redlease: the write was cancelled"))
             elif (error := done.exception()) is not None:
-                fut.set_exception(error)
+                _reject(fut, settler, args, error)
             else:
-                fut.set_result(done.result())
+                _settle(fut, settler, done.result())
 
         attempt.add_done_callback(settle)
 
@@ -360,9 +416,9 @@ class LoopWriter:
         pending, self._pending = self._pending, deque()
         if not isinstance(error, RedisError):
             error = ConnectionError(str(error) or type(error).__name__)
-        for fut, *_ in pending:
+        for fut, _script, _keys, args, _deadline, settler in pending:
             if not fut.done():
-                fut.set_exception(type(error)(*error.args))
+                _reject(fut, settler, args, type(error)(*error.args))
 
     def close(self) -> None:
         """Fail every call in flight and close the connection. Idempotent; any thread."""
@@ -377,4 +433,4 @@ class LoopWriter:
         self._fail(ConnectionError("redlease: the engine was closed"))
 
 
-__all__ = ["Conn", "LoopWriter"]
+__all__ = ["Conn", "LoopWriter", "Settler"]

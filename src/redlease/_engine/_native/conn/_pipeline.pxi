@@ -518,12 +518,13 @@ cdef object batch_execute(Pool pool, rl_batch* b, object first_keys, int64_t dea
     ``replicas``); the number of replicas that acknowledged (0 without)."""
     cdef rl_slot* slot
     cdef rl_conn* c
-    cdef int rc
+    cdef int rc, key_slot
     acked = 0
-    slot = pool.grab_for(first_keys, deadline)
+    key_slot = disco_slot_for(pool.target.disco, first_keys)
+    slot = pool.grab_for(key_slot, deadline)
     c = &slot.conn
     try:
-        c.slot = disco_slot_for(c.disco, first_keys)
+        c.slot = key_slot
         with nogil:
             rc = batch_run(c, b, deadline)
         if rc < 0:

@@ -51,5 +51,5 @@ cdef class Pool(ProcessBound):
     cdef object __weakref__
 
     cdef rl_slot* grab(self, int64_t deadline) except NULL
-    cdef rl_slot* grab_for(self, object keys, int64_t deadline) except NULL
+    cdef rl_slot* grab_for(self, int key_slot, int64_t deadline) except NULL
     cdef void forget_parent(self) noexcept

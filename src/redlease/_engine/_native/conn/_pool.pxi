@@ -329,29 +329,28 @@ cdef class Pool(ProcessBound):
             raise _RedisTimeoutError(f"Timeout waiting for a connection to {self.target.address}")
         return &self.slots[i]
 
-    cdef rl_slot* grab_for(self, object keys, int64_t deadline) except NULL:
-        """A free connection for a command on ``keys``: on a cluster, one already
-        open to the node that owns their slot if there is one, so that commands
-        for several nodes do not drop and make a connection each; else ``grab``.
+    cdef rl_slot* grab_for(self, int key_slot, int64_t deadline) except NULL:
+        """A free connection for a command bound for ``key_slot`` (``disco_slot_for`` of its
+        keys, computed once by the caller, which gives the connection the same slot): on a
+        cluster, one already open to the node that owns the slot if there is one, so that
+        commands for several nodes do not drop and make a connection each; else ``grab``.
         """
         cdef rl_disco* d
         cdef rl_conn* c
         cdef rl_addr owner
-        cdef int slot, idx, i
+        cdef int idx, i
         cdef bint known = False
-        if self.slots == NULL or self.slots[0].conn.disco == NULL:
+        if key_slot < 0 or self.slots == NULL or self.slots[0].conn.disco == NULL:
             return self.grab(deadline)
         d = <rl_disco*>self.slots[0].conn.disco
         if d.kind != DISCO_CLUSTER:
             return self.grab(deadline)
-        slot = disco_slot_for(d, keys)
-        if slot >= 0:
-            pthread_mutex_lock(&d.mu)
-            idx = d.owner[slot] if not d.stale else -1
-            if idx >= 0:
-                owner = d.nodes[idx]
-                known = True
-            pthread_mutex_unlock(&d.mu)
+        pthread_mutex_lock(&d.mu)
+        idx = d.owner[key_slot] if not d.stale else -1
+        if idx >= 0:
+            owner = d.nodes[idx]
+            known = True
+        pthread_mutex_unlock(&d.mu)
         if known:
             for i in range(self.size):
                 if pthread_mutex_trylock(&self.slots[i].mu) == 0:
@@ -370,13 +369,14 @@ cdef class Pool(ProcessBound):
     def execute(self, ScriptRef ref not None, keys, args, double timeout):
         """Run a script (EVALSHA, EVAL on NOSCRIPT); the reply as redis-py gives it."""
         cdef int64_t deadline = deadline_after(timeout)
-        cdef rl_slot* slot = self.grab_for(keys, deadline)
+        cdef int key_slot = disco_slot_for(self.target.disco, keys)
+        cdef rl_slot* slot = self.grab_for(key_slot, deadline)
         cdef rl_conn* c = &slot.conn
         cdef rl_script_cmd cmd
         cdef int rc
         try:
             put_evalsha(&c.w, ref.sha, ref.source, keys, args, &cmd)
-            c.slot = disco_slot_for(c.disco, keys)
+            c.slot = key_slot
             with nogil:
                 rc = route_run(c, deadline, &cmd, send_all, NULL, True)
             if rc < 0:
@@ -398,14 +398,15 @@ cdef class Pool(ProcessBound):
         cdef int64_t deadline = deadline_after(timeout)
         cdef rl_slot* slot
         cdef rl_conn* c
+        cdef int key_slot = disco_slot_for(self.target.disco, keys)
         cdef rl_script_cmd cmd
         cdef int rc
         wait_cmd = _timing.wait_command(replicas, wait_ms)
-        slot = self.grab_for(keys, deadline)
+        slot = self.grab_for(key_slot, deadline)
         c = &slot.conn
         try:
             put_evalsha(&c.w, ref.sha, ref.source, keys, args, &cmd)
-            c.slot = disco_slot_for(c.disco, keys)
+            c.slot = key_slot
             with nogil:
                 rc = route_run(c, deadline, &cmd, send_all, NULL, True)
             if rc < 0:
