@@ -22,17 +22,17 @@ from redlease._log import PROCESS_SINKS
 from redlease._testing import RedisServer
 
 pytest.importorskip("opentelemetry.sdk")
-from opentelemetry import trace  # noqa: E402
-from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
-from opentelemetry.trace import StatusCode  # noqa: E402
+from opentelemetry.trace import StatusCode
 
-import redlease.otel  # noqa: E402
+import redlease.otel
 
 
 class Telemetry:
@@ -159,7 +159,11 @@ def test_a_stale_write_and_a_failed_one_say_so(
     assert otel.value("redlease.fence.writes", **{"redlease.fence.outcome": "unknown"}) == 1
     # No attribute of a metric grows without bound.
     for point in otel.points("redlease.fence.writes"):
-        assert set(point.attributes) == {"redlease.name", "redlease.engine", "redlease.fence.outcome"}
+        assert set(point.attributes) == {
+            "redlease.name",
+            "redlease.engine",
+            "redlease.fence.outcome",
+        }
 
 
 def test_a_lost_lease_ends_its_term_span_as_lost(
@@ -205,7 +209,8 @@ def test_lock_waits_and_holds(otel: Telemetry, client: redis.Redis, engine: str)
     assert otel.value(
         "redlease.lock.wait.duration", **{"redlease.lock.wait.outcome": "timed_out"}
     ) == 1
-    assert otel.value("redlease.lock.hold.duration", **{"redlease.lock.end_reason": "released"}) == 1
+    released = {"redlease.lock.end_reason": "released"}
+    assert otel.value("redlease.lock.hold.duration", **released) == 1
     assert otel.value("redlease.lock.held") == 0
     for point in otel.points("redlease.lock.wait.duration"):
         assert "redlease.lock.name" not in point.attributes

@@ -20,9 +20,9 @@ The library never adds a handler but the ``NullHandler`` and never sets a level.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import contextlib
 import threading
 import time
 from collections.abc import Callable

@@ -64,7 +64,7 @@ class _Open:
 class _Kept:
     """A keeper whose renewals are counted: its attributes and the lateness samples seen."""
 
-    __slots__ = ("attributes", "key", "keeper", "seen")
+    __slots__ = ("attributes", "keeper", "key", "seen")
 
     def __init__(self, keeper: Any, attributes: Attributes) -> None:
         self.keeper = keeper
@@ -240,9 +240,9 @@ class Sink:
         """At each collection: every keeper's renewals, and the lateness of those new."""
         with self._mutex:
             # A keeper closed without telling (a lock dropped unreleased) is folded here.
-            for key, kept in list(self._kept.items()):
+            for ident, kept in list(self._kept.items()):
                 if kept.keeper.closed:
-                    del self._kept[key]
+                    del self._kept[ident]
                     self._fold(kept)
             totals = dict(self._renewed)
             attributes = {kept.key: kept.attributes for kept in self._kept.values()}

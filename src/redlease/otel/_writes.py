@@ -16,6 +16,7 @@ one per write of a pipeline.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import weakref
@@ -82,10 +83,8 @@ def server_attributes(client: Any) -> dict[str, Any]:
             attributes["server.port"] = int(settings.get("port", 6379))
         if "db" in settings:
             attributes["db.namespace"] = str(settings["db"])
-    try:
+    with contextlib.suppress(TypeError):
         _servers[client] = attributes
-    except TypeError:
-        pass
     return attributes
 
 
@@ -106,7 +105,9 @@ def _start(sink: Sink, op: str, shell: Any, token: Any, writes: int) -> Span:
         attributes["db.operation.batch.size"] = writes
     if isinstance(token, int):
         attributes[TOKEN] = token
-    return sink.tracer.start_span(f"redlease.fence.{op}", kind=SpanKind.CLIENT, attributes=attributes)
+    return sink.tracer.start_span(
+        f"redlease.fence.{op}", kind=SpanKind.CLIENT, attributes=attributes
+    )
 
 
 def _finish(sink: Sink, span: Span, shell: Any, result: object, writes: int) -> None:
