@@ -303,3 +303,19 @@ def test_renewal_lateness_is_read_at_collection(otel: Telemetry, client: redis.R
         assert first >= 1
         time.sleep(0.3)
         assert otel.value("redlease.renew.lateness") > first  # cumulative, and growing
+
+
+def test_partitions_owned_follow_the_members_tenures(
+    otel: Telemetry, client: redis.Redis, engine: str
+) -> None:
+    member = redlease.Partitions(client, "parts", 4, ttl=0.5, member_id="m1", engine=engine)
+    member.start()
+    try:
+        assert len(member.wait_owned(10.0)) == 4
+        assert otel.value("redlease.partitions.owned", **{"redlease.name": "parts"}) == 4
+        assert otel.value("redlease.partitions.assigned") == 4
+    finally:
+        member.stop(10)
+    assert otel.value("redlease.partitions.owned") == 0
+    stopped = {"redlease.partitions.revoke_reason": "stopped"}
+    assert otel.value("redlease.partitions.revoked", **stopped) == 4

@@ -80,6 +80,10 @@ class ProcessSink(Protocol):
 
     def leading(self, events: Events) -> contextlib.AbstractContextManager[object]: ...
 
+    def tenure_began(self, events: Events) -> None: ...
+
+    def tenure_ended(self, events: Events, reason: str) -> None: ...
+
 
 PROCESS_SINKS: list[ProcessSink] = []
 """The sinks every ``Events`` of the process reports to (empty unless ``redlease.otel``
@@ -246,6 +250,17 @@ class Events:
         ``granted`` or not (a locker's; the process's sinks only: metrics read ``WaitStats``)."""
         for process_sink in PROCESS_SINKS:
             process_sink.waited(self, lock, began, granted)
+
+    def tenure_began(self) -> None:
+        """A partition group member began a tenure (the process's sinks only: metrics read
+        ``GroupStats``, and the member logs its tenures itself, a round at a time)."""
+        for process_sink in PROCESS_SINKS:
+            process_sink.tenure_began(self)
+
+    def tenure_ended(self, reason: str) -> None:
+        """A member's tenure ended: ``rebalanced``, ``lost`` or ``stopped``."""
+        for process_sink in PROCESS_SINKS:
+            process_sink.tenure_ended(self, reason)
 
     def debug(self, text: str) -> None:
         logger.debug("%s %r %s", self.what, self.name, text)

@@ -44,11 +44,13 @@ bounded reason or outcome; never a token, an instance id or a lock's name):
 ``redlease.renew.lateness`` (s; the keepers' own counts, read at each
 collection), ``redlease.lock.acquired``, ``redlease.lock.released`` (by
 ``redlease.lock.end_reason``), ``redlease.lock.held`` (up-down),
-``redlease.lock.wait.duration`` (s, by ``redlease.lock.wait.outcome``) and
-``redlease.lock.hold.duration`` (s).
+``redlease.lock.wait.duration`` (s, by ``redlease.lock.wait.outcome``),
+``redlease.lock.hold.duration`` (s), and for ``Partitions`` members
+``redlease.partitions.owned`` (up-down), ``redlease.partitions.assigned`` and
+``redlease.partitions.revoked`` (by ``redlease.partitions.revoke_reason``).
 
-A term already going when ``instrument()`` is called gets no span and is
-not counted as led; its end and every later term are.
+A term, lock or partition already held when ``instrument()`` is called gets
+no span and is not counted as held; its end and everything later are.
 
 Cost: uninstrumented, nothing (the fenced writes are the library's own
 methods, and the events find no process sink); instrumented, a span per

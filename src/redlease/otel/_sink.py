@@ -36,6 +36,7 @@ LOCK = "redlease.lock.name"
 LOCK_TOKEN = "redlease.lock.token"
 LOCK_END_REASON = "redlease.lock.end_reason"
 WAIT_OUTCOME = "redlease.lock.wait.outcome"
+REVOKE_REASON = "redlease.partitions.revoke_reason"
 
 Attributes = dict[str, Any]
 
@@ -138,6 +139,19 @@ class Sink:
             explicit_bucket_boundaries_advisory=WAIT_BUCKETS,
         )
 
+        self.partitions_owned = meter.create_up_down_counter(
+            "redlease.partitions.owned", "{partition}", "Partitions this process's members own now"
+        )
+        self.partitions_assigned = meter.create_counter(
+            "redlease.partitions.assigned", "{partition}", "Partition tenures begun"
+        )
+        self.partitions_revoked = meter.create_counter(
+            "redlease.partitions.revoked",
+            "{partition}",
+            "Partition tenures ended, by reason (redlease.partitions.revoke_reason: "
+            "rebalanced, lost, stopped)",
+        )
+
     # -- terms ------------------------------------------------------------------------
 
     def elected(self, events: Events, token: int) -> None:
@@ -206,6 +220,22 @@ class Sink:
             start_time=wall_ns(began),
         )
         span.end()
+
+    # -- partitions -----------------------------------------------------------------
+
+    def tenure_began(self, events: Events) -> None:
+        attributes = target_attributes(events)
+        self.partitions_assigned.add(1, attributes)
+        self.partitions_owned.add(1, attributes)
+        # The tenures counted as owned (one begun before instrument() is not).
+        events.trace = (events.trace or 0) + 1
+
+    def tenure_ended(self, events: Events, reason: str) -> None:
+        attributes = target_attributes(events)
+        self.partitions_revoked.add(1, {**attributes, REVOKE_REASON: reason})
+        if events.trace:
+            events.trace -= 1
+            self.partitions_owned.add(-1, attributes)
 
     # -- errors and keepers -------------------------------------------------------------
 
