@@ -319,3 +319,23 @@ def test_partitions_owned_follow_the_members_tenures(
     assert otel.value("redlease.partitions.owned") == 0
     stopped = {"redlease.partitions.revoke_reason": "stopped"}
     assert otel.value("redlease.partitions.revoked", **stopped) == 4
+
+
+def test_asyncio_lock_waits_are_children_of_the_callers_span(
+    otel: Telemetry, redis_server: RedisServer, engine: str
+) -> None:
+    async def main() -> None:
+        client = aio_client(redis_server)
+        locker = redlease.aio.RedisLocker(client, prefix="oa:", engine=engine)
+        with otel.tracer.start_as_current_span("task"):
+            async with locker.hold("a", ttl=5):
+                pass
+        await locker.close()
+        await client.aclose()
+
+    asyncio.run(main())
+    (task,) = otel.spans("task")
+    (wait,) = otel.spans("redlease.lock.wait")
+    (hold,) = otel.spans("redlease.lock.hold")
+    assert parent_of(wait) == parent_of(hold) == task.context.span_id
+    assert attr(hold, "redlease.lock.end_reason") == "released"
