@@ -2,7 +2,7 @@
 """The public API's signatures and constants, pinned: changing one changes the contract.
 
 Every class, function and method reached from ``redlease``, ``redlease.aio``,
-``redlease.lock`` and ``redlease.metrics`` (their ``__all__``), with each
+``redlease.lock``, ``redlease.metrics`` and ``redlease.otel`` (their ``__all__``), with each
 parameter's name, kind and default (annotations aside: they may name other
 internals), and every constant they export with its value. A public name
 added, removed or changed fails this test; if the change is meant, DESIGN.md
@@ -20,8 +20,9 @@ import redlease
 import redlease.aio
 import redlease.lock
 import redlease.metrics
+import redlease.otel
 
-FACES = (redlease, redlease.aio, redlease.lock, redlease.metrics)
+FACES = (redlease, redlease.aio, redlease.lock, redlease.metrics, redlease.otel)
 DUNDERS = ("__enter__", "__exit__", "__aenter__", "__aexit__")
 
 PINNED: dict[str, str | None] = {
@@ -237,6 +238,8 @@ PINNED: dict[str, str | None] = {
     "redlease.lock.default_locker": "(client=None, *, prefix='redlease:lock:', engine='auto')",
     "redlease.lock.with_lock": "(locker, name, fn, *, ttl=30.0, wait=0.0, retry_interval=0.1, auto_renew=True)",
     "redlease.metrics.instrument": "(target, registry=None)",
+    "redlease.otel.instrument": "(tracer_provider=None, meter_provider=None)",
+    "redlease.otel.uninstrument": "()",
     "redlease.with_lock": "(locker, name, fn, *, ttl=30.0, wait=0.0, retry_interval=0.1, auto_renew=True)",
 }
 

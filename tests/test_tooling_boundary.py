@@ -191,6 +191,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "redlease.aio",
             "redlease.lock",
             "redlease.metrics",
+            "redlease.otel",
             "redlease.health",
             "redlease.integrations",
         ),
@@ -219,6 +220,10 @@ TOOLING = ("redlease._cli", "redlease._testing", "redlease.__main__")
 PRIVATE_EXCEPTIONS: dict[str, str] = {
     "redlease/metrics.py: target._core": (
         "the shells' one documented internal attribute: an Election, or a locker's LockerCore"
+    ),
+    "redlease/otel/_writes.py: shell._fence": (
+        "a wrapped write's elector, Fencer or pipeline: its fence says whose write it is "
+        "(the fence's Events: the elector's name, engine and client)"
     ),
     "redlease/health.py: elector._core": (
         "the same attribute: an elector's Election says, without a round trip, whether its run "

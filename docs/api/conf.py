@@ -34,7 +34,7 @@ napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 
 # The optional integrations' libraries need not be installed to build this.
-autodoc_mock_imports = ["celery", "apscheduler", "prometheus_client"]
+autodoc_mock_imports = ["celery", "apscheduler", "prometheus_client", "opentelemetry"]
 
 html_theme = "alabaster"
 html_title = f"redlease {__version__} API reference"

@@ -5,7 +5,11 @@ lock) is the single place the run loop, the fence and the lock watchdog
 report to. It logs politely — one record per state change, never one per
 retry — and passes each event on to the sinks ``redlease.metrics`` attached
 (none unless the target was instrumented, so an uninstrumented elector pays
-for an empty loop).
+for an empty loop), then to the process's sinks (``PROCESS_SINKS``: what
+``redlease.otel.instrument()`` installs for every target, made before or
+after). Fenced writes are the metrics sinks' only: the process's sinks see
+none of them here (``redlease.otel`` wraps the writes themselves), so the
+fenced-write path stays one falsy check while nothing is attached.
 
 Levels: INFO when a term starts or ends and when an outage is over; WARNING
 when an outage starts (the first handled error of a streak) and, while it
@@ -16,6 +20,7 @@ The library never adds a handler but the ``NullHandler`` and never sets a level.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -51,6 +56,42 @@ class Sink(Protocol):
     def keeper_closed(self, keeper: Any) -> None: ...
 
 
+class ProcessSink(Protocol):
+    """What every ``Events`` of the process passes on once installed (``redlease.otel``).
+
+    Each call names the ``Events`` it comes from: one sink serves every target.
+    """
+
+    def elected(self, events: Events, token: int) -> None: ...
+
+    def stepped_down(self, events: Events, token: int, reason: str) -> None: ...
+
+    def acquired(self, events: Events, token: int) -> None: ...
+
+    def released(self, events: Events, token: int, reason: str) -> None: ...
+
+    def waited(self, events: Events, lock: str, began: float, granted: bool) -> None: ...
+
+    def error(self, events: Events, exc: BaseException) -> None: ...
+
+    def keeper_opened(self, events: Events, keeper: Any) -> None: ...
+
+    def keeper_closed(self, events: Events, keeper: Any) -> None: ...
+
+    def leading(self, events: Events) -> contextlib.AbstractContextManager[object]: ...
+
+    def tenure_began(self, events: Events) -> None: ...
+
+    def tenure_ended(self, events: Events, reason: str) -> None: ...
+
+
+PROCESS_SINKS: list[ProcessSink] = []
+"""The sinks every ``Events`` of the process reports to (empty unless ``redlease.otel``
+instrumented the process). Changed in place only, so each ``Events`` sees it at once."""
+
+_NOTHING = contextlib.nullcontext()
+
+
 # One lock for every Events: it guards a few fields for a moment, on an
 # error or a lost lock, and 100,000 electors should not cost a lock each.
 # New in a forked child (a parent's thread may have held it).
@@ -69,8 +110,12 @@ class Events:
     """One elector's (or lock's) reports: logged here, then handed to the sinks.
 
     ``what`` says who speaks ("elector", "lock"); ``name`` is the elector's
-    name or the lock's. Thread-safe: the run thread, a leader function's
-    writes and a lock's watchdog all report here.
+    name or the lock's; ``engine`` the engine's name and ``client`` the
+    client it talks to (None for a store in memory), for what a process sink
+    says of the target; ``parent`` the locker's ``Events`` for one of its
+    locks; ``trace`` is a process sink's own record of the target (its open
+    span). Thread-safe: the run thread, a leader function's writes and a
+    lock's watchdog all report here.
     """
 
     __slots__ = (
@@ -81,9 +126,13 @@ class Events:
         "_said_at",
         "_token",
         "adopt",
+        "client",
+        "engine",
         "instance",
         "name",
+        "parent",
         "sinks",
+        "trace",
         "what",
     )
 
@@ -94,10 +143,18 @@ class Events:
         instance: str = "",
         sinks: list[Sink] | None = None,
         adopt: Callable[[BaseException], object] | None = None,
+        *,
+        engine: str = "",
+        client: Any = None,
+        parent: Events | None = None,
     ):
         self.what = what
         self.name = name
         self.instance = instance
+        self.engine = engine
+        self.client = client
+        self.parent = parent
+        self.trace: Any = None
         # Shared with children (a locker's locks), so instrumenting the
         # locker reaches the locks it grants later. Until something is
         # attached, the empty tuple every Events shares (see ``attach``).
@@ -123,7 +180,16 @@ class Events:
         sinks = self.sinks
         if not isinstance(sinks, list):
             sinks = self.sinks = []  # shared from now on: a sink attached later reaches both
-        return Events(what, name, self.instance, sinks, self.adopt)
+        return Events(
+            what,
+            name,
+            self.instance,
+            sinks,
+            self.adopt,
+            engine=self.engine,
+            client=self.client,
+            parent=self,
+        )
 
     # -- terms ------------------------------------------------------------------
 
@@ -133,11 +199,25 @@ class Events:
         )
         for sink in self.sinks:
             sink.elected(token)
+        for process_sink in PROCESS_SINKS:
+            process_sink.elected(self, token)
 
     def stepped_down(self, token: int, reason: str) -> None:
         logger.info("%s %r stepped down: token %d, %s", self.what, self.name, token, reason)
         for sink in self.sinks:
             sink.stepped_down(token, reason)
+        for process_sink in PROCESS_SINKS:
+            process_sink.stepped_down(self, token, reason)
+
+    def leading(self) -> contextlib.AbstractContextManager[object]:
+        """Where a leader function runs its term: within each process sink's context for it
+        (``redlease.otel``: the term's span made current), or nothing."""
+        if not PROCESS_SINKS:
+            return _NOTHING
+        stack = contextlib.ExitStack()
+        for process_sink in PROCESS_SINKS:
+            stack.enter_context(process_sink.leading(self))
+        return stack
 
     def acquired(self, token: int) -> None:
         """A lock was granted (DEBUG: locks come and go by the thousand)."""
@@ -145,6 +225,8 @@ class Events:
         logger.debug("%s %r acquired: fencing token %d", self.what, self.name, token)
         for sink in self.sinks:
             sink.elected(token)
+        for process_sink in PROCESS_SINKS:
+            process_sink.acquired(self, token)
 
     def released(self, reason: str) -> None:
         """The acquired lock ended: "released", or "lost" when its lease was found gone.
@@ -160,6 +242,25 @@ class Events:
         logger.log(level, "%s %r %s: fencing token %d", self.what, self.name, reason, self._token)
         for sink in self.sinks:
             sink.stepped_down(self._token, reason)
+        for process_sink in PROCESS_SINKS:
+            process_sink.released(self, self._token, reason)
+
+    def waited(self, lock: str, began: float, granted: bool) -> None:
+        """One acquire of ``lock`` begun at ``began`` (``time.monotonic()``) ended now,
+        ``granted`` or not (a locker's; the process's sinks only: metrics read ``WaitStats``)."""
+        for process_sink in PROCESS_SINKS:
+            process_sink.waited(self, lock, began, granted)
+
+    def tenure_began(self) -> None:
+        """A partition group member began a tenure (the process's sinks only: metrics read
+        ``GroupStats``, and the member logs its tenures itself, a round at a time)."""
+        for process_sink in PROCESS_SINKS:
+            process_sink.tenure_began(self)
+
+    def tenure_ended(self, reason: str) -> None:
+        """A member's tenure ended: ``rebalanced``, ``lost`` or ``stopped``."""
+        for process_sink in PROCESS_SINKS:
+            process_sink.tenure_ended(self, reason)
 
     def debug(self, text: str) -> None:
         logger.debug("%s %r %s", self.what, self.name, text)
@@ -198,6 +299,8 @@ class Events:
         )
         for sink in self.sinks:
             sink.error(exc)
+        for process_sink in PROCESS_SINKS:
+            process_sink.error(self, exc)
 
     def ok(self) -> None:
         """A round trip succeeded: ends the outage, if one was going on."""
@@ -240,7 +343,11 @@ class Events:
     def keeper_opened(self, keeper: Any) -> None:
         for sink in self.sinks:
             sink.keeper_opened(keeper)
+        for process_sink in PROCESS_SINKS:
+            process_sink.keeper_opened(self, keeper)
 
     def keeper_closed(self, keeper: Any) -> None:
         for sink in self.sinks:
             sink.keeper_closed(keeper)
+        for process_sink in PROCESS_SINKS:
+            process_sink.keeper_closed(self, keeper)

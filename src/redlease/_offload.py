@@ -15,6 +15,7 @@ import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterator
+from contextvars import copy_context
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -51,8 +52,13 @@ def check_abandoned() -> None:
 
 
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:
-    """Run a blocking call on the default executor, so the event loop never waits on it."""
-    return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
+    """Run a blocking call on the default executor, so the event loop never waits on it.
+
+    The call sees the coroutine's context variables (as ``asyncio.to_thread``'s
+    does): a span current in the task is current there too.
+    """
+    call = functools.partial(fn, *args)
+    return await asyncio.get_running_loop().run_in_executor(None, copy_context().run, call)
 
 
 async def outlast(future: asyncio.Future[Any]) -> bool:
@@ -145,7 +151,7 @@ async def settled(
     """
     loop = asyncio.get_running_loop()
     call = _Call(functools.partial(fn, *args), give_back)
-    future = loop.run_in_executor(None, call.run)
+    future = loop.run_in_executor(None, copy_context().run, call.run)  # as off_loop's
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:

@@ -285,7 +285,8 @@ class _LeaderBridge:
 
         async def drive() -> None:
             try:
-                await self._fn(term, Fencer(self._elector, term.token))
+                with self._elector._core.events.leading():  # e.g. the term's span current
+                    await self._fn(term, Fencer(self._elector, term.token))
             except asyncio.CancelledError as exc:
                 if not term.ended():
                     outcome.append(exc)  # cancelled by someone else: not a term end

@@ -281,7 +281,12 @@ class Election:
         self.keys = ElectionKeys(self.config.name)
         self.cluster = is_cluster(client)
         self.events = Events(
-            "elector", self.config.name, self.config.instance_id, adopt=self.family.adopter
+            "elector",
+            self.config.name,
+            self.config.instance_id,
+            adopt=self.family.adopter,
+            engine=self.engine.name,
+            client=client,
         )
         self.fence = Fence(
             self.engine,

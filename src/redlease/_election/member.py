@@ -158,7 +158,14 @@ class Member(Tenures):
         self.on_assigned = bridge(on_assigned)
         self.on_revoked = bridge(on_revoked)
         self.on_error = bridge(observer.on_error if observer is not None else None)
-        self.events = Events("partitions", cfg.name, ident, adopt=self.family.adopter)
+        self.events = Events(
+            "partitions",
+            cfg.name,
+            ident,
+            adopt=self.family.adopter,
+            engine=self.engine.name,
+            client=self.client,
+        )
         self.refusals = ChannelRefusals(
             f"{shell} {cfg.name!r} member {ident!r}", f"&{cfg.name}*", self.client
         )
@@ -176,7 +183,7 @@ class Member(Tenures):
         self.errors_in_row = 0
         self.hurry = 0  # looks in a row at partitions left free (see rebalance)
         self.member_bytes = ident.encode()
-        self.stats = GroupStats()
+        self.stats = GroupStats(self.events)
         self.share = ShareWatch()
 
     # -- what callers read (and the tenures' owned() and token_of()) ----------------------

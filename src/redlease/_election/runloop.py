@@ -26,6 +26,7 @@ from .._engine import (
     driver,
     run_batch,
 )
+from .._log import Events
 from .election import Election, LeaderFn, Run, instance_text
 from .term import Reason, Term, end_term
 
@@ -344,7 +345,9 @@ class RunLoop:
         election.events.elected(token)
         election.emit(election.observer.on_elected, token)
         if self.fn is not None:
-            worker = _LeaderThread(self.fn, term, election.make_fencer(token), keeper, self.poke)
+            worker = _LeaderThread(
+                self.fn, term, election.make_fencer(token), keeper, self.poke, election.events
+            )
             self.worker = worker
             run.own_threads.add(worker.thread)
             worker.thread.start()
@@ -595,9 +598,11 @@ class _LeaderThread:
         term: Term,
         fencer: Any,
         keeper: Keeper,
-        on_finish: Callable[[], None] | None = None,
+        on_finish: Callable[[], None] | None,
+        events: Events,
     ) -> None:
         self.error: BaseException | None = None
+        self._events = events
         self._on_finish = on_finish
         self.finished = False
         self._fn = fn
@@ -610,7 +615,8 @@ class _LeaderThread:
 
     def _main(self) -> None:
         try:
-            self._fn(self._term, self._fencer)
+            with self._events.leading():  # e.g. the term's span current here
+                self._fn(self._term, self._fencer)
         except BaseException as exc:
             self.error = exc
         finally:

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from .._config import non_negative_seconds
+from .._log import Events
 
 REBALANCE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 """The bounds (seconds) a member's rebalance durations are counted into (``redlease.metrics``)."""
@@ -32,6 +33,7 @@ class GroupStats:
     """
 
     __slots__ = (
+        "_events",
         "_mutex",
         "_since",
         "assigned",
@@ -41,7 +43,8 @@ class GroupStats:
         "revoked",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, events: Events | None = None) -> None:
+        self._events = events  # the member's: each tenure is passed on to the process's sinks
         self._mutex = threading.Lock()
         self._since: float | None = None
         self.assigned = 0
@@ -53,10 +56,14 @@ class GroupStats:
     def tenure_began(self) -> None:
         with self._mutex:
             self.assigned += 1
+        if self._events is not None:
+            self._events.tenure_began()
 
     def tenure_ended(self, reason: str) -> None:
         with self._mutex:
             self.revoked[reason] += 1
+        if self._events is not None:
+            self._events.tenure_ended(reason)
 
     def looked(self, settled: bool, now: float) -> None:
         """One look at the group: this member settled at its share, or not."""

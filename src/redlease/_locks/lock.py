@@ -265,7 +265,9 @@ class LeaseStore(ABC):
     @functools.cached_property
     def _core(self) -> LockerCore:
         """The store's core, the one internal attribute its shells and metrics use."""
-        return LockerCore(Events("locker", getattr(self, "prefix", type(self).__name__)))
+        return LockerCore(
+            Events("locker", getattr(self, "prefix", type(self).__name__), engine=self.engine)
+        )
 
     @takes(acquire_options)
     def acquire(self, name: str, options: Options) -> Lock:
@@ -368,11 +370,13 @@ class LeaseStore(ABC):
                     if token > 0:
                         granted = True
                         waits.record(name, sent - began, True, taken)
+                        self._core.events.waited(name, began, True)
                         return self._grant(name, owner, token, ttl_ms, sent, auto_renew)
                     taken = True
                     left = deadline - time.monotonic()
                     if left <= 0:
                         waits.record(name, time.monotonic() - began, False, True)
+                        self._core.events.waited(name, began, False)
                         waited = f" after waiting {window} s" if window > 0 else ""
                         raise NotAcquired(self._taken(name) + waited)
                     if fair:

@@ -144,7 +144,15 @@ class RedisLocker(Locker):
     @functools.cached_property
     def _core(self) -> LockerCore:
         """As ``Locker._core``, with the errors its locks report made the client family's."""
-        return LockerCore(Events("locker", self._prefix, adopt=self._family.adopter))
+        return LockerCore(
+            Events(
+                "locker",
+                self._prefix,
+                adopt=self._family.adopter,
+                engine=self._engine.name,
+                client=self._client,
+            )
+        )
 
     @property
     def engine_reason(self) -> str:
