@@ -25,8 +25,8 @@ from typing import Any
 
 from opentelemetry.trace import Span, SpanKind
 
-from .._election.aio import Elector as AioElector
-from .._election.aio import Fencer as AioFencer
+from .._election.aioelector import Elector as AioElector
+from .._election.aioelector import Fencer as AioFencer
 from .._election.elector import Elector, Fencer
 from .._election.pipeline import AsyncFencedPipeline, FencedPipeline
 from .._log import Events
