@@ -9,7 +9,7 @@ API below; the loop that steps it is ``runloop.RunLoop``:
   ``leader()`` are what each step asks of Redis;
 * ``Run.request_stop()`` ends a run from anywhere; ``token()``, ``resign()``,
   ``renew_lateness()``, ``renew_lateness_count()`` and ``fence`` (a
-  ``fence.Fence``) serve the rest;
+  ``fence.FencedWrites``) serve the rest;
 * ``observe``, ``emit``, ``report`` and ``drain`` deliver to the observer and
   the events (logging, metrics).
 """
@@ -49,7 +49,7 @@ from .._engine import (
 from .._errors import ConfigError
 from .._keys import ElectionKeys, has_hash_tag
 from .._log import Events
-from .fence import Fence
+from .fence import FencedWrites
 from .term import Leader, Observer, Once, Term, tell_on_error
 
 _ACQUIRE = _scripts.load("acquire")
@@ -254,7 +254,7 @@ class Election:
         *,
         observer: Observer | None = None,
         engine: str | None = "auto",
-        face: FencerFace | None = None,
+        face: FencerSource | None = None,
         **settings: Any,
     ) -> None:
         """``settings``: an elector's own keywords (``ElectorShell``), checked by ``Config``."""
@@ -283,7 +283,7 @@ class Election:
         self.events = Events(
             "elector", self.config.name, self.config.instance_id, adopt=self.family.adopter
         )
-        self.fence = Fence(
+        self.fence = FencedWrites(
             self.engine,
             self.keys.applied,
             self.config.name,
@@ -591,7 +591,7 @@ class Election:
 _REFUSALS = ForkSafeLock()
 
 
-class FencerFace(Protocol):
+class FencerSource(Protocol):
     """A face whose leader functions get a fencer for their term's token."""
 
     def _fencer_of(self, token: int) -> Any: ...

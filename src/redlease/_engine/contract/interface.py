@@ -36,13 +36,13 @@ ScriptRequest = tuple[Script, Sequence["str | bytes"], Sequence[EncodableT]]
 """One script to run: the script, its keys and its args."""
 
 
-class ScriptRun:
+class ScriptSeries:
     """Many calls of one script in a batch, held as two lists instead of a request per call.
 
     Call ``i`` runs ``script`` with the keys ``keys`` and the args ``args``,
     then ``firsts[i]`` (as one more key when ``first_is_key``, else as one
     more arg) and ``seconds[i]`` as the last arg. A fenced pipeline's
-    ``set_many`` is ``ScriptRun(FENCE_SET, (mark,), (token,), keys, values,
+    ``set_many`` is ``ScriptSeries(FENCE_SET, (mark,), (token,), keys, values,
     True)``: call ``i`` is ``FENCE_SET`` with keys ``(mark, keys[i])`` and
     args ``(token, values[i])``. The lists hold validated arguments and
     are never changed once made. The native engine encodes a run without
@@ -75,7 +75,7 @@ class ScriptRun:
         return len(self.firsts)
 
     def __repr__(self) -> str:
-        return f"<ScriptRun {self.script.name} x{len(self)}>"
+        return f"<ScriptSeries {self.script.name} x{len(self)}>"
 
     def calls(self) -> list[ScriptRequest]:
         """Every call of the run, in order, as the request it stands for."""
@@ -91,17 +91,17 @@ class ScriptRun:
         ]
 
 
-BatchItem = ScriptRequest | ScriptRun
-"""What a batch holds: one call, or a run of calls of one script."""
+BatchItem = ScriptRequest | ScriptSeries
+"""What a batch holds: one call, or a series of calls of one script."""
 
 
 def flatten(batch: Sequence[BatchItem]) -> Sequence[ScriptRequest]:
     """``batch`` with every run replaced by its calls (``batch`` itself when it has none)."""
-    if not any(type(item) is ScriptRun for item in batch):
+    if not any(type(item) is ScriptSeries for item in batch):
         return batch  # type: ignore[return-value]
     calls: list[ScriptRequest] = []
     for item in batch:
-        if type(item) is ScriptRun:
+        if type(item) is ScriptSeries:
             calls.extend(item.calls())
         else:
             calls.append(item)  # type: ignore[arg-type]
@@ -110,7 +110,7 @@ def flatten(batch: Sequence[BatchItem]) -> Sequence[ScriptRequest]:
 
 def batch_size(batch: Sequence[BatchItem]) -> int:
     """How many calls ``batch`` makes (a run counts each of its calls)."""
-    return sum(len(item) if type(item) is ScriptRun else 1 for item in batch)
+    return sum(len(item) if type(item) is ScriptSeries else 1 for item in batch)
 
 MIN_STEP = 0.002
 """The shortest wait a round-trip step gets, even past its deadline (seconds).
@@ -378,7 +378,7 @@ class Engine(Protocol):
     ) -> tuple[list[Any], int]:
         """Run ``batch`` in one round trip on one of the engine's own connections, in order.
 
-        ``(replies, acknowledged)``, one reply per call (a ``ScriptRun``
+        ``(replies, acknowledged)``, one reply per call (a ``ScriptSeries``
         gives one per call of it, in its place). Each reply is what its script answered,
         checked against the script's reply shape (``replies.check``): an
         error reply, or a reply the script cannot give (``UnexpectedReply``),
