@@ -36,11 +36,11 @@ from .._engine import (
     ScriptRequest,
     call_timeout,
     due,
+    execute_one,
     first_contact,
     is_cluster,
     released,
     rerouted,
-    run_one,
     sharded_notices,
     shared_engine,
     slot_owner,
@@ -409,7 +409,7 @@ class Election:
 
     def lease_holder(self) -> Any:
         """One read of the lease (a script that only reads): ``[holder, pttl_ms]``, or None."""
-        reply, _ = run_one(
+        reply, _ = execute_one(
             self.engine, (_LEADER, (self.keys.leader,), ()), timeout=self.config.renew_interval
         )
         return reply
@@ -489,7 +489,7 @@ class Election:
         """``(token, pttl_ms, holder)``; token 0 when another instance (``holder``) leads."""
         # Answered READONLY / MASTERDOWN / NOREPLICAS, an acquire raises like
         # any error: no term starts (none runs while the loop contends).
-        reply, acked = run_one(
+        reply, acked = execute_one(
             self.engine,
             self.acquire_request(),
             timeout=self.config.renew_interval,
@@ -498,7 +498,7 @@ class Election:
         return self.acquired(reply, acked)
 
     def acquire_request(self) -> tuple[Any, tuple[str, ...], tuple[Any, ...]]:
-        """The acquire as a ``(script, keys, args)`` request (see ``Engine.run``)."""
+        """The acquire as a ``(script, keys, args)`` request (see ``Engine.execute``)."""
         return _ACQUIRE, tuple(self.keys.all()), (self.instance_id, self.config.ttl_ms)
 
     def acquired(self, reply: Any, acked: int = 0) -> tuple[int, int, str]:
@@ -550,7 +550,7 @@ class Election:
 
     def release(self) -> None:
         try:
-            reply: Any = run_one(
+            reply: Any = execute_one(
                 self.engine, self.release_request(), timeout=self.config.renew_interval
             )[0]
         except Exception as exc:  # as an acquire's: reported, never fatal

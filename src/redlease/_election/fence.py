@@ -48,9 +48,9 @@ from .._engine import (
     ForkSafeLock,
     ReplicationGuard,
     ScriptSeries,
+    execute_one,
     flatten,
     is_failover_reply,
-    run_one,
     split_pairs,
 )
 from .._errors import TooManyEvalBodies
@@ -377,7 +377,7 @@ class FencedWrites:
                 script, keys, args = request  # a call with its arguments laid out is cheaper
                 reply = self._engine.call_one(script, keys, args)
             else:
-                reply, acked = run_one(self._engine, request, wait=wait)
+                reply, acked = execute_one(self._engine, request, wait=wait)
         except RedisError as exc:
             self._failed(request, exc)
             raise
@@ -483,7 +483,7 @@ class FencedWrites:
     def _write_batch(self, batch: list[FenceRequest | ScriptSeries]) -> list[bool]:
         wait = self._wait
         # With the guard, one WAIT follows the batch on its connection.
-        replies, acked = self._engine.run(batch, wait=wait)
+        replies, acked = self._engine.execute(batch, wait=wait)
         applied = self._results(replies)
         if wait is not None and any(applied):
             wait.require(

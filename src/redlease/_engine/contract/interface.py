@@ -2,7 +2,7 @@
 
 An engine owns three things for one Elector (or one locker):
 
-* ``run`` — every script call: a batch of one or many, on the engine's *own*
+* ``execute`` — every script call: a batch of one or many, on the engine's *own*
   connections, never on the user's client, so a client configured with
   retries or no timeout can never stretch it; one deadline for the whole
   round trip; replies checked against what each script can answer; with
@@ -361,7 +361,7 @@ class Engine(Protocol):
     """What an Elector or a locker needs from Redis: one way to run scripts, and a renewer.
 
     Every script call — acquire, release, a lock's scripts, a fenced write,
-    a pipeline — goes through ``run``; coroutines' fenced writes through
+    a pipeline — goes through ``execute``; coroutines' fenced writes through
     ``loop_writer``; every lease is renewed by ``keeper``'s one renewer.
     """
 
@@ -369,7 +369,7 @@ class Engine(Protocol):
     reason: str
     """Why the native engine does not serve the client, in one sentence ("" when it does)."""
 
-    def run(
+    def execute(
         self,
         batch: Sequence[BatchItem],
         *,
@@ -406,12 +406,12 @@ class Engine(Protocol):
         args: Sequence[EncodableT],
         timeout: float | None = None,
     ) -> Any:
-        """One call, as ``run`` sends a single call without ``wait``: its checked reply,
-        its error raised. ``timeout`` as for ``run`` (None: a fenced write)."""
+        """One call, as ``execute`` sends a single call without ``wait``: its checked reply,
+        its error raised. ``timeout`` as for ``execute`` (None: a fenced write)."""
         ...
 
     def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
-        """The fenced-write path for coroutines on ``loop``, or None to use ``run`` off the loop.
+        """The fenced-write path for coroutines on ``loop``, or None: ``execute`` off the loop.
 
         One pipelined connection per loop, driven by the loop itself (see
         ``aiowriter``): no thread hop per write. Only from ``loop``'s thread.
@@ -423,7 +423,7 @@ class Engine(Protocol):
     def keeper(self, renew: ScriptRequest, *, interval: float, ttl: float) -> Keeper:
         """A new lease on the engine's one renewer, renewed by the call ``renew``.
 
-        ``renew`` is ``(script, keys, args)``, as ``run`` takes each call; its
+        ``renew`` is ``(script, keys, args)``, as ``execute`` takes each call; its
         script answers 1 (renewed) or 0 (lost).
         """
         ...
@@ -453,7 +453,7 @@ class Pools:
     """What both engines share: a pool for control calls, one for fenced writes, their bounds.
 
     An engine sets ``calls``, ``writes`` and ``write_timeout``; ``pool_for``
-    is the one place that says which pool and which bound a ``run`` gets.
+    is the one place that says which pool and which bound a ``execute`` gets.
     """
 
     calls: Any
@@ -473,14 +473,14 @@ class Pools:
         args: Sequence[EncodableT],
         timeout: float | None = None,
     ) -> Any:
-        """One call through ``run``, its error raised (see ``Engine.call_one``)."""
-        reply = self.run(((script, keys, args),), timeout=timeout)[0][0]  # type: ignore[attr-defined]
+        """One call through ``execute``, its error raised (see ``Engine.call_one``)."""
+        reply = self.execute(((script, keys, args),), timeout=timeout)[0][0]  # type: ignore[attr-defined]
         if isinstance(reply, Exception):
             raise reply
         return reply
 
 
-def run_one(
+def execute_one(
     engine: Engine,
     request: ScriptRequest,
     *,
@@ -490,11 +490,11 @@ def run_one(
     """One script call: ``(reply, acknowledged)``; its error raised.
 
     Without ``wait``, the engine's single-call path (``call_one``); with it,
-    ``run``, which sends the WAIT on the same connection.
+    ``execute``, which sends the WAIT on the same connection.
     """
     if wait is None:
         return engine.call_one(*request, timeout), 0
-    replies, acked = engine.run((request,), timeout=timeout, wait=wait)
+    replies, acked = engine.execute((request,), timeout=timeout, wait=wait)
     reply = replies[0]
     if isinstance(reply, Exception):
         raise reply

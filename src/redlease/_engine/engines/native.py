@@ -66,7 +66,7 @@ class _Lease(_Tracked, _native.Lease):
 class NativeEngine(Pools):
     """Runs scripts and keeps leases with the native core (see ``_engine.Engine``).
 
-    ``run`` is safe from any number of threads: it takes a free connection
+    ``execute`` is safe from any number of threads: it takes a free connection
     from a small pool (waiting for one counts against the timeout), runs
     EVALSHA (EVAL once on NOSCRIPT) with the GIL released, and raises
     redis-py's own exception types. A fenced write is bounded by
@@ -111,7 +111,7 @@ class NativeEngine(Pools):
             ref = self._refs.setdefault(script.sha, _native.ScriptRef(script.sha, script.source))
         return ref
 
-    def run(
+    def execute(
         self,
         batch: Sequence[BatchItem],
         *,
@@ -164,7 +164,7 @@ class NativeEngine(Pools):
         args: Sequence[EncodableT],
         timeout: float | None = None,
     ) -> Any:
-        """One call, its error raised: ``run``'s single-call path without a batch around
+        """One call, its error raised: ``execute``'s single-call path without a batch around
         it (a sync fenced write's, or a release's, whole cost is this call)."""
         ref = self._refs.get(script.sha) or self._ref(script)
         pool, bound = self.pool_for(timeout)
