@@ -84,14 +84,14 @@ def main() -> None:
         )
         native = NativeEngine(endpoint, write_timeout=5.0)
         contenders: list[tuple[str, Callable[[], object]]] = [
-            ("native", lambda: native.run(((script, keys, args),))),
+            ("native", lambda: native.execute(((script, keys, args),))),
             ("redis-py", lambda: client.evalsha(script.sha, 2, *keys, *args)),
         ]
         try:
             from redlease._engine.engines.python import PythonEngine
 
             python = PythonEngine(client)
-            contenders.append(("python engine", lambda: python.run(((script, keys, args),))))
+            contenders.append(("python engine", lambda: python.execute(((script, keys, args),))))
         except ImportError:
             pass
         raw = _probe.encode_command(["EVALSHA", script.sha, len(keys), *keys, *args])

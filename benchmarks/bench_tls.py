@@ -68,8 +68,8 @@ def fenced_writes(server: RedisServer, seconds: float, rounds: int) -> list[Time
     native = NativeEngine(endpoint, write_timeout=5.0)
     python = PythonEngine(client)
     contenders: list[tuple[str, Callable[[], object]]] = [
-        ("native", lambda: native.run(((script, keys, args),))),
-        ("python engine", lambda: python.run(((script, keys, args),))),
+        ("native", lambda: native.execute(((script, keys, args),))),
+        ("python engine", lambda: python.execute(((script, keys, args),))),
         ("redis-py", lambda: client.evalsha(script.sha, 2, *keys, *args)),
     ]
     try:

@@ -546,15 +546,15 @@ def watch_acquire_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def watch_batches(monkeypatch: pytest.MonkeyPatch, module: ModuleType) -> list[int]:
-    """The sizes of the batches ``module``'s ``run_batch`` sends from now on, in order."""
+    """The sizes of the batches ``module``'s ``execute_batch`` sends from now on, in order."""
     sizes: list[int] = []
-    real = module.run_batch
+    real = module.execute_batch
 
     def watched(engine: Any, requests: list[Any]) -> list[Any]:
         sizes.append(len(requests))
         return real(engine, requests)
 
-    monkeypatch.setattr(module, "run_batch", watched)
+    monkeypatch.setattr(module, "execute_batch", watched)
     return sizes
 
 

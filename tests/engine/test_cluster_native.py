@@ -109,7 +109,7 @@ def test_a_fenced_write_with_a_key_in_another_slot_is_refused_before_sending(
         sent: list[object] = []
         engine_obj = e._core.engine
         # Every way a call reaches the engine: a batch, or a single call.
-        for way in ("run", "call_one"):
+        for way in ("execute", "call_one"):
             real = getattr(engine_obj, way)
             monkeypatch.setattr(
                 engine_obj, way, lambda *a, real=real, **k: sent.append(a) or real(*a, **k)

@@ -10,7 +10,7 @@ import redis.exceptions as rex
 
 from engine_helpers import Server, run_batch
 from helpers import require_native
-from redlease._engine.contract.interface import ScriptRun, flatten
+from redlease._engine.contract.interface import ScriptSeries, flatten
 from redlease._scripts import Script
 
 native = require_native()
@@ -125,10 +125,10 @@ def test_a_script_run_is_sent_as_the_calls_it_stands_for(pool: Any, rc: redis.Re
         " return 1"
     )
     batch: list[Any] = [
-        ScriptRun(log, ("m",), ("t",), ["a", b"b"], ["1", 2], True),
+        ScriptSeries(log, ("m",), ("t",), ["a", b"b"], ["1", 2], True),
         (log, ("m",), ("x",)),
-        ScriptRun(log, ("m", "h"), ("t",), ["f", 7], [3.5, b"v"], False),
-        ScriptRun(log, ("m",), ("t",), [], [], True),
+        ScriptSeries(log, ("m", "h"), ("t",), ["f", 7], [3.5, b"v"], False),
+        ScriptSeries(log, ("m",), ("t",), [], [], True),
     ]
     assert run_batch(pool, batch, 2.0) == [1] * 5
     sent = rc.lrange("log", 0, -1)
@@ -140,7 +140,7 @@ def test_a_script_run_is_sent_as_the_calls_it_stands_for(pool: Any, rc: redis.Re
 
 def test_a_batch_of_empty_runs_sends_nothing(server: Server) -> None:
     pool = native.Pool(server.target(), 1)
-    empty = ScriptRun(lua("return 1"), ("m",), ("t",), [], [], True)
+    empty = ScriptSeries(lua("return 1"), ("m",), ("t",), [], [], True)
     assert run_batch(pool, [empty], 1.0) == []
     assert pool.connections == 0
 

@@ -32,7 +32,7 @@ from helpers import (
     hold_gil_at_least,
     wait_until,
 )
-from redlease._engine import ACTIVE, LOST, run_one
+from redlease._engine import ACTIVE, LOST, execute_one
 from redlease._testing import RedisServer, TLSMaterials
 from redlease.lock import DEFAULT_PREFIX, RedisLocker
 from tls_helpers import (
@@ -613,7 +613,7 @@ def test_a_native_keeper_renews_over_tls_past_three_ttls(tls_endpoint: Any) -> N
     engine = NativeEngine(tls_endpoint, write_timeout=2.0)
     try:
         keys = ["k:leader", "k:fence", "k:fence:applied"]
-        token, _, _ = run_one(engine, (load("acquire"), keys, ["me", 300]), timeout=2.0)[0]
+        token, _, _ = execute_one(engine, (load("acquire"), keys, ["me", 300]), timeout=2.0)[0]
         keeper = engine.keeper((load("renew"), ["k:leader"], ["me", 300]), interval=0.1, ttl=0.3)
         # On a fixed address the engine's shared renewer keeps it, over TLS too.
         assert isinstance(keeper, core.Lease)
@@ -636,7 +636,7 @@ def test_a_forked_child_leaves_the_parents_tls_connections_alone(tls_endpoint: A
     pool = core.Pool(core.Target(tls_endpoint), 1)
     try:
         keys = ["f:leader", "f:fence", "f:fence:applied"]
-        token, _, _ = run_one(engine, (load("acquire"), keys, ["me", 500]), timeout=2.0)[0]
+        token, _, _ = execute_one(engine, (load("acquire"), keys, ["me", 500]), timeout=2.0)[0]
         keeper = engine.keeper((load("renew"), ["f:leader"], ["me", 500]), interval=0.02, ttl=0.5)
         keeper.begin(token, time.monotonic())
         parent_id = command(pool, ["CLIENT", "ID"], 2.0)

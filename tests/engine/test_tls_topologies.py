@@ -34,7 +34,7 @@ from helpers import (
     require_native,
     stays,
 )
-from redlease._engine import run_one
+from redlease._engine import execute_one
 from redlease._engine.conn.client import native_endpoint
 from redlease._engine.conn.clientfamily import threaded
 from redlease._engine.engines.native import NativeEngine
@@ -266,7 +266,7 @@ def test_a_tls_cluster_signed_by_another_ca_is_rejected(
     native = NativeEngine(bad, write_timeout=2.0)
     try:
         with pytest.raises(rex.ConnectionError) as write_info:
-            run_one(
+            execute_one(
                 native,
                 (fenced_file("fence_set"), [f"{TAG}:x:fence:applied", f"{TAG}:x"], [1, "v"]),
             )[0]

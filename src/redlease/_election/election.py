@@ -9,7 +9,7 @@ API below; the loop that steps it is ``runloop.RunLoop``:
   ``leader()`` are what each step asks of Redis;
 * ``Run.request_stop()`` ends a run from anywhere; ``token()``, ``resign()``,
   ``renew_lateness()``, ``renew_lateness_count()`` and ``fence`` (a
-  ``fence.Fence``) serve the rest;
+  ``fence.FencedWrites``) serve the rest;
 * ``observe``, ``emit``, ``report`` and ``drain`` deliver to the observer and
   the events (logging, metrics).
 """
@@ -36,11 +36,11 @@ from .._engine import (
     ScriptRequest,
     call_timeout,
     due,
+    execute_one,
     first_contact,
     is_cluster,
     released,
     rerouted,
-    run_one,
     sharded_notices,
     shared_engine,
     slot_owner,
@@ -49,7 +49,7 @@ from .._engine import (
 from .._errors import ConfigError
 from .._keys import ElectionKeys, has_hash_tag
 from .._log import Events
-from .fence import Fence
+from .fence import FencedWrites
 from .term import Leader, Observer, Once, Term, tell_on_error
 
 _ACQUIRE = _scripts.load("acquire")
@@ -254,7 +254,7 @@ class Election:
         *,
         observer: Observer | None = None,
         engine: str | None = "auto",
-        face: FencerFace | None = None,
+        face: FencerSource | None = None,
         **settings: Any,
     ) -> None:
         """``settings``: an elector's own keywords (``ElectorShell``), checked by ``Config``."""
@@ -288,7 +288,7 @@ class Election:
             engine=self.engine.name,
             client=client,
         )
-        self.fence = Fence(
+        self.fence = FencedWrites(
             self.engine,
             self.keys.applied,
             self.config.name,
@@ -414,7 +414,7 @@ class Election:
 
     def lease_holder(self) -> Any:
         """One read of the lease (a script that only reads): ``[holder, pttl_ms]``, or None."""
-        reply, _ = run_one(
+        reply, _ = execute_one(
             self.engine, (_LEADER, (self.keys.leader,), ()), timeout=self.config.renew_interval
         )
         return reply
@@ -494,7 +494,7 @@ class Election:
         """``(token, pttl_ms, holder)``; token 0 when another instance (``holder``) leads."""
         # Answered READONLY / MASTERDOWN / NOREPLICAS, an acquire raises like
         # any error: no term starts (none runs while the loop contends).
-        reply, acked = run_one(
+        reply, acked = execute_one(
             self.engine,
             self.acquire_request(),
             timeout=self.config.renew_interval,
@@ -503,7 +503,7 @@ class Election:
         return self.acquired(reply, acked)
 
     def acquire_request(self) -> tuple[Any, tuple[str, ...], tuple[Any, ...]]:
-        """The acquire as a ``(script, keys, args)`` request (see ``Engine.run``)."""
+        """The acquire as a ``(script, keys, args)`` request (see ``Engine.execute``)."""
         return _ACQUIRE, tuple(self.keys.all()), (self.instance_id, self.config.ttl_ms)
 
     def acquired(self, reply: Any, acked: int = 0) -> tuple[int, int, str]:
@@ -555,7 +555,7 @@ class Election:
 
     def release(self) -> None:
         try:
-            reply: Any = run_one(
+            reply: Any = execute_one(
                 self.engine, self.release_request(), timeout=self.config.renew_interval
             )[0]
         except Exception as exc:  # as an acquire's: reported, never fatal
@@ -596,7 +596,7 @@ class Election:
 _REFUSALS = ForkSafeLock()
 
 
-class FencerFace(Protocol):
+class FencerSource(Protocol):
     """A face whose leader functions get a fencer for their term's token."""
 
     def _fencer_of(self, token: int) -> Any: ...

@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import _scripts
 from .._config import Config
-from .._engine import call_timeout, run_one, sharded_notices, shared_engine, threaded
+from .._engine import call_timeout, execute_one, sharded_notices, shared_engine, threaded
 from .._keys import ElectionKeys
 from .election import check_cluster_name, instance_text
 
@@ -32,7 +32,7 @@ def evicted(client: Any, name: str) -> tuple[int, str | None]:
     engine = shared_engine(twin, "auto")
     sharded = "1" if sharded_notices(twin) else "0"
     with family.errors():
-        reply, _ = run_one(
+        reply, _ = execute_one(
             engine, (_EVICT, ElectionKeys(name).all(), (sharded,)), timeout=call_timeout(twin)
         )
     mark, holder = reply

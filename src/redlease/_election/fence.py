@@ -1,6 +1,6 @@
 """Fenced writes: the token check and the write in one atomic script.
 
-``Fence`` is the fenced-write machinery of one elector name, shared by the
+``FencedWrites`` is the fenced-write machinery of one elector name, shared by the
 threaded and the asyncio front ends: it validates a write into a request
 (script, keys, args) before anything is sent, caches ``fence_eval`` bodies,
 and sends every request through the engine's one way to run scripts
@@ -9,7 +9,7 @@ two front ends differ only in how they wait for the reply.
 
 One path for every write. Its request is built by ``set_request``,
 ``hset_request`` or ``eval_request`` (a pipeline's ``set_many`` and
-``hset_many`` by ``bind_run``), whichever face it comes from:
+``hset_many`` by ``bind_series``), whichever face it comes from:
 ``Elector.fence_*``, ``Fencer``, a pipeline, threaded or asyncio. One write
 is sent by ``write`` from a thread, and by ``write_async`` for a coroutine,
 whose future the face awaits itself; a pipeline's batch by ``write_many`` /
@@ -26,7 +26,7 @@ mark its own first copy raised. The same holds for every write of a batch.
 
 The pipelines (``pipeline``) queue fenced writes with one token for one
 round trip; the public ``Fencer`` handles (threaded and asyncio) live
-beside their electors and hold a ``Fence``.
+beside their electors and hold a ``FencedWrites``.
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ from .._engine import (
     Engine,
     ForkSafeLock,
     ReplicationGuard,
-    ScriptRun,
+    ScriptSeries,
+    execute_one,
     flatten,
     is_failover_reply,
-    run_one,
     split_pairs,
 )
 from .._errors import TooManyEvalBodies
@@ -81,7 +81,7 @@ _running_loop = asyncio.get_running_loop
 
 
 def _no_loop() -> asyncio.AbstractEventLoop | None:
-    """The loop of a Fence's cached loop writer before any loop wrote: none."""
+    """The loop of a FencedWrites's cached loop writer before any loop wrote: none."""
     return None
 
 
@@ -185,13 +185,13 @@ class FailoverSink(Protocol):
     def failover_seen(self, token: int, exc: Exception) -> None: ...
 
 
-class Fence:
+class FencedWrites:
     """The fenced writes of one elector name, on one engine. Thread-safe.
 
     Each ``*_request`` validates its arguments and returns the request, or
     None when the token can never write (0 and negative tokens: the inert
     Fencer): every face builds its writes with them, pipelines included
-    (whose ``set_many`` and ``hset_many`` are ``bind_run``'s). ``write``
+    (whose ``set_many`` and ``hset_many`` are ``bind_series``'s). ``write``
     sends one request from a thread and returns ``applied``; ``write_async``
     is its future for a coroutine; ``write_many`` / ``write_many_async``
     send a pipeline's batch.
@@ -316,7 +316,7 @@ class Fence:
             self._check_slots(keys)
         return script, (self._applied_key, *keys), (token, *args)
 
-    def bind_run(
+    def bind_series(
         self,
         token: int,
         script: Script,
@@ -324,8 +324,8 @@ class Fence:
         firsts: list[Any],
         seconds: list[EncodableT],
         first_is_key: bool,
-    ) -> ScriptRun:
-        """``bind`` for many writes of one script at once, as one ``ScriptRun``.
+    ) -> ScriptSeries:
+        """``bind`` for many writes of one script at once, as one ``ScriptSeries``.
 
         Write ``i`` is what ``bind(token, script, keys + (firsts[i],),
         (seconds[i],))`` makes when ``first_is_key`` (a ``set_many``), else
@@ -334,7 +334,7 @@ class Fence:
         """
         if self._slot is not None:
             self._check_slots((*keys, *firsts) if first_is_key else keys)
-        return ScriptRun(
+        return ScriptSeries(
             script, (self._applied_key, *keys), (token,), firsts, seconds, first_is_key
         )
 
@@ -377,7 +377,7 @@ class Fence:
                 script, keys, args = request  # a call with its arguments laid out is cheaper
                 reply = self._engine.call_one(script, keys, args)
             else:
-                reply, acked = run_one(self._engine, request, wait=wait)
+                reply, acked = execute_one(self._engine, request, wait=wait)
         except RedisError as exc:
             self._failed(request, exc)
             raise
@@ -440,9 +440,9 @@ class Fence:
         if self._failovers is not None and is_failover_reply(exc):
             self._failovers.failover_seen(int(token), exc)
 
-    def _failed(self, request: FenceRequest | ScriptRun, exc: RedisError) -> None:
+    def _failed(self, request: FenceRequest | ScriptSeries, exc: RedisError) -> None:
         """``request`` raised ``exc``: ``failed`` with its token (its first arg)."""
-        args = request.args if type(request) is ScriptRun else request[2]  # type: ignore[index]
+        args = request.args if type(request) is ScriptSeries else request[2]  # type: ignore[index]
         self.failed(args[0], exc)
 
     def _writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
@@ -459,9 +459,9 @@ class Fence:
             self._loop_writer = (weakref.ref(loop), writer)
         return writer
 
-    def write_many(self, requests: Sequence[FenceRequest | ScriptRun | None]) -> list[bool]:
+    def write_many(self, requests: Sequence[FenceRequest | ScriptSeries | None]) -> list[bool]:
         """Send ``requests`` in one round trip, in order; one ``applied`` per write
-        (a ``ScriptRun`` of a ``set_many`` is one write per call of it).
+        (a ``ScriptSeries`` of a ``set_many`` is one write per call of it).
 
         An empty batch sends nothing, nor does one of the inert token (its
         requests are None, one per write). The first error reply is raised
@@ -471,7 +471,7 @@ class Fence:
             return []
         if requests[0] is None:
             return self._rejected(len(requests))
-        batch = cast(list[FenceRequest | ScriptRun], requests)
+        batch = cast(list[FenceRequest | ScriptSeries], requests)
         try:
             return self._write_batch(batch)
         except RedisError as exc:
@@ -480,10 +480,10 @@ class Fence:
             self._failed(batch[0], exc)
             raise
 
-    def _write_batch(self, batch: list[FenceRequest | ScriptRun]) -> list[bool]:
+    def _write_batch(self, batch: list[FenceRequest | ScriptSeries]) -> list[bool]:
         wait = self._wait
         # With the guard, one WAIT follows the batch on its connection.
-        replies, acked = self._engine.run(batch, wait=wait)
+        replies, acked = self._engine.execute(batch, wait=wait)
         applied = self._results(replies)
         if wait is not None and any(applied):
             wait.require(
@@ -495,7 +495,7 @@ class Fence:
         return applied
 
     async def write_many_async(
-        self, requests: Sequence[FenceRequest | ScriptRun | None]
+        self, requests: Sequence[FenceRequest | ScriptSeries | None]
     ) -> list[bool]:
         """``write_many`` for a coroutine: pipelined on the engine's connection for this loop.
 
@@ -511,7 +511,7 @@ class Fence:
         writer = self._writer(loop)
         if writer is None:
             return await loop.run_in_executor(None, self.write_many, requests)
-        batch = cast(list[FenceRequest | ScriptRun], requests)
+        batch = cast(list[FenceRequest | ScriptSeries], requests)
         futures = [writer.write(*request) for request in flatten(batch)]
         replies: list[Any] = []
         lost: BaseException | None = None

@@ -29,8 +29,8 @@ from .._engine import (
     Keeper,
     NoticeSubscription,
     call_timeout,
+    execute_one,
     is_cluster,
-    run_one,
     sharded_notices,
     threaded,
     unexpected_reply,
@@ -226,7 +226,8 @@ class Member(Tenures):
         self, leases: Sequence[str], timeout: float
     ) -> tuple[list[bytes], list[bytes], list[int]]:
         """The group as Redis says: ``(members, holders, pttls)`` (an error raised as it is)."""
-        reply, _ = run_one(self.engine, (_VIEW, (self.members_key, *leases), ()), timeout=timeout)
+        request = (_VIEW, (self.members_key, *leases), ())
+        reply, _ = execute_one(self.engine, request, timeout=timeout)
         return _check_view(reply, len(leases))
 
     def assignment(self) -> dict[str, str | None]:
@@ -420,7 +421,7 @@ class Member(Tenures):
         heartbeat = self.heartbeat
         assert heartbeat is not None
         sent = time.monotonic()
-        reply, _ = run_one(
+        reply, _ = execute_one(
             self.engine,
             (
                 _JOIN,

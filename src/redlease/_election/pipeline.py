@@ -3,7 +3,7 @@
 ``FencedPipeline`` (threaded) and ``AsyncFencedPipeline`` (asyncio, as
 ``redlease.aio.FencedPipeline``) share the chainable writes, which validate
 their arguments as they are queued; both hand the batch to their
-``Fence``, which owns sending it and saying what each reply means.
+``FencedWrites``, which owns sending it and saying what each reply means.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._engine import EncodableT, ScriptRun
+from .._engine import EncodableT, ScriptSeries
 from .fence import (
     FENCE_HSET,
     FENCE_SET,
     KEY_TYPES,
     VALUE_TYPES,
-    Fence,
+    FencedWrites,
     FenceRequest,
     check_key,
     check_pairs,
@@ -46,12 +46,12 @@ class _PipelineWrites:
 
     __slots__ = ("_fence", "_requests", "token")
 
-    def __init__(self, fence: Fence, token: object) -> None:
+    def __init__(self, fence: FencedWrites, token: object) -> None:
         self._fence = fence
         self.token = check_token(token)
         # A request per write (None for each of the inert and non-positive
-        # tokens, which never write, nor send), or a ScriptRun for many.
-        self._requests: list[FenceRequest | ScriptRun | None] = []
+        # tokens, which never write, nor send), or a ScriptSeries for many.
+        self._requests: list[FenceRequest | ScriptSeries | None] = []
 
     # Each write's request is the fence's, as a single write of any face builds it.
 
@@ -83,7 +83,7 @@ class _PipelineWrites:
         ``set``. Empty ``items`` queue nothing.
         """
         keys, values = check_pairs(items, "set_many", "key", KEY_TYPES)
-        self._add_run(FENCE_SET, (), keys, values, True)
+        self._add_series(FENCE_SET, (), keys, values, True)
         return self
 
     def hset_many(self: _P, key: str | bytes, mapping: FieldPairs) -> _P:
@@ -99,7 +99,7 @@ class _PipelineWrites:
         """
         checked_key = check_key(key)
         fields, values = check_pairs(mapping, "hset_many", "field", VALUE_TYPES)
-        self._add_run(FENCE_HSET, (checked_key,), fields, values, False)
+        self._add_series(FENCE_HSET, (checked_key,), fields, values, False)
         return self
 
     def eval(
@@ -112,7 +112,7 @@ class _PipelineWrites:
         self._requests.append(self._fence.eval_request(self.token, body, keys, args))
         return self
 
-    def _add_run(
+    def _add_series(
         self,
         script: Script,
         keys: tuple[str | bytes, ...],
@@ -127,14 +127,14 @@ class _PipelineWrites:
             self._requests.extend([None] * len(firsts))  # one rejected write each
             return
         self._requests.append(
-            self._fence.bind_run(token, script, keys, firsts, seconds, first_is_key)
+            self._fence.bind_series(token, script, keys, firsts, seconds, first_is_key)
         )
 
     def __len__(self) -> int:
         """How many writes are queued (each of a ``set_many`` counts)."""
-        return sum(len(r) if type(r) is ScriptRun else 1 for r in self._requests)
+        return sum(len(r) if type(r) is ScriptSeries else 1 for r in self._requests)
 
-    def _take(self) -> list[FenceRequest | ScriptRun | None]:
+    def _take(self) -> list[FenceRequest | ScriptSeries | None]:
         requests, self._requests = self._requests, []
         return requests
 

@@ -24,7 +24,7 @@ from .._engine import (
     Keeper,
     NoticeSubscription,
     driver,
-    run_batch,
+    execute_batch,
 )
 from .._log import Events
 from .election import Election, LeaderFn, Run, instance_text
@@ -562,7 +562,7 @@ def end_together(loops: Iterable[RunLoop], deadline: float | None) -> None:
         group.clear()
         try:
             engine = held[0].election.engine
-            replies = run_batch(engine, [loop.election.release_request() for loop in held])
+            replies = execute_batch(engine, [loop.election.release_request() for loop in held])
         finally:
             # Every held run ends here, whatever happened to the batch.
             unsent = RuntimeError("the batched release was cut short: its outcome is unknown")

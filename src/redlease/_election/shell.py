@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from .._config import Config, Duration, named_for
-from .election import Election, FencerFace
-from .fence import Fence, check_token
+from .election import Election, FencerSource
+from .fence import FencedWrites, check_token
 from .term import Observer
 
 
@@ -68,7 +68,7 @@ class ElectorShell:
         """The client the engines use: the user's own (the threaded face)."""
         return client
 
-    def _fencer_face(self) -> FencerFace | None:
+    def _fencer_face(self) -> FencerSource | None:
         """Who makes a term's fencer (``_fencer_of``), or None: the leader gets None."""
         return None
 
@@ -156,7 +156,7 @@ class FencerShell:
                 f"elector must be a redlease.{self._face.replace('Fencer', 'Elector')}, "
                 f"got {type(elector).__name__}"
             )
-        self._fence: Fence = elector._fence
+        self._fence: FencedWrites = elector._fence
         self._name = elector.config.name
         self.token = check_token(token)
 

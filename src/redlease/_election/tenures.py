@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import _scripts
 from .._config import Config
-from .._engine import ChannelRefusals, Keeper, run_one, unexpected_reply
+from .._engine import ChannelRefusals, Keeper, execute_one, unexpected_reply
 from .._log import Events, logger
 from .balance import preference
 from .partnames import MAX_PARTITIONS, Callback
@@ -163,7 +163,7 @@ class Tenures:
         parts = [self.parts[p] for p in wanted]
         sent = time.monotonic()
         try:
-            replies, _ = self.engine.run(
+            replies, _ = self.engine.execute(
                 [part.election.acquire_request() for part in parts], timeout=cfg.renew_interval
             )
         except Exception as exc:  # the outcome is unknown: a lease won meanwhile runs out
@@ -238,7 +238,7 @@ class Tenures:
         group = (self.members_key, self.set_key) if leaving else (self.members_key,)
         keys = (*group, *(self.parts[p].lease_key for p in partitions))
         try:
-            reply, _ = run_one(
+            reply, _ = execute_one(
                 self.engine,
                 (script, keys, (self.member_id, self.sharded)),
                 timeout=self.config.renew_interval,

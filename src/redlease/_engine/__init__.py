@@ -32,14 +32,14 @@ from .contract.interface import (
     Keeper,
     NoticeSubscription,
     ScriptRequest,
-    ScriptRun,
+    ScriptSeries,
     batch_size,
+    execute_one,
     flatten,
-    run_one,
 )
 from .engines.select import EngineInfo, engine_info, make_engine, native_available, shared_engine
 from .notices.notice import NO_NOTICES, ChannelRefusals, sharded_notices
-from .process.driver import BATCH, driver, run_batch
+from .process.driver import BATCH, driver, execute_batch
 from .process.forksafe import ForkSafeLock
 from .renewal.renewer import Lease, Renewer
 from .rules.encodable import split_pairs
@@ -84,13 +84,15 @@ __all__ = [
     "Renewer",
     "ReplicationGuard",
     "ScriptRequest",
-    "ScriptRun",
+    "ScriptSeries",
     "UnexpectedReply",
     "batch_size",
     "call_timeout",
     "driver",
     "due",
     "engine_info",
+    "execute_batch",
+    "execute_one",
     "first_contact",
     "flatten",
     "is_cluster",
@@ -101,8 +103,6 @@ __all__ = [
     "released",
     "renew_interval",
     "rerouted",
-    "run_batch",
-    "run_one",
     "sharded_notices",
     "shared_engine",
     "slot_owner",

@@ -23,11 +23,11 @@ from .._engine import (
     Keeper,
     ScriptRequest,
     call_timeout,
+    execute_one,
     is_cluster,
     make_engine,
     named,
     released,
-    run_one,
     sharded_notices,
     threaded,
 )
@@ -186,7 +186,7 @@ class RedisLocker(Locker):
         """One script on the engine within the client's timeout; errors in the client's family."""
         try:
             with self._family.errors():
-                return run_one(self._engine, request, timeout=self._timeout, wait=wait)
+                return execute_one(self._engine, request, timeout=self._timeout, wait=wait)
         except Exception as exc:
             named(exc, self._client)  # a refusal names the endpoint, as a start's does
             raise
@@ -321,7 +321,7 @@ class RedisLocker(Locker):
             for first in range(0, len(keys), SCAN_COUNT):
                 chunk = keys[first : first + SCAN_COUNT]
                 batch = [(script, keys_of(key), ()) for key in chunk]
-                replies, _ = self._engine.run(batch, timeout=self._timeout)
+                replies, _ = self._engine.execute(batch, timeout=self._timeout)
                 for key, reply in zip(chunk, replies, strict=True):
                     if isinstance(reply, AskError):
                         # Mid-migration, this key has moved: a read, so asked

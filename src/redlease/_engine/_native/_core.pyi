@@ -175,7 +175,7 @@ def execute_scripts(
     ``acknowledged``: the replicas a ``WAIT replicas wait_ms`` after the
     batch counted (0 without ``replicas``). ``flags``: every request names
     the first one's script and every reply is an integer 0 or 1. A
-    ``ScriptRun`` is a request per call of it, encoded from its lists.
+    ``ScriptSeries`` is a request per call of it, encoded from its lists.
     """
 
 class Renewer:

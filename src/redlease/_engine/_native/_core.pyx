@@ -118,9 +118,9 @@ import weakref
 from redlease._engine.rules import timing as _timing
 # The reply table: _replies.pxi copies its codes and kinds into C.
 from redlease._engine.rules import replytable as _replytable
-# A batch's run of calls of one script (a fenced pipeline's set_many):
+# A batch's series of calls of one script (a fenced pipeline's set_many):
 # _pipeline.pxi encodes it from its lists.
-from redlease._engine.contract.interface import ScriptRun as _ScriptRun
+from redlease._engine.contract.interface import ScriptSeries as _ScriptRun
 
 # Every ProcessBound alive in this process (Pool, LoopConn, Renewer,
 # NoticeHub), for the fork handler below. Not the leases, which are many: each

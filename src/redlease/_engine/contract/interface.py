@@ -2,7 +2,7 @@
 
 An engine owns three things for one Elector (or one locker):
 
-* ``run`` — every script call: a batch of one or many, on the engine's *own*
+* ``execute`` — every script call: a batch of one or many, on the engine's *own*
   connections, never on the user's client, so a client configured with
   retries or no timeout can never stretch it; one deadline for the whole
   round trip; replies checked against what each script can answer; with
@@ -36,13 +36,13 @@ ScriptRequest = tuple[Script, Sequence["str | bytes"], Sequence[EncodableT]]
 """One script to run: the script, its keys and its args."""
 
 
-class ScriptRun:
+class ScriptSeries:
     """Many calls of one script in a batch, held as two lists instead of a request per call.
 
     Call ``i`` runs ``script`` with the keys ``keys`` and the args ``args``,
     then ``firsts[i]`` (as one more key when ``first_is_key``, else as one
     more arg) and ``seconds[i]`` as the last arg. A fenced pipeline's
-    ``set_many`` is ``ScriptRun(FENCE_SET, (mark,), (token,), keys, values,
+    ``set_many`` is ``ScriptSeries(FENCE_SET, (mark,), (token,), keys, values,
     True)``: call ``i`` is ``FENCE_SET`` with keys ``(mark, keys[i])`` and
     args ``(token, values[i])``. The lists hold validated arguments and
     are never changed once made. The native engine encodes a run without
@@ -75,7 +75,7 @@ class ScriptRun:
         return len(self.firsts)
 
     def __repr__(self) -> str:
-        return f"<ScriptRun {self.script.name} x{len(self)}>"
+        return f"<ScriptSeries {self.script.name} x{len(self)}>"
 
     def calls(self) -> list[ScriptRequest]:
         """Every call of the run, in order, as the request it stands for."""
@@ -91,17 +91,17 @@ class ScriptRun:
         ]
 
 
-BatchItem = ScriptRequest | ScriptRun
-"""What a batch holds: one call, or a run of calls of one script."""
+BatchItem = ScriptRequest | ScriptSeries
+"""What a batch holds: one call, or a series of calls of one script."""
 
 
 def flatten(batch: Sequence[BatchItem]) -> Sequence[ScriptRequest]:
     """``batch`` with every run replaced by its calls (``batch`` itself when it has none)."""
-    if not any(type(item) is ScriptRun for item in batch):
+    if not any(type(item) is ScriptSeries for item in batch):
         return batch  # type: ignore[return-value]
     calls: list[ScriptRequest] = []
     for item in batch:
-        if type(item) is ScriptRun:
+        if type(item) is ScriptSeries:
             calls.extend(item.calls())
         else:
             calls.append(item)  # type: ignore[arg-type]
@@ -110,7 +110,7 @@ def flatten(batch: Sequence[BatchItem]) -> Sequence[ScriptRequest]:
 
 def batch_size(batch: Sequence[BatchItem]) -> int:
     """How many calls ``batch`` makes (a run counts each of its calls)."""
-    return sum(len(item) if type(item) is ScriptRun else 1 for item in batch)
+    return sum(len(item) if type(item) is ScriptSeries else 1 for item in batch)
 
 MIN_STEP = 0.002
 """The shortest wait a round-trip step gets, even past its deadline (seconds).
@@ -361,7 +361,7 @@ class Engine(Protocol):
     """What an Elector or a locker needs from Redis: one way to run scripts, and a renewer.
 
     Every script call — acquire, release, a lock's scripts, a fenced write,
-    a pipeline — goes through ``run``; coroutines' fenced writes through
+    a pipeline — goes through ``execute``; coroutines' fenced writes through
     ``loop_writer``; every lease is renewed by ``keeper``'s one renewer.
     """
 
@@ -369,7 +369,7 @@ class Engine(Protocol):
     reason: str
     """Why the native engine does not serve the client, in one sentence ("" when it does)."""
 
-    def run(
+    def execute(
         self,
         batch: Sequence[BatchItem],
         *,
@@ -378,7 +378,7 @@ class Engine(Protocol):
     ) -> tuple[list[Any], int]:
         """Run ``batch`` in one round trip on one of the engine's own connections, in order.
 
-        ``(replies, acknowledged)``, one reply per call (a ``ScriptRun``
+        ``(replies, acknowledged)``, one reply per call (a ``ScriptSeries``
         gives one per call of it, in its place). Each reply is what its script answered,
         checked against the script's reply shape (``replies.check``): an
         error reply, or a reply the script cannot give (``UnexpectedReply``),
@@ -406,12 +406,12 @@ class Engine(Protocol):
         args: Sequence[EncodableT],
         timeout: float | None = None,
     ) -> Any:
-        """One call, as ``run`` sends a single call without ``wait``: its checked reply,
-        its error raised. ``timeout`` as for ``run`` (None: a fenced write)."""
+        """One call, as ``execute`` sends a single call without ``wait``: its checked reply,
+        its error raised. ``timeout`` as for ``execute`` (None: a fenced write)."""
         ...
 
     def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
-        """The fenced-write path for coroutines on ``loop``, or None to use ``run`` off the loop.
+        """The fenced-write path for coroutines on ``loop``, or None: ``execute`` off the loop.
 
         One pipelined connection per loop, driven by the loop itself (see
         ``aiowriter``): no thread hop per write. Only from ``loop``'s thread.
@@ -423,7 +423,7 @@ class Engine(Protocol):
     def keeper(self, renew: ScriptRequest, *, interval: float, ttl: float) -> Keeper:
         """A new lease on the engine's one renewer, renewed by the call ``renew``.
 
-        ``renew`` is ``(script, keys, args)``, as ``run`` takes each call; its
+        ``renew`` is ``(script, keys, args)``, as ``execute`` takes each call; its
         script answers 1 (renewed) or 0 (lost).
         """
         ...
@@ -453,7 +453,7 @@ class Pools:
     """What both engines share: a pool for control calls, one for fenced writes, their bounds.
 
     An engine sets ``calls``, ``writes`` and ``write_timeout``; ``pool_for``
-    is the one place that says which pool and which bound a ``run`` gets.
+    is the one place that says which pool and which bound a ``execute`` gets.
     """
 
     calls: Any
@@ -473,14 +473,14 @@ class Pools:
         args: Sequence[EncodableT],
         timeout: float | None = None,
     ) -> Any:
-        """One call through ``run``, its error raised (see ``Engine.call_one``)."""
-        reply = self.run(((script, keys, args),), timeout=timeout)[0][0]  # type: ignore[attr-defined]
+        """One call through ``execute``, its error raised (see ``Engine.call_one``)."""
+        reply = self.execute(((script, keys, args),), timeout=timeout)[0][0]  # type: ignore[attr-defined]
         if isinstance(reply, Exception):
             raise reply
         return reply
 
 
-def run_one(
+def execute_one(
     engine: Engine,
     request: ScriptRequest,
     *,
@@ -490,11 +490,11 @@ def run_one(
     """One script call: ``(reply, acknowledged)``; its error raised.
 
     Without ``wait``, the engine's single-call path (``call_one``); with it,
-    ``run``, which sends the WAIT on the same connection.
+    ``execute``, which sends the WAIT on the same connection.
     """
     if wait is None:
         return engine.call_one(*request, timeout), 0
-    replies, acked = engine.run((request,), timeout=timeout, wait=wait)
+    replies, acked = engine.execute((request,), timeout=timeout, wait=wait)
     reply = replies[0]
     if isinstance(reply, Exception):
         raise reply

@@ -32,7 +32,7 @@ from ..contract.interface import (
     Notices,
     Pools,
     ScriptRequest,
-    ScriptRun,
+    ScriptSeries,
     flatten,
 )
 from ..notices.nativenotices import NativeNotices
@@ -66,7 +66,7 @@ class _Lease(_Tracked, _native.Lease):
 class NativeEngine(Pools):
     """Runs scripts and keeps leases with the native core (see ``_engine.Engine``).
 
-    ``run`` is safe from any number of threads: it takes a free connection
+    ``execute`` is safe from any number of threads: it takes a free connection
     from a small pool (waiting for one counts against the timeout), runs
     EVALSHA (EVAL once on NOSCRIPT) with the GIL released, and raises
     redis-py's own exception types. A fenced write is bounded by
@@ -111,7 +111,7 @@ class NativeEngine(Pools):
             ref = self._refs.setdefault(script.sha, _native.ScriptRef(script.sha, script.source))
         return ref
 
-    def run(
+    def execute(
         self,
         batch: Sequence[BatchItem],
         *,
@@ -120,14 +120,14 @@ class NativeEngine(Pools):
     ) -> tuple[list[Any], int]:
         """Script calls in one round trip on a pooled connection, GIL released (see ``Engine``).
 
-        A ``ScriptRun`` is encoded by the core straight from its lists, with
+        A ``ScriptSeries`` is encoded by the core straight from its lists, with
         no request made per call.
         """
         if not batch:
             return [], 0
         refs = self._refs
         first = batch[0]
-        if len(batch) == 1 and type(first) is not ScriptRun:
+        if len(batch) == 1 and type(first) is not ScriptSeries:
             # One call, the common case: the pool's single-script path.
             script, keys, args = cast(ScriptRequest, first)
             try:
@@ -149,7 +149,7 @@ class NativeEngine(Pools):
             replies, acked, flags = _native.execute_scripts(
                 pool, requests, refs, self._ref, bound, wait.min_replicas, wait.timeout_ms
             )
-        script = first.script if isinstance(first, ScriptRun) else first[0]
+        script = first.script if isinstance(first, ScriptSeries) else first[0]
         if flags and script.reply == "flag":
             # One script for the whole batch, whose replies are 0 or 1, and the
             # core saw only 0s and 1s: every reply is one it can give.
@@ -164,7 +164,7 @@ class NativeEngine(Pools):
         args: Sequence[EncodableT],
         timeout: float | None = None,
     ) -> Any:
-        """One call, its error raised: ``run``'s single-call path without a batch around
+        """One call, its error raised: ``execute``'s single-call path without a batch around
         it (a sync fenced write's, or a release's, whole cost is this call)."""
         ref = self._refs.get(script.sha) or self._ref(script)
         pool, bound = self.pool_for(timeout)

@@ -294,7 +294,7 @@ class PythonEngine(Pools):
         self._loop_ok = not is_cluster(client)
         self._master_generation = 0  # bumped when the sentinels announce a new master
 
-    def run(
+    def execute(
         self,
         batch: Sequence[BatchItem],
         *,

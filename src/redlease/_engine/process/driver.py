@@ -103,11 +103,11 @@ class Contender(Timed, Protocol):
         ...
 
 
-def run_batch(engine: Any, requests: list[Any]) -> list[Any]:
+def execute_batch(engine: Any, requests: list[Any]) -> list[Any]:
     """At most ``BATCH`` calls in one round trip: a reply each, or the exception in
     its place (one that failed the whole batch is each call's)."""
     try:
-        replies: list[Any] = engine.run(requests, timeout=BATCH_TIMEOUT)[0]
+        replies: list[Any] = engine.execute(requests, timeout=BATCH_TIMEOUT)[0]
         if len(replies) != len(requests):
             raise RuntimeError(f"a batch of {len(requests)} calls got {len(replies)} replies")
     except Exception as exc:
@@ -354,7 +354,7 @@ class Driver:
                 for start in range(0, len(entries), BATCH):
                     chunk = entries[start : start + BATCH]
                     sent = time.monotonic()
-                    replies = run_batch(engine, [request for _, request in chunk])
+                    replies = execute_batch(engine, [request for _, request in chunk])
                     for (contender, _), reply in zip(chunk, replies, strict=True):
                         del held[contender]
                         contender.prefetch(reply, sent)

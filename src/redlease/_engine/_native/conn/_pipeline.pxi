@@ -255,20 +255,20 @@ cdef inline bint immutable_arg(object arg) noexcept:
     return type(arg) is str or type(arg) is bytes or type(arg) is int
 
 
-cdef type RUN_TYPE = _ScriptRun
+cdef type SERIES_TYPE = _ScriptRun
 
 
 cdef Py_ssize_t batch_calls(list requests) except -1:
     """How many commands ``requests`` make: one per request, one per call of a run."""
     cdef Py_ssize_t n = 0
     for request in requests:
-        n += len((<object>request).firsts) if type(request) is RUN_TYPE else 1
+        n += len((<object>request).firsts) if type(request) is SERIES_TYPE else 1
     return n
 
 
 cdef object batch_first_keys(object request):
     """The keys of ``request``'s first command (what routes the batch on a cluster)."""
-    if type(request) is not RUN_TYPE:
+    if type(request) is not SERIES_TYPE:
         return request[1]
     if request.first_is_key and not request.keys:
         return request.firsts[:1]
@@ -276,7 +276,7 @@ cdef object batch_first_keys(object request):
 
 
 cdef int encode_run(rl_batch* b, object run, ScriptRef ref) except -1:
-    """Each call of a ``ScriptRun`` as an EVALSHA appended to ``b.w``, from its lists.
+    """Each call of a ``ScriptSeries`` as an EVALSHA appended to ``b.w``, from its lists.
 
     The bytes every call shares (the header, the sha, the key count, the
     run's own keys; then its own args) are encoded once and copied for each
@@ -349,7 +349,7 @@ cdef int encode_run(rl_batch* b, object run, ScriptRef ref) except -1:
 cdef bint batch_encode_scripts(rl_batch* b, list requests, dict refs, object make_ref,
                                list keep) except -1:
     """Each ``(Script, keys, args)`` as an EVALSHA appended to ``b.w``, with no copy between,
-    and each call of a ``ScriptRun`` likewise (``encode_run``).
+    and each call of a ``ScriptSeries`` likewise (``encode_run``).
 
     A script's ScriptRef is looked up (``refs``, else ``make_ref``) once per
     run of requests naming the same script, and kept alive in ``keep``. A
@@ -381,7 +381,7 @@ cdef bint batch_encode_scripts(rl_batch* b, list requests, dict refs, object mak
         raise MemoryError()
     for i in range(n):
         request = requests[i]
-        if type(request) is RUN_TYPE:
+        if type(request) is SERIES_TYPE:
             script = request.script
             if script is not prev_script:
                 same = same and b.n == 0
