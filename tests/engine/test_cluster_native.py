@@ -21,6 +21,7 @@ from helpers import (
     gil_call_size,
     hold_gil_at_least,
     require_native,
+    require_probe,
 )
 from redlease._testing import ClusterSet, RedisServer, key_slot
 from topology_helpers import close_all_engines, wait_leading_on
@@ -74,9 +75,9 @@ SLOT_KEYS += ["{a", "a}", "é{ü}", b"\xff{\x00}"]
 
 @pytest.mark.parametrize("key", SLOT_KEYS)
 def test_key_slot_in_c_is_the_clusters(key: str | bytes) -> None:
-    core = require_native()
+    probe = require_probe()
     raw = key.encode() if isinstance(key, str) else key
-    assert core._key_slot(key) == redis_key_slot(raw)
+    assert probe.key_slot(key) == redis_key_slot(raw)
 
 
 def test_native_elector_on_a_cluster_fences_on_the_slots_owner(

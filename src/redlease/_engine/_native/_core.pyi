@@ -331,7 +331,6 @@ LATENESS_BUCKETS: tuple[float, ...]
 LATENESS_SAMPLES: int
 
 # Read back for the tests, as native_timing() is; not part of the module's interface.
-def _key_slot(key: str | bytes) -> int: ...
 def reply_codes() -> tuple[tuple[str, int, bool], ...]: ...
 
 def split_pairs(items: object, keys: bool) -> tuple[list[Any], list[Any]] | None:

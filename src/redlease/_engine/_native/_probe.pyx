@@ -36,6 +36,7 @@ from redlease._engine._native._core cimport (
     rl_slot,
     route_run,
     send_all,
+    slot_of_object,
     take_reply,
 )
 
@@ -116,3 +117,8 @@ def reply_kind(bytes reply not None, bint cluster=False):
     finally:
         free(nodes.items)
     return what, route
+
+
+def key_slot(key):
+    """The cluster slot of ``key`` (str or bytes) as the core computes it, hash tags honoured."""
+    return slot_of_object(key)

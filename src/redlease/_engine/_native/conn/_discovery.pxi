@@ -225,11 +225,6 @@ cdef int disco_slot_for(void* p, object keys) except -2:
     return slot_of_object(keys[0])
 
 
-def _key_slot(key):
-    """The cluster slot of ``key`` (str or bytes), hash tags honoured. A test hook."""
-    return slot_of_object(key)
-
-
 # ---------------------------------------------------------------- helpers (no GIL)
 
 cdef bint same_addr(const rl_addr* a, const rl_addr* b) noexcept nogil:
