@@ -301,6 +301,10 @@ def test_a_process_with_a_native_listener_exits_promptly(redis_server: RedisServ
 def test_the_native_listener_ends_when_no_waiter_is_left_and_a_new_waiter_restarts_it(
     native_engine: Any, client: redis.Redis
 ) -> None:
+    # The process's one reader thread serves every hub: one an earlier test of
+    # this worker left listening ends a couple of seconds after its last waiter,
+    # and this test starts once it has.
+    wait_until(lambda: not notice_tasks(), timeout=20, what="an earlier test's reader's end")
     listener = native_engine.notices(client)
     first = listener.listen("idle", lambda _p: None)
     wait_until(lambda: subscribed(client, "idle:released"), timeout=5, what="the subscription")
@@ -415,8 +419,9 @@ def test_started_runs_stop_listening_on_stop_and_the_reader_ends_after_the_last(
     ]
     for follower in followers:
         follower.start()
-    routing = driver_notices()
-    assert routing is not None
+    # The routing is made by the first driven run that listens, after its first
+    # acquire lost (unless an earlier test of this process made it already).
+    routing = wait_until(driver_notices, timeout=5, what="the driver's notice routing")
     # The followers listen; the leader does not while it leads.
     wait_until(lambda: routing.routed() >= 20, timeout=5, what="every follower routed")
     routed = routing.routed()  # these 20, and any other test's left over
