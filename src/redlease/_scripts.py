@@ -42,6 +42,7 @@ def source(name: str) -> str:
 _REPLIES = {
     "acquire": "acquire",
     "release": "release",
+    "renew_many": "renew_many",
     "lock_release": "release",
     "sem_release": "release",
     "lock_acquire": "lock_acquire",

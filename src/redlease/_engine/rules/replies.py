@@ -310,6 +310,12 @@ def _sem_holders(reply: object) -> bool:
     return type(reply) is list and all(_holder_entry(each) for each in reply)
 
 
+def _renew_many(reply: object) -> bool:
+    # one reply per lease, in order: 0, 1, or that lease's own error reply (its
+    # length is checked where the leases are known)
+    return type(reply) is list and all(isinstance(each, Exception) or _flag(each) for each in reply)
+
+
 _SHAPES = {
     "flag": (_flag, "0 or 1"),
     "release": (_release, "0, 1 or 2"),
@@ -322,6 +328,7 @@ _SHAPES = {
     ),
     "sem_acquire": (_sem_acquire, "an array of a fencing token (or 0 or -1) and a number"),
     "sem_holders": (_sem_holders, "an array of [holder, fencing token, PTTL] arrays"),
+    "renew_many": (_renew_many, "an array of 0, 1 or an error reply per lease"),
     "evict": (_evict, "an array of a mark below 2**53 and a holder"),
     "any": (lambda _reply: True, "anything"),
 }

@@ -81,6 +81,14 @@ A term answered with one of them ends at once: its lease lives on a server
 that is now a replica, cut off from its replicas, or refusing writes.
 """
 
+BATCH_KEY_ELSEWHERE = "Script attempted to access a non local key"
+"""What one lease of a node-wide batched renewal (``lua/renew_many.lua`` with no
+declared key, on a Cluster node) is answered when the node does not serve its
+key's slot (the slot moved, or is mid-migration and the key already left). The
+reply says nothing of where the slot went and did not renew that lease: it alone
+is renewed again at once on its own, routed by its declared key, so a MOVED or
+ASK reply is followed as for any renewal."""
+
 _RESENT: dict[int, frozenset[int]] = {
     NOSCRIPT: frozenset((PLAIN, SENTINEL, CLUSTER)),
     MOVED: frozenset((CLUSTER,)),
