@@ -27,7 +27,7 @@ where the kernel's share of a round trip is much smaller). Three tables:
 
 Tables 1 and 3 carry the host's limit, ``raw socket``: the same EVALSHAs
 encoded once before the round, written to a plain blocking socket and
-their replies counted by hiredis, nothing else. No client that sends these
+their replies counted by their bytes (each is ``:1``), nothing parsed. No client that sends these
 writes over a socket and reads their replies does less work than that, so
 what it measures is what this host's loopback, kernel and redis-server
 allow; the clients' figures are best read against it.
@@ -44,7 +44,6 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 
-import hiredis
 import redis
 import redis.utils
 
@@ -97,7 +96,15 @@ def redis_py_pipeline_op(client: redis.Redis, batch: int) -> Callable[[], object
 
 
 class RawSocket:
-    """The host's limit: pre-encoded EVALSHAs on a plain blocking socket, replies counted."""
+    """The host's limit: pre-encoded EVALSHAs on a blocking socket, replies counted by bytes.
+
+    Every write of it applies, so every reply is ``:1``: the socket counts
+    the bytes it reads into one buffer made once, and parses nothing. That is
+    all a client cannot avoid (one send, reading the replies off the socket);
+    ``check`` compares what the last call read with the replies it counted.
+    """
+
+    REPLY = b":1\r\n"
 
     def __init__(self, server: RedisServer, keys: list[str]) -> None:
         sha = _scripts.fenced_file("fence_set").sha
@@ -106,22 +113,31 @@ class RawSocket:
             encode([b"EVALSHA", sha, b"2", applied, key, b"%d" % TOKEN, b"value"]) for key in keys
         )
         self.count = len(keys)
+        self.want = self.count * len(self.REPLY)
+        self.buffer = bytearray(max(self.want, 65536))
+        self.view = memoryview(self.buffer)
         if server.unix_path is not None:
             self.sock = socket.socket(socket.AF_UNIX)
             self.sock.connect(server.unix_path)
         else:
             self.sock = socket.create_connection(server.address)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.reader = hiredis.Reader()
 
     def op(self) -> object:
         self.sock.sendall(self.requests)
-        got = 0
-        while got < self.count:
-            self.reader.feed(self.sock.recv(65536))
-            while self.reader.gets() is not False:
-                got += 1
-        return got
+        got, want, view, recv_into = 0, self.want, self.view, self.sock.recv_into
+        while got < want:
+            n = recv_into(view[got:])
+            if n == 0:
+                raise ConnectionError("the server closed the connection")
+            got += n
+        return self.count
+
+    def check(self) -> None:
+        """Raise unless the last call read exactly one ``:1`` reply per write."""
+        if bytes(self.buffer[: self.want]) != self.REPLY * self.count:
+            head = bytes(self.buffer[:64])
+            raise RuntimeError(f"the raw socket read {head!r}..., not :1 replies")
 
     def close(self) -> None:
         self.sock.close()
@@ -261,6 +277,7 @@ def main() -> None:
         )
         raw = RawSocket(server, [f"{NAME}:value:{i}" for i in range(opts.batch)])
         rates[RAW] = best_rate(raw.op, opts.batch, opts.seconds, opts.rounds)
+        raw.check()
         raw.close()
 
         arates = async_rates(server, engines, opts.batch, opts.seconds, opts.rounds)
