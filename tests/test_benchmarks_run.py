@@ -35,7 +35,12 @@ WITH_A_LIMIT = {
     "pipeline_set_writes_per_s",
     "asyncio_1_task_writes_per_s",
 }
-TARGETS = {"pipeline_writes_per_s", "sync_cpu_us_per_write", "asyncio_1_task_writes_per_s"}
+TARGETS = {
+    "pipeline_writes_per_s",
+    "pipeline_set_writes_per_s",
+    "sync_cpu_us_per_write",
+    "asyncio_1_task_writes_per_s",
+}
 
 
 def run(script: str, *args: str, timeout: float = 50) -> subprocess.CompletedProcess[str]:
