@@ -186,6 +186,36 @@ def test_plain_callbacks_run_on_the_member_thread(redis_server: RedisServer, eng
     run(scenario)
 
 
+def test_a_coroutine_callback_can_await_what_the_process_driver_runs(
+    redis_server: RedisServer, engine: str
+) -> None:
+    # The member's callbacks wait on a thread of their own, never on the driver: a
+    # coroutine callback awaiting an elector the driver steps is done well within the ttl
+    # (it would be cancelled at the ttl, its TimeoutError told to on_error).
+    async def scenario() -> None:
+        client = async_client(redis_server)
+        errors: list[Exception] = []
+        led: list[str] = []
+
+        async def assigned(partition: str, token: int) -> None:
+            elector = redlease.aio.Elector(
+                client, f"{NAME}-lead-{partition}", ttl=0.5, engine=engine
+            ).start()
+            try:
+                await until(lambda: elector.is_leader, what="the callback's elector led")
+                led.append(partition)
+            finally:
+                await elector.stop()
+
+        observer = redlease.Observer(on_error=errors.append)
+        async with make(client, engine, "m1", 2, on_assigned=assigned, observer=observer):
+            await until(lambda: len(led) == 2, what="both callbacks awaited their elector")
+        assert errors == []
+        await client.aclose()
+
+    run(scenario)
+
+
 def test_different_partition_sets_are_refused_when_started(
     redis_server: RedisServer, engine: str
 ) -> None:

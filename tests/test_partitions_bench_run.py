@@ -56,7 +56,8 @@ def test_the_quick_run_measures_join_leave_and_kill_and_plots_a_rolling_restart(
         assert finite(size["start_to_balanced_s"])
         for change in ("join_s", "leave_s", "kill_s"):
             assert len(size[change]) == 1 and all(finite(s) for s in size[change]), change
-        assert size["threads_added"] == len(size["threads"]) >= 8  # a run loop per member
+        # The driver, the renewer, the notice reader: never a thread per member.
+        assert size["threads_added"] == len(size["threads"]) <= 4, size["threads"]
         rolling = size["rolling"]
         assert set(rolling) == ROLLING_KEYS
         assert rolling["restarts_balanced"] == 8 and len(rolling["restarts"]) == 8

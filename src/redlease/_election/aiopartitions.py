@@ -1,13 +1,14 @@
 """The asyncio ``Partitions`` (``redlease.aio.Partitions``): the same member, for coroutines.
 
 The member's core (``member.Member``) runs as for ``redlease.Partitions``:
-its run loop on a thread of its own, its leases on the engine's one renewer,
-so a blocked event loop can neither delay a renewal nor a hand-over's
-release. What differs is the face: ``start``, ``stop``, ``assignment`` and
-``members`` are coroutines (their round trips run off the event loop),
-``fencer(p)`` hands out ``redlease.aio.Fencer`` objects, and a callback may
-be a coroutine function: it runs on the event loop the member was started
-from, while the run thread waits for it (bounded by the TTL).
+its run on the process's driver, its callbacks on a thread of its own, its
+leases on the engine's one renewer, so a blocked event loop can neither
+delay a renewal nor a hand-over's release. What differs is the face:
+``start``, ``stop``, ``assignment`` and ``members`` are coroutines (their
+round trips run off the event loop), ``fencer(p)`` hands out
+``redlease.aio.Fencer`` objects, and a callback may be a coroutine
+function: it runs on the event loop the member was started from, while the
+member's callback thread waits for it (bounded by the TTL).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Partitions(PartitionsShell[AsyncCallback, AsyncCallback], AwaitsStopOnExit
     member waits for it to finish before it goes on (an ``on_revoked``
     finishes before the partition is released). One that takes longer than
     the TTL is cancelled, and a ``TimeoutError`` goes to ``on_error``.
-    Plain functions run on the member's run thread, as in the threaded
+    Plain functions run on the member's callback thread, as in the threaded
     member.
     """
 
@@ -59,7 +60,7 @@ class Partitions(PartitionsShell[AsyncCallback, AsyncCallback], AwaitsStopOnExit
     # -- running ------------------------------------------------------------------------------
 
     async def start(self) -> Partitions:
-        """Join the group and start the member (its run thread); returns this member.
+        """Join the group and start the member (on the process's driver); returns this member.
 
         ``ConfigError`` when the group's live members share another partition
         set, ``RuntimeError`` when already running. Coroutine callbacks run on
@@ -84,7 +85,7 @@ class Partitions(PartitionsShell[AsyncCallback, AsyncCallback], AwaitsStopOnExit
         await settled(self._core.stop, timeout, always=True)
 
     async def __aenter__(self) -> Partitions:
-        if self._core.thread is None:
+        if not self._core.running:
             await self.start()
         return self
 
@@ -100,7 +101,7 @@ class Partitions(PartitionsShell[AsyncCallback, AsyncCallback], AwaitsStopOnExit
 
         As ``redlease.Partitions.wait_owned`` (the share, ``TimeoutError``,
         ``ConfigError``, ``RuntimeError`` when not running), without blocking
-        the event loop: the member's run thread wakes this coroutine at each
+        the event loop: the member's run wakes this coroutine at each
         look it takes at the group. Cancelled, it leaves nothing waiting and
         ``CancelledError`` propagates.
         """
@@ -110,7 +111,7 @@ class Partitions(PartitionsShell[AsyncCallback, AsyncCallback], AwaitsStopOnExit
         loop = asyncio.get_running_loop()
         changed = asyncio.Event()
 
-        def wake() -> None:  # on the run thread
+        def wake() -> None:  # on the driver thread, or the one that ends the run
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(changed.set)
 
@@ -148,7 +149,8 @@ class Partitions(PartitionsShell[AsyncCallback, AsyncCallback], AwaitsStopOnExit
     # -- coroutine callbacks ------------------------------------------------------------------
 
     def _bridge(self, callback: Callback | None) -> Callback | None:
-        """``callback`` as the run thread calls it: a coroutine it returns runs on the loop."""
+        """``callback`` as the callback thread calls it: a coroutine it returns runs on the
+        loop."""
         if callback is None:
             return None
 

@@ -602,6 +602,11 @@ class FencerSource(Protocol):
     def _fencer_of(self, token: int) -> Any: ...
 
 
+def generation() -> int:
+    """How many forks this process is away from the first (a run made in another is no run)."""
+    return _generation
+
+
 def _forget_runs_after_fork() -> None:
     # Every run made so far is the parent's: ``Election.run`` now says None.
     global _generation

@@ -2,12 +2,14 @@
 
 ``Member`` joins its group (``partition_join.lua``, which checks the
 partition set), keeps a heartbeat in the group's sorted set on the engine's
-one renewer, listens to the group's channel, and runs a loop on a thread of
-its own: each step reads the group (``partition_view.lua``), lets
-``balance`` decide this member's share and acts on it through its
-``Tenures`` (take, hand over), then pauses until the next poll, a notice, a
-stop, or a lease that stops being proven. At the end it revokes, releases
-and leaves (``partition_leave.lua``). Callbacks run on the run thread.
+one renewer, listens to the group's channel, and is stepped by the process's
+driver as an election's run is (``memberloop.MemberLoop``): each look reads
+the group (``partition_view.lua``), lets ``balance`` decide this member's
+share and acts on it through its ``Tenures`` (take, hand over); the next
+comes at the next poll, a notice, a stop, or a lease that stops being
+proven. At the end it revokes, releases and leaves (``partition_leave.lua``).
+Callbacks run on the member's callback thread (``memberloop.CallbackThread``),
+in order; a member without callbacks has no thread of its own.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from .._errors import ConfigError
 from .._keys import PartitionKeys, has_hash_tag
 from .._log import Events, logger
 from . import balance
+from .election import generation
+from .memberloop import MemberLoop
 from .partnames import (
     Callback,
     canonical,
@@ -169,12 +173,14 @@ class Member(Tenures):
         self.refusals = ChannelRefusals(
             f"{shell} {cfg.name!r} member {ident!r}", f"&{cfg.name}*", self.client
         )
-        # ``mutex`` guards what the run thread shares (held, thread); ``lifecycle``
-        # makes start() and stop() one at a time.
+        # ``mutex`` guards what the run shares with the callers' threads (held,
+        # handing, the loop); ``lifecycle`` makes start() and stop() one at a time.
         self.mutex = threading.Lock()
         self.lifecycle = threading.Lock()
         self.held: dict[str, Tenure] = {}
-        self.thread: threading.Thread | None = None
+        self.handing: set[str] = set()
+        self.callbacks = any(c is not None for c in (on_assigned, on_revoked, self.on_error))
+        self._loop: MemberLoop | None = None
         self.stopping = False
         self.heartbeat: Keeper | None = None
         self.notices: NoticeSubscription = NO_NOTICES
@@ -185,6 +191,45 @@ class Member(Tenures):
         self.member_bytes = ident.encode()
         self.stats = GroupStats(self.events)
         self.share = ShareWatch()
+
+    @property
+    def loop(self) -> MemberLoop | None:
+        """The run going on, or None (in a forked child, a run of the parent is none)."""
+        loop = self._loop
+        if loop is not None and loop.born != generation():
+            self._loop = None
+            return None
+        return loop
+
+    @property
+    def running(self) -> bool:
+        return self.loop is not None
+
+    def loop_ended(self, loop: MemberLoop) -> None:
+        with self.mutex:
+            if self._loop is loop:
+                self._loop = None
+
+    def later(self, job: Callable[[], object]) -> None:
+        """Run ``job`` on the callback thread after what is queued there (at once without)."""
+        loop = self._loop
+        if loop is None:
+            job()
+        else:
+            loop.later(job)
+
+    def handed_over(self) -> None:
+        """A hand-over is done: after one on the callback thread, look at the group again now."""
+        loop = self._loop
+        if loop is not None and loop.worker is not None:
+            self.noticed = True
+            loop.poke()
+
+    def first_end(self) -> float:
+        """When the first lease held (and not being handed over) stops being proven."""
+        with self.mutex:
+            tenures = [t for t in self.held.values() if t.partition not in self.handing]
+        return min((self.proven_until(t) for t in tenures), default=math.inf)
 
     # -- what callers read (and the tenures' owned() and token_of()) ----------------------
 
@@ -211,16 +256,16 @@ class Member(Tenures):
 
     def failover_seen(self, partition: str, token: int, exc: Exception) -> None:
         """A fenced write with ``partition``'s ``token`` was answered READONLY / MASTERDOWN /
-        NOREPLICAS: that tenure ends now (``owned()`` drops it, and the run thread,
-        woken, reports it ``"lost"``), not at its renewal deadline, as an elector's
+        NOREPLICAS: that tenure ends now (``owned()`` drops it, and the run,
+        poked, reports it ``"lost"``), not at its renewal deadline, as an elector's
         term does."""
         with self.mutex:
             tenure = self.held.get(partition)
+            loop = self._loop
         if tenure is not None and token and tenure.token == token:
             tenure.keeper.lose(exc)
-            heartbeat = self.heartbeat
-            if heartbeat is not None:
-                heartbeat.notify()  # a pause sees the lease no longer proven
+            if loop is not None:
+                loop.poke()  # its next step sees the lease no longer proven
 
     def view(
         self, leases: Sequence[str], timeout: float
@@ -246,30 +291,28 @@ class Member(Tenures):
     # -- start and stop (on the caller's thread) ---------------------------------------------
 
     def start(self) -> None:
-        """Join the group and start the run thread; ConfigError for a different partition set.
+        """Join the group and start the run; ConfigError for a different partition set.
 
         Redis trouble on the way in is not raised: the run keeps trying,
-        and its ``on_error`` hears of it (from the run thread); but what
+        and its ``on_error`` hears of it (from the callback thread); but what
         retrying cannot mend at the client's first contact is, before
         anything starts (``Election.contact``).
         """
         self.parts[self.names[0]].election.contact()
         cfg = self.config
-        thread = threading.Thread(
-            target=self.main, name=f"redlease-partitions-{cfg.name}", daemon=True
-        )
         with self.lifecycle:
             with self.mutex:
-                if self.thread is not None:
+                if self.loop is not None:
                     raise RuntimeError(
                         f"{self.shell} {cfg.name!r} member {self.member_id!r} is already "
                         "running; one run at a time (stop() it first)"
                     )
-                self.thread = thread  # claimed: a second start() raises from here on
-            self.begin(thread)
+                loop = MemberLoop(self, cfg.name, self.callbacks)
+                self._loop = loop  # claimed: a second start() raises from here on
+            self.begin(loop)
 
-    def begin(self, thread: threading.Thread) -> None:
-        """Start's body, ``lifecycle`` held: the first join, then the run thread."""
+    def begin(self, loop: MemberLoop) -> None:
+        """Start's body, ``lifecycle`` held: the first join, then the run on the driver."""
         cfg = self.config
         self.share.started()
         self.stopping = False
@@ -277,6 +320,7 @@ class Member(Tenures):
         self.errors_in_row = 0
         self.hurry = 0
         self.pending = []
+        self.handing = set()
         try:
             self.heartbeat = self.engine.keeper(
                 (_HEARTBEAT, (self.members_key, self.set_key), (self.member_id, cfg.ttl_ms)),
@@ -285,23 +329,25 @@ class Member(Tenures):
             )
             # Listening before the join: a hand-over right after it still wakes us.
             self.notices = self.engine.notices(self.client).listen(
-                self.members_key, self.notice, signal=self.heartbeat
+                self.members_key, self.notice, driven=True
             )
             try:
                 self.join()
             except ConfigError:
                 raise
-            except Exception as exc:  # told on the run thread; the run joins again
+            except Exception as exc:  # told by the run's first step; the run joins again
                 self.pending.append(exc)
-            thread.start()
+            loop.start(self.heartbeat)
         except BaseException:
+            loop.abandon()
             self.notices.cancel()
             self.notices = NO_NOTICES
             if self.heartbeat is not None:
                 self.heartbeat.close()
                 self.heartbeat = None
             with self.mutex:
-                self.thread = None
+                if self._loop is loop:
+                    self._loop = None
             self.share.stopped()
             raise
 
@@ -309,78 +355,29 @@ class Member(Tenures):
         """Ask the run to end (it revokes, releases and leaves); returns at once."""
         self.stopping = True
         self.share.stopped()
-        heartbeat = self.heartbeat
-        if heartbeat is not None:
-            heartbeat.notify()
+        loop = self._loop
+        if loop is not None:
+            loop.poke()
 
     def stop(self, timeout: float | None) -> None:
         """End the run: ``on_revoked(p, "stopped")`` for each, leases released, group left."""
         with self.lifecycle:  # not halfway through a start()
-            thread = self.thread
-            if thread is None:
+            loop = self.loop
+            if loop is None:
                 return
             self.request_stop()
-        if threading.current_thread() is thread:
-            return  # from a callback: the run ends as soon as it returns
-        thread.join(timeout)
+        loop.stop(timeout)  # from a callback: returns at once, the run ends after it
 
-    # -- the run (on its own thread) ---------------------------------------------------------
-
-    def main(self) -> None:
-        try:
-            for exc in self.pending:
-                self.report(exc)
-            self.pending = []
-            while not self.stopping:
-                try:
-                    until = self.step()
-                except Exception as exc:  # never leaves the loop: the leases are still ours
-                    self.report(exc)
-                    until = self.backoff()
-                self.pause(until)
-        finally:
-            self.share.stopped()
-            try:
-                self.leave()
-            finally:
-                with self.mutex:
-                    if self.thread is threading.current_thread():
-                        self.thread = None
+    # -- the run (stepped by the driver: ``MemberLoop``) ---------------------------------------
 
     def notice(self, released_by: bytes | None) -> None:
         """A member joined, left or handed partitions over (a notice arrived): look again."""
         if released_by == self.member_bytes:
             return  # our own: nothing new
         self.noticed = True
-        heartbeat = self.heartbeat
-        if heartbeat is not None:
-            heartbeat.notify()
-
-    def pause(self, until: float) -> None:
-        """Wait until ``until``, a notice, a stop, or the heartbeat's loss.
-
-        A lease that stops being proven meanwhile is reported ``"lost"`` as
-        it happens (``check_held``), not at the next step.
-        """
-        heartbeat = self.heartbeat
-        assert heartbeat is not None
-        # A heartbeat already down (Redis out of reach) is no news: the backoff holds.
-        joined = heartbeat.state == ACTIVE
-        while not self.stopping:
-            self.notices.deliver()
-            if self.noticed or (joined and heartbeat.state != ACTIVE):
-                return
-            now = time.monotonic()
-            with self.mutex:
-                tenures = list(self.held.values())
-            first_end = min((self.proven_until(t) for t in tenures), default=math.inf)
-            if first_end <= now:
-                self.check_held()
-                continue
-            left = until - now
-            if left <= 0:
-                return
-            heartbeat.wait(min(left, self.poll, first_end - now))
+        loop = self._loop
+        if loop is not None:
+            loop.poke()
 
     def backoff(self) -> float:
         """When to try again after a failed step: doubling from one poll, capped at the TTL."""
@@ -405,6 +402,12 @@ class Member(Tenures):
             except Exception as exc:  # a different set (ConfigError) included: tried again
                 self.report(exc)
                 return self.backoff()
+        with self.mutex:
+            handing = bool(self.handing)
+        if handing:
+            # A hand-over waits for its on_revoked (on the callback thread): it
+            # pokes the run when it is done, and the look at the group comes then.
+            return time.monotonic() + self.poll
         try:
             members, holders, pttls = self.view(self.lease_keys, self.config.renew_interval)
         except Exception as exc:

@@ -14,9 +14,11 @@ own keys:
 
 Every lease of the member (the heartbeat and each partition it holds) is a
 keeper on the engine's one renewer, shared with every other group, elector
-and lock of the process: no thread per partition. The member's run loop has
-one thread; each step reads the group from Redis (``partition_view.lua``),
-computes this member's share and acts on it:
+and lock of the process: no thread per partition. The member's run is
+stepped by the process's driver, as an election's (``memberloop``): no
+thread of its own, but one for its callbacks when it has any. Each look
+reads the group from Redis (``partition_view.lua``), computes this member's
+share and acts on it:
 
 * the share: with ``M`` live members (sorted), each owns ``N // M``; the
   ``N % M`` extra partitions go to the members that hold the most now (ties
@@ -121,7 +123,7 @@ class PartitionsShell(Generic[Assigned, Revoked]):
         )
 
     def _bridge(self, callback: Callback | None) -> Callback | None:
-        """How the run thread calls a callback: as it is (the asyncio face: on its loop)."""
+        """How the callback thread calls a callback: as it is (the asyncio face: on its loop)."""
         return callback
 
     def _shell_init(self) -> None:
@@ -181,7 +183,8 @@ class Partitions(
     only after its old owner's ``on_revoked`` returned and it released (the
     new owner takes it within milliseconds), or after its lease expired.
 
-    Callbacks run on the member's run thread, in order per partition:
+    Callbacks run on the member's callback thread (never the caller's), one at a
+    time, in order per partition:
     ``on_assigned(partition, token)``, then ``on_revoked(partition, reason)``
     with reason "rebalanced" (handed to another member), "lost" (the lease
     could not be kept) or "stopped". What one raises is logged (WARNING) and
@@ -197,7 +200,8 @@ class Partitions(
     __slots__ = ()
 
     def start(self) -> Partitions:
-        """Join the group and start the member's run thread; returns this member.
+        """Join the group and start the member's run (on the process's driver); returns this
+        member.
 
         Raises ``ConfigError`` when the group's live members share another
         partition set (naming both), ``RuntimeError`` when already running.
@@ -219,7 +223,7 @@ class Partitions(
         self._core.stop(timeout)
 
     def __enter__(self) -> Partitions:
-        if self._core.thread is None:
+        if not self._core.running:
             self.start()
         return self
 

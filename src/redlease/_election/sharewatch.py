@@ -107,7 +107,7 @@ def wait_deadline(timeout: object, what: str) -> float:
 
 
 class ShareWatch:
-    """What the run thread last found of this member's share, for ``wait_owned``.
+    """What the last look at the group found of this member's share, for ``wait_owned``.
 
     Each look at the group (``Member.rebalance``) ends by telling this the
     share the member holds for the live members Redis named at that look
@@ -118,7 +118,7 @@ class ShareWatch:
     again for the new M, and a waiter wakes only when the member holds that.
 
     Threads wait on the condition; an event loop registers a watcher (a plain
-    callable, called on the run thread at each change) and wakes on it.
+    callable, called on the thread of each change, the driver's mostly) and wakes on it.
     """
 
     __slots__ = ("_changed", "_quota", "_running", "_watchers")

@@ -11,9 +11,10 @@ reads (settings, engine, keys, callbacks) ``Member.__init__`` sets.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +76,9 @@ class Tenures:
     Taking (``take``), handing over (``hand_over``), losing (``check_held``)
     and releasing (``release``) each tell the user's callbacks and the
     member's ``GroupStats``; a Redis error is reported (``report``), never
-    raised. ``held`` is shared with the callers' threads under ``mutex``.
+    raised. ``held`` is shared with the callers' threads under ``mutex``, and
+    ``handing`` names what a hand-over queued on the callback thread (``later``)
+    still holds: nothing else of the member touches those.
     """
 
     # Set by Member.__init__.
@@ -87,6 +90,7 @@ class Tenures:
     sharded: str
     parts: dict[str, Part]
     held: dict[str, Tenure]
+    handing: set[str]
     mutex: threading.Lock
     stats: GroupStats
     events: Events
@@ -94,6 +98,10 @@ class Tenures:
     on_assigned: Callback | None
     on_revoked: Callback | None
     on_error: Callback | None
+
+    def later(self, job: Callable[[], object]) -> None: ...
+
+    def handed_over(self) -> None: ...
 
     def proven(self, tenure: Tenure, now: float) -> bool:
         """Whether ``tenure``'s lease is still ours for sure at ``now`` (monotonic).
@@ -130,9 +138,11 @@ class Tenures:
         return tenure.token
 
     def check_held(self) -> None:
-        """Drop every partition whose lease can no longer be proven: ``on_revoked(p, "lost")``."""
+        """Drop every partition whose lease can no longer be proven: ``on_revoked(p, "lost")``.
+
+        What a hand-over holds is left to it (it reports that ``on_revoked`` once)."""
         with self.mutex:
-            tenures = list(self.held.values())
+            tenures = [t for t in self.held.values() if t.partition not in self.handing]
         now = time.monotonic()
         lost = []
         for tenure in tenures:
@@ -207,10 +217,31 @@ class Tenures:
         return len(won)
 
     def hand_over(self, partitions: list[str], reason: str) -> None:
-        """``on_revoked(p, reason)`` for each, then release them all, telling the group."""
+        """``on_revoked(p, reason)`` for each, then release them all, telling the group.
+
+        On the callback thread, after the callbacks queued before it (here,
+        without one); until it is done, ``handing`` names the partitions.
+        """
         with self.mutex:
-            tenures = [self.held[p] for p in partitions if p in self.held]
+            tenures = [
+                self.held[p] for p in partitions if p in self.held and p not in self.handing
+            ]
+            self.handing.update(t.partition for t in tenures)
+        if not tenures:
+            return
         tenures.sort(key=lambda t: self.parts[t.partition].index)
+        self.later(functools.partial(self.give_back, tenures, reason))
+
+    def give_back(self, tenures: list[Tenure], reason: str) -> None:
+        """``hand_over``'s body: each ``on_revoked`` returned before the release is sent."""
+        try:
+            self.revoke_and_release(tenures, reason)
+        finally:
+            with self.mutex:
+                self.handing.difference_update(t.partition for t in tenures)
+            self.handed_over()
+
+    def revoke_and_release(self, tenures: list[Tenure], reason: str) -> None:
         for tenure in tenures:
             self.stats.tenure_ended(reason)
             self.emit(self.on_revoked, tenure.partition, reason)
@@ -258,12 +289,16 @@ class Tenures:
         self.observe(exc)
 
     def observe(self, exc: Exception) -> None:
-        tell_on_error(self.on_error, exc)
+        if self.on_error is not None:
+            self.later(functools.partial(tell_on_error, self.on_error, exc))
 
     def emit(self, callback: Callback | None, partition: str, detail: object) -> None:
-        """A user callback, on the run thread; what it raises is logged and observed."""
-        if callback is None:
-            return
+        """A user callback, on the callback thread, in order; what it raises is logged and
+        observed."""
+        if callback is not None:
+            self.later(functools.partial(self.call_back, callback, partition, detail))
+
+    def call_back(self, callback: Callback, partition: str, detail: object) -> None:
         try:
             callback(partition, detail)
         except Exception as exc:

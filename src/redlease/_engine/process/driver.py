@@ -1,4 +1,4 @@
-"""One thread that drives every started election and every lock watchdog of the process.
+"""One thread that drives every started election, partition group member and lock watchdog.
 
 A run started with ``Elector.start()`` used to own a thread that spent its
 life asleep: polling as a follower, waiting on its keeper as a leader. The
@@ -14,7 +14,9 @@ driver runs all of them as scheduled steps on one thread instead:
   every ``TICK``.
 
 With a leader function, the function runs on a thread of its own, as the
-contract says; nothing else of the run has a thread. Callbacks (observer,
+contract says; nothing else of the run has a thread. A partition group's
+member is a timer too (``_election.memberloop``), its heartbeat watched; its
+callbacks, when it has any, run on a thread of its own. Callbacks (observer,
 events) run on the driver thread, or on the thread that calls ``stop()``
 when the run is ended there.
 
