@@ -9,6 +9,9 @@ term ended at once by a failover reply, and the scripts loaded again after a
 ``SCRIPT FLUSH``. On a Cluster, leases on every master keep leading, and one
 whose slot migrated is followed to its new master. Every test runs on both
 engines (``engine``); the ones on one server with both client families too.
+The last few drive the Python engine's batch with replies only a broken server
+sends: each lease gets its own element, or the whole call's error, or an
+``UnexpectedReply`` when the call's reply is not one per lease.
 """
 
 from __future__ import annotations
@@ -22,7 +25,12 @@ import redis
 
 import redlease
 from helpers import Events, script_calls, wait_until
+from redlease import _scripts
+from redlease._engine.conn.pyconn import BoundedConnection
+from redlease._engine.rules.replies import UnexpectedReply, classify, is_failover_reply
+from redlease._engine.rules.replytable import ERROR
 from redlease._testing import ClusterSet, RedisServer, key_slot
+from redlease._testing.fake import FakeRedis, array, client_of
 from redlease.lock import RedisLocker
 from topology_helpers import leads_on
 
@@ -302,3 +310,60 @@ def test_cluster_a_lease_whose_slot_migrated_is_followed_the_others_unaffected(
         _stop(stopped)
         stopped.clear()
         client.close()
+
+
+# -- the Python engine's batch: each lease's reply out of one call's -----------------------
+#
+# A real server gives renew_many only the replies it can give; a fake one gives any. These
+# drive the Python engine's batch itself (``renewal.batch.send``) with the replies a broken
+# server might send.
+
+
+def _renewals(n: int) -> list[Any]:
+    from redlease._engine.renewal.batch import renewal
+
+    return [renewal((_scripts.load("renew"), (f"k{i}:leader",), (b"me", 1000))) for i in range(n)]
+
+
+def _send_through(fake: FakeRedis, reply: bytes, n: int) -> tuple[list[Any], BoundedConnection]:
+    from redlease._engine.renewal.batch import send
+
+    fake.script("renew_many", reply)
+    with client_of(fake, 5.0) as client:
+        conn = BoundedConnection(client)
+        try:
+            return send(conn, _renewals(n), 5.0), conn
+        finally:
+            assert fake.runs("renew_many") == 1, "the leases went in one call"
+
+
+def test_python_batch_gives_each_lease_its_own_element(fake: FakeRedis) -> None:
+    reply = array(b":1\r\n", b"-WRONGTYPE Operation against a key\r\n", b":0\r\n", b":1\r\n")
+    replies, _conn = _send_through(fake, reply, 4)
+    assert replies[0] == 1 and replies[2] == 0 and replies[3] == 1
+    assert isinstance(replies[1], redis.ResponseError) and "WRONGTYPE" in str(replies[1])
+    assert classify(replies[1]) == ERROR
+
+
+def test_python_batch_gives_an_error_of_the_whole_call_to_every_lease(fake: FakeRedis) -> None:
+    replies, _conn = _send_through(fake, b"-READONLY You can't write against a replica\r\n", 3)
+    assert all(is_failover_reply(reply) for reply in replies), replies
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        array(b":1\r\n", b":1\r\n"),  # one reply short
+        array(b":1\r\n", b":1\r\n", b":1\r\n", b":1\r\n"),  # one too many
+        array(b":1\r\n", b":5\r\n", b":1\r\n"),  # an element no renewal gives
+        array(b":1\r\n", b"$1\r\n1\r\n", b":1\r\n"),
+        b":1\r\n",  # not an array
+    ],
+    ids=["short", "long", "integer", "bulk", "flag"],
+)
+def test_python_batch_reads_a_reply_it_cannot_give_as_unexpected_for_every_lease(
+    fake: FakeRedis, reply: bytes
+) -> None:
+    replies, conn = _send_through(fake, reply, 3)
+    assert all(isinstance(each, UnexpectedReply) for each in replies), replies
+    assert conn.address is None, "the connection that carried it is dropped"
