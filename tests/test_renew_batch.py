@@ -367,3 +367,27 @@ def test_python_batch_reads_a_reply_it_cannot_give_as_unexpected_for_every_lease
     replies, conn = _send_through(fake, reply, 3)
     assert all(isinstance(each, UnexpectedReply) for each in replies), replies
     assert conn.address is None, "the connection that carried it is dropped"
+
+
+@pytest.mark.parametrize(
+    ("text", "elsewhere"),
+    [
+        ("Script attempted to access a non local key in a cluster node script", True),
+        ("ERR Script attempted to access a non local key in a cluster node script", True),
+        (
+            "@user_script: 28: Lua script attempted to access a non local key in a cluster node",
+            True,
+        ),
+        ("WRONGTYPE Operation against a key holding the wrong kind of value", False),
+        ("READONLY You can't write against a read only replica.", False),
+    ],
+    ids=["redis-7", "redis-7-with-code", "redis-6", "wrongtype", "readonly"],
+)
+def test_a_key_the_node_does_not_serve_is_told_from_other_errors(
+    text: str, elsewhere: bool
+) -> None:
+    """As redis-py gives it (the ERR code stripped, or kept), from Redis 7 and before."""
+    from redlease._engine.rules.replies import renewed_elsewhere
+
+    assert renewed_elsewhere(redis.ResponseError(text)) is elsewhere
+    assert not renewed_elsewhere(text)

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 from .replytable import (
     ASK,
     BATCH_KEY_ELSEWHERE,
+    BATCH_KEY_ELSEWHERE_BEFORE_7,
     CODES,
     DONE,
     ERROR,
@@ -148,8 +149,8 @@ def renewed_elsewhere(reply: object) -> bool:
     (``replytable.BATCH_KEY_ELSEWHERE``): not renewed, and renewed again on its own."""
     if not isinstance(reply, ResponseError) or classify(reply) != ERROR:
         return False
-    text = str(reply).lstrip()
-    return text.startswith(BATCH_KEY_ELSEWHERE) or text.startswith("ERR " + BATCH_KEY_ELSEWHERE)
+    text = str(reply).lstrip().removeprefix("ERR ")
+    return text.startswith(BATCH_KEY_ELSEWHERE) or BATCH_KEY_ELSEWHERE_BEFORE_7 in text
 
 
 def server_changed(reply: object) -> bool:
