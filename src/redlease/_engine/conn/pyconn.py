@@ -149,12 +149,15 @@ class BoundedConnection:
                 raise
             raise ConnectionError(str(exc)) from exc
 
-    def reroute(self) -> None:
-        """Drop the connection and look the slot's node up again: the slot may have moved."""
+    def reroute(self, asked: float | None = None) -> None:
+        """Drop the connection and look the slot's node up again: the slot may have moved.
+
+        ``asked``: when the caller saw the need (``client.refresh_slot_map``).
+        """
         self.drop()
         if self._node_addr is not None:
             return  # an ASK target: one node on purpose, for one redirected call
-        refresh_slot_map(self._client)
+        refresh_slot_map(self._client, asked)
         self._make = connection_factory(self._client, self._key, wrap=bounded_class)
 
     def eval_script(

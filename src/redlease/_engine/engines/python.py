@@ -41,6 +41,8 @@ from ..contract.interface import (
     remaining,
 )
 from ..notices.pynotices import PythonNotices
+from ..renewal.batch import NodeBatches, Renewal, batchable, renewal
+from ..renewal.batch import send as send_batch
 from ..renewal.renewer import Lease, Renewer
 from ..rules.replication import ReplicationGuard
 from ..rules.replies import UnexpectedReply, check, classify, fits, resent
@@ -285,6 +287,7 @@ class PythonEngine(Pools):
         weakref.finalize(self, self._renewer.stop, 1.0)
         self._renew_conn = BoundedConnection(client)
         self._keeper_conns.add(self._renew_conn)
+        self._node_batches = NodeBatches(client)
         self._switches = MasterSwitches(
             sentinels_of(client), self._forget_master, lambda: self.calls.served
         )
@@ -338,9 +341,12 @@ class PythonEngine(Pools):
         """A lease renewed by the engine's one renewer thread (``renewer.Renewer``).
 
         On one server all leases share one renewal connection, and renewals
-        due together are pipelined on it; on a cluster each has its own,
-        routed by its key's slot. A reply the renew script cannot give drops
-        the connection (its stream can no longer be trusted).
+        due together go in one round trip on it, an elector's and a lock's
+        in ``renew_many`` calls (``renewal.batch``); on a cluster each has a
+        connection of its own, routed by its key's slot, for the renewals it
+        makes alone, and those ``renew_many`` can renew go in calls per node.
+        A reply the renew script cannot give drops the connection (its
+        stream can no longer be trusted).
         """
         script, keys, args = renew[0], tuple(renew[1]), tuple(renew[2])
         request = (script, keys, args)
@@ -365,12 +371,14 @@ class PythonEngine(Pools):
             if tracker is not None:
                 tracker.began(lease_ref(), token)
 
-        command: tuple[Any, ...] | None = None
-        batch: Callable[[list[tuple[Any, ...]], float], list[Any]] | None = None
+        command: Renewal | None = None
+        send: Callable[[list[Any], float], list[Any]] | None = None
         if not self._cluster:
             # Renewals falling due together share one write and one read.
-            command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-            batch = self._renew_batch
+            command, send = renewal(request), self._renew_batch
+        elif batchable(request):
+            command = renewal(request, renew_once, conn.reroute)
+            send = self._node_batches.send
         lease = Lease(
             self._renewer,
             renew_once,
@@ -379,18 +387,15 @@ class PythonEngine(Pools):
             on_close=on_close,
             on_begin=began,
             command=command,
-            batch=batch,
+            batch=send,
         )
         lease_ref = weakref.ref(lease)
         self._switches.track(lease)
         return lease
 
-    def _renew_batch(self, commands: list[tuple[Any, ...]], timeout: float) -> list[Any]:
-        """Renewals in one round trip on the renewal connection (dropped after a foreign reply)."""
-        replies = self._renew_conn.execute_many(commands, timeout)
-        if not all(fits("flag", reply) for reply in replies):
-            self._renew_conn.drop()
-        return replies
+    def _renew_batch(self, renewals: list[Renewal], timeout: float) -> list[Any]:
+        """Renewals in one round trip on the renewal connection (``batch.send``)."""
+        return send_batch(self._renew_conn, renewals, timeout)
 
     def _forget_master(self) -> None:
         self._master_generation += 1
@@ -398,6 +403,7 @@ class PythonEngine(Pools):
         self.writes.invalidate()
         for conn in list(self._keeper_conns):
             conn.invalidate()
+        self._node_batches.invalidate()
 
     def confirm_master(self, timeout: float, release: Callable[[], object]) -> None:
         self._switches.confirm(timeout, release)
@@ -414,6 +420,7 @@ class PythonEngine(Pools):
         self.writes.close()
         self._renewer.stop()
         self._renew_conn.drop()
+        self._node_batches.close()
 
 
 __all__ = ["BoundedConnection", "PythonEngine"]

@@ -1,7 +1,7 @@
 """The Python renewer: one Python thread that renews every lease of its owner on time.
 
-Shared by the Python engine (a script on its own connection, pipelined where
-leases share one) and ``MemoryLocker`` (in memory): one ``Lease`` class holds the
+Shared by the Python engine (a script on a connection; leases due together on
+one server in one call, ``batch``) and ``MemoryLocker`` (in memory): one ``Lease`` class holds the
 state machine, deadline, schedule and bookkeeping, and every lease waits in one
 ``Renewer``'s timer heap. It needs the GIL, the limitation the native one removes.
 """
@@ -17,7 +17,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from redis.exceptions import NoScriptError
 
@@ -46,11 +46,13 @@ class Lease:
     What a renewal is comes from ``renew``: a script on a connection for the
     Python engine, an in-memory refresh for ``MemoryLocker``. ``on_close``
     frees what ``renew`` uses. With ``command`` and ``batch`` the renewer may
-    pipeline this lease's renewal with others due together on the same
-    ``batch`` (one connection): ``command`` is its EVALSHA; ``batch`` sends many
-    in one write and returns each reply (an error reply in its place), or raises
-    when the connection failed (so did every renewal of the batch). On NOSCRIPT
-    a lease falls back to its own ``renew`` (EVAL) at once.
+    renew this lease together with others due at the same time on the same
+    ``batch`` (one connection, or one Cluster's nodes): ``command`` is what
+    ``batch`` makes of it (the Python engine's ``batch.Renewal``); ``batch``
+    renews many in one round trip and returns each one's reply (an error
+    reply in its place), or raises when the connection failed (so did every
+    renewal of the batch). A NOSCRIPT left in a lease's place sends it on
+    its own ``renew`` at once.
     """
 
     def __init__(
@@ -62,8 +64,8 @@ class Lease:
         ttl: float,
         on_close: Callable[[], object] | None = None,
         on_begin: Callable[[int], object] | None = None,
-        command: tuple[Any, ...] | None = None,
-        batch: Callable[[list[tuple[Any, ...]], float], list[Any]] | None = None,
+        command: Any = None,
+        batch: Callable[[list[Any], float], list[Any]] | None = None,
     ) -> None:
         self._renewer = renewer
         self.command = command
@@ -359,9 +361,9 @@ class Renewer:
 
     Leases wait in a timer heap and the thread renews each when it falls
     due; those due together on one connection (the same ``batch``) go in one
-    pipelined round trip. Each lease keeps its own deadline, token and state
-    machine. The thread starts with the first term and lives until
-    ``stop()`` (the owner's close, or its collection).
+    round trip (many in one script call: see ``batch``). Each lease keeps its
+    own deadline, token and state machine. The thread starts with the first
+    term and lives until ``stop()`` (the owner's close, or its collection).
     """
 
     def __init__(self) -> None:
@@ -460,7 +462,7 @@ BATCH_MAX = 512
 
 
 def _tick_batch(keepers: list[Lease]) -> None:
-    """Renew ``keepers`` (all on one connection) in one pipelined round trip."""
+    """Renew ``keepers`` (all on one ``batch``) together: one round trip per server."""
     due: list[tuple[Lease, tuple[int, float, float, float]]] = []
     for keeper in keepers:
         prepared = keeper._prepare(RENEW_BATCH_WINDOW)
@@ -472,7 +474,7 @@ def _tick_batch(keepers: list[Lease]) -> None:
     try:
         send = due[0][0].batch
         assert send is not None
-        replies = send([cast(tuple[Any, ...], k.command) for k, _ in due], timeout)
+        replies = send([k.command for k, _ in due], timeout)
     except Exception as exc:  # the connection failed: so did every renewal on it
         for keeper, (generation, scheduled, _deadline, sent) in due:
             keeper._finish(generation, scheduled, sent, None, exc)

@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
 from .replytable import (
     ASK,
+    BATCH_KEY_ELSEWHERE,
+    BATCH_KEY_ELSEWHERE_BEFORE_7,
     CODES,
     DONE,
     ERROR,
@@ -140,6 +142,15 @@ def rerouted(reply: object, topology: int) -> bool:
 def is_failover_reply(reply: object) -> bool:
     """READONLY, MASTERDOWN or NOREPLICAS: a term answered so ends at once."""
     return classify(reply) in (FAILOVER, NOREPLICAS)
+
+
+def renewed_elsewhere(reply: object) -> bool:
+    """One lease of a node-wide batched renewal whose key the node does not serve
+    (``replytable.BATCH_KEY_ELSEWHERE``): not renewed, and renewed again on its own."""
+    if not isinstance(reply, ResponseError) or classify(reply) != ERROR:
+        return False
+    text = str(reply).lstrip().removeprefix("ERR ")
+    return text.startswith(BATCH_KEY_ELSEWHERE) or BATCH_KEY_ELSEWHERE_BEFORE_7 in text
 
 
 def server_changed(reply: object) -> bool:

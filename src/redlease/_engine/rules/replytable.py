@@ -89,6 +89,10 @@ reply says nothing of where the slot went and did not renew that lease: it alone
 is renewed again at once on its own, routed by its declared key, so a MOVED or
 ASK reply is followed as for any renewal."""
 
+BATCH_KEY_ELSEWHERE_BEFORE_7 = "Lua script attempted to access a non local key"
+"""The same reply from a server before Redis 7, found after the place in the script
+it names (``@user_script: 28: Lua script attempted ...``)."""
+
 _RESENT: dict[int, frozenset[int]] = {
     NOSCRIPT: frozenset((PLAIN, SENTINEL, CLUSTER)),
     MOVED: frozenset((CLUSTER,)),
