@@ -159,6 +159,27 @@ def replication_guard(min_replicas: object = 0, replica_timeout: object = None) 
 _NO_GUARD = ReplicationGuard()
 
 
+_SHARED_SECONDS: dict[float, float] = {}
+_SHARED_SECONDS_MAX = 256
+
+
+def shared_seconds(value: float) -> float:
+    """``value``, as the one float object of that value every ``Config`` holds.
+
+    A process with a million electors of the same settings holds three
+    durations once, not three floats per elector. Only floats, and only the
+    first few hundred values seen: past those, each keeps its own.
+    """
+    if type(value) is not float:
+        return value
+    shared = _SHARED_SECONDS.get(value)
+    if shared is None:
+        if len(_SHARED_SECONDS) >= _SHARED_SECONDS_MAX:
+            return value
+        shared = _SHARED_SECONDS.setdefault(value, value)
+    return shared
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """The validated, resolved settings of an Elector (durations in float seconds).
@@ -258,5 +279,11 @@ class Config:
                 f"still has a lease to lead on, got {guard.replica_timeout!r} s"
             )
         return cls(
-            name, ttl_s, renew, acquire, ident, guard.min_replicas, guard.replica_timeout
+            name,
+            shared_seconds(ttl_s),
+            shared_seconds(renew),
+            shared_seconds(acquire),
+            ident,
+            guard.min_replicas,
+            guard.replica_timeout,
         )

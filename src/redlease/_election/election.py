@@ -225,6 +225,7 @@ class Election:
     # Thousands of elections in one process: no instance dict.
     __slots__ = (
         "__weakref__",
+        "_fence",
         "_refusals",
         "_run",
         "_started",
@@ -235,9 +236,7 @@ class Election:
         "events",
         "face",
         "family",
-        "fence",
         "guard",
-        "keys",
         "observer",
         "sharded_notice",
         "tenure_failover",
@@ -278,7 +277,6 @@ class Election:
         # Made when first needed (see ``refusals``).
         self._refusals: ChannelRefusals | None = None
         self.observer = observer or _NO_OBSERVER
-        self.keys = ElectionKeys(self.config.name)
         self.cluster = is_cluster(client)
         self.events = Events(
             "elector",
@@ -288,15 +286,9 @@ class Election:
             engine=self.engine.name,
             client=client,
         )
-        self.fence = FencedWrites(
-            self.engine,
-            self.keys.applied,
-            self.config.name,
-            self.events,
-            cluster=self.cluster,
-            guard=self.guard,
-            failovers=self,
-        )
+        # Made by the first fenced write (see ``fence``): most electors of a
+        # token-driven process never write through their own.
+        self._fence: FencedWrites | None = None
         # What makes the leader function's second argument, for a token (the
         # face itself, not a bound method of it: 64 bytes a lease fewer).
         self.face = face
@@ -336,6 +328,30 @@ class Election:
     @started.setter
     def started(self, run: Run | None) -> None:
         self._started = run
+
+    @property
+    def keys(self) -> ElectionKeys:
+        """The name's keys (``_keys.ElectionKeys``), made when asked: each is built when read."""
+        return ElectionKeys(self.config.name)
+
+    @property
+    def fence(self) -> FencedWrites:
+        """The name's fenced writes (``fence.FencedWrites``), made on first use, once."""
+        fence = self._fence
+        if fence is None:
+            with _REFUSALS:
+                fence = self._fence
+                if fence is None:
+                    fence = self._fence = FencedWrites(
+                        self.engine,
+                        self.keys.applied,
+                        self.config.name,
+                        self.events,
+                        cluster=self.cluster,
+                        guard=self.guard,
+                        failovers=self,
+                    )
+        return fence
 
     @property
     def refusals(self) -> ChannelRefusals:
@@ -593,6 +609,8 @@ class Election:
             self.report(exc)
 
 
+# Guards the first making of an election's refusals and of its fence: rare and
+# short, so one lock serves every election.
 _REFUSALS = ForkSafeLock()
 
 

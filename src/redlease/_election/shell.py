@@ -19,7 +19,7 @@ from .term import Observer
 class ElectorShell:
     """The base of both public electors: one signature, one core (``_core``)."""
 
-    __slots__ = ("__weakref__", "_core", "_fence")
+    __slots__ = ("__weakref__", "_core")
 
     _face = "Elector"  # how the face names itself (a wrong call's TypeError)
 
@@ -59,8 +59,12 @@ class ElectorShell:
             min_replicas=min_replicas,
             replica_timeout=replica_timeout,
         )
-        self._fence = self._core.fence
         self._shell_init(client)
+
+    @property
+    def _fence(self) -> FencedWrites:
+        """The core's fenced writes, made by the first write (not one per elector up front)."""
+        return self._core.fence
 
     # -- what each face says ---------------------------------------------------
 

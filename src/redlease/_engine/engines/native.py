@@ -57,8 +57,14 @@ class _Tracked:
         super().begin(token, acquired_at)  # type: ignore[misc]
 
 
-class _Lease(_Tracked, _native.Lease):
+class _Lease(_native.Lease):
     """A lease renewed by the engine's one shared renewer."""
+
+    __slots__ = ()
+
+
+class _TrackedLease(_Tracked, _native.Lease):
+    """A lease behind Sentinel: the switch tracker learns where each of its terms began."""
 
     __slots__ = ("switches",)
 
@@ -195,10 +201,12 @@ class NativeEngine(Pools):
         """
         # close() reaches these through the renewer, which ends them all.
         script, keys, args = renew
-        keeper = _Lease(self._shared_renewer(), self._ref(script), keys, args, interval, ttl)
-        if self.endpoint.sentinels is not None:
-            keeper.switches = weakref.ref(self._switches)
-            self._switches.track(keeper)
+        made = (self._shared_renewer(), self._ref(script), keys, args, interval, ttl)
+        if self.endpoint.sentinels is None:
+            return _Lease(*made)
+        keeper = _TrackedLease(*made)
+        keeper.switches = weakref.ref(self._switches)
+        self._switches.track(keeper)
         return keeper
 
     def _shared_renewer(self) -> _native.Renewer:

@@ -54,7 +54,6 @@ cdef struct rl_lease:
     int64_t t_send
     rl_buf cmd            # its EVALSHA, built once
     float* late           # single precision: a lateness needs no more, a lease half the room
-    size_t late_cap
     uint64_t late_count
     uint64_t late_hist[17]
     double late_sum
@@ -71,6 +70,8 @@ cdef struct rl_lease:
     int ask_node          # an ASK redirection: the next renewal goes there, after ASKING
     int asking            # this batch's renewal is preceded by ASKING (its reply is owed)
     int redirects         # MOVED / ASK followed since the last answer
+    # Last, beside the other ints: the struct then fits a smaller allocation.
+    unsigned int late_cap # how many samples ``late`` has room for (at most LATE_MAX)
 
 cdef inline void fd_signal(int fd) noexcept nogil:
     cdef uint64_t one = 1
