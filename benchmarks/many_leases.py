@@ -2,7 +2,7 @@
 
     python benchmarks/many_leases.py [--quick] [--electors N] [--locks N] [--seconds S]
     python benchmarks/many_leases.py --cluster [--electors N] [--seconds S]
-    python benchmarks/many_leases.py --leases N[,N...] [--cluster]
+    python benchmarks/many_leases.py --leases N[,N...] [--cluster] [--stop-each K|all]
 
 Each scenario runs against a private redis-server started here and reports,
 from one run, what the issue's targets name:
@@ -30,11 +30,15 @@ native electors on one plain server (and, with ``--cluster``, on the
 3-master cluster): the time until all lead; the time ``redlease.stop_all``
 takes for all but a sample (their releases share round trips), and per
 ``stop()`` of the sample stopped one by one first (each waits for its own
-release's round trip); each also per lease; threads, server connections and RSS added (and
-KiB per lease), the servers' CPU while every lease leads (their renewals),
-then the issue's targets marked met or not met, held per
+release's round trip, while the leases not stopped yet keep renewing);
+each also per lease. The sample is ``STOP_SAMPLE`` leases (a tenth of
+them at fewer) unless ``--stop-each`` names how many (``all``: every
+lease is stopped one by one, and stop_all stops none); threads, server
+connections and RSS added (and KiB per lease), the servers' CPU while every
+lease leads (their renewals), then the issue's targets marked met or not met, held per
 lease at every size (100,000 leading within 10 s is 100 us a lease; stop-all
-within 5 s, 50 us; 10,000 leading on the cluster within 2 s, 200 us; at most
+within 5 s, 50 us; 100,000 ``stop()`` calls one by one within 5 s, 50 us
+a stop; 10,000 leading on the cluster within 2 s, 200 us; at most
 4 threads added; at most 3 KiB a lease, at 100,000 leases), and one line ``JSON {...}`` with
 every figure. The electors share a handful of connections whatever N is, so
 the server's ``maxclients`` is not what bounds N; the soft open-file limit is
@@ -120,6 +124,10 @@ class Row:
     """How many leases ``stop_all`` timed (``--leases``: all but the one-by-one sample)."""
     stop_each: float = float("nan")
     """``--leases``: microseconds per ``stop()`` of the sample stopped one by one."""
+    stopped_each: int = 0
+    """``--leases``: how many leases were stopped one by one (the sample)."""
+    stop_each_total: float = float("nan")
+    """``--leases``: seconds the sample's ``stop()`` calls took, one after another."""
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -332,12 +340,12 @@ PLAIN_LEASES = "native electors, plain server"
 CLUSTER_LEASES = "native electors, 3-master cluster"
 
 
-def leases_scenario(port: int, count: int, cluster: bool) -> Row:
+def leases_scenario(port: int, count: int, cluster: bool, each: int | None = None) -> Row:
     """``count`` token-driven native electors: the time to lead and to stop, and what they add.
 
     On one plain server, or (``cluster``) on the 3-master cluster whose node
     listens on ``port``, names on distinct hash tags so that every master
-    holds some.
+    holds some. ``each``: how many are stopped one by one (None: ``stop_sample``).
     """
     client: redis.Redis | redis.RedisCluster
     if cluster:
@@ -376,9 +384,10 @@ def leases_scenario(port: int, count: int, cluster: bool) -> Row:
     # A sample stopped one by one (each stop() waits for its own release's
     # round trip), then the rest with one redlease.stop_all (their releases
     # share round trips).
-    one_by_one = stop_sample(count)
+    one_by_one = stop_sample(count) if each is None else min(each, count)
     sample, rest = group[:one_by_one], group[one_by_one:]
-    row.stop_each = us_per_lease(stop_each(sample), len(sample))
+    row.stop_each_total, row.stopped_each = stop_each(sample), len(sample)
+    row.stop_each = us_per_lease(row.stop_each_total, max(len(sample), 1))
     started = time.monotonic()
     redlease.stop_all(rest)
     row.stop_all, row.stopped_all = time.monotonic() - started, len(rest)
@@ -437,12 +446,29 @@ def lease_sizes(text: str) -> list[int]:
     return sizes
 
 
+def stop_each_count(text: str | None, count: int) -> int | None:
+    """``--stop-each K|all``: how many of ``count`` leases stop one by one (None: the sample)."""
+    if text is None:
+        return None
+    if text.strip() == "all":
+        return count
+    try:
+        each = int(text.strip().replace("_", ""))
+    except ValueError:
+        each = -1
+    if each < 0:
+        raise redlease.ConfigError(
+            f"--stop-each takes a whole number of leases (0 or more) or 'all', got {text!r}"
+        )
+    return each
+
+
 def where_of(row: Row) -> str:
     return "cluster" if row.scenario == CLUSTER_LEASES else "plain"
 
 
 def us_per_lease(seconds: float, count: int) -> float:
-    return seconds / count * 1e6
+    return seconds / count * 1e6 if count else float("nan")
 
 
 def kib_per_lease(row: Row) -> float:
@@ -480,6 +506,10 @@ class Check:
         return f"{number} {self.unit}".strip()
 
 
+PLAIN_STOP_EACH_US = 50.0
+"""One ``stop()`` at a time, the rest renewing: 100,000 within 5 s."""
+
+
 def lease_targets(row: Row) -> list[Check]:
     """What the issue asks of one ``--leases`` row."""
     leading = int(row.extra["leading"].partition("/")[0])
@@ -489,20 +519,29 @@ def lease_targets(row: Row) -> list[Check]:
         Check("threads added", MAX_THREADS, row.threads),
     ]
     if row.scenario == CLUSTER_LEASES:
-        checks.append(
-            Check("to lead, per lease", CLUSTER_LEAD_US, lead_us, "us", "10,000 in 2 s")
-        )
+        checks.append(Check("to lead, per lease", CLUSTER_LEAD_US, lead_us, "us", "10,000 in 2 s"))
         return checks
-    checks += [
-        Check("to lead, per lease", PLAIN_LEAD_US, lead_us, "us", "100,000 in 10 s"),
-        Check(
-            "stop all, per lease",
-            PLAIN_STOP_US,
-            us_per_lease(row.stop_all, row.stopped_all),
-            "us",
-            "100,000 in 5 s",
-        ),
-    ]
+    checks.append(Check("to lead, per lease", PLAIN_LEAD_US, lead_us, "us", "100,000 in 10 s"))
+    if row.stopped_all:
+        checks.append(
+            Check(
+                "stop all, per lease",
+                PLAIN_STOP_US,
+                us_per_lease(row.stop_all, row.stopped_all),
+                "us",
+                "100,000 in 5 s",
+            )
+        )
+    if row.stopped_each:
+        checks.append(
+            Check(
+                f"stop() one by one ({row.stopped_each:,}), per stop",
+                PLAIN_STOP_EACH_US,
+                row.stop_each,
+                "us",
+                "100,000 in 5 s",
+            )
+        )
     if row.count >= MEMORY_AT:
         # The bound is the issue's for 100,000 leases; below that the process's
         # fixed costs (buffers, connections, the threads' stacks) are a share of
@@ -515,31 +554,34 @@ def print_leases(rows: list[Row]) -> None:
     """The ``--leases`` table, the spread of the per-lease times, the targets; one JSON line."""
     print(
         "| server | leases | all leading | us/lease | stop_all | of | us/lease "
-        "| stop() each, us | threads added | server conns added | RSS added | KiB/lease "
-        "| server CPU renewing |"
+        "| stop() one by one | of | us/stop | threads added | server conns added | RSS added "
+        "| KiB/lease | server CPU renewing |"
     )
     print(
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: |"
+        "| ---: | ---: | ---: |"
     )
     for r in rows:
         lead_us = us_per_lease(r.to_lead, r.count)
-        stop_us = us_per_lease(r.stop_all, r.stopped_all)
+        stop_us = us_per_lease(r.stop_all, r.stopped_all) if r.stopped_all else float("nan")
         print(
             f"| {where_of(r)} | {r.count:,} | {r.to_lead:.2f} s | {lead_us:.1f} "
-            f"| {r.stop_all:.2f} s | {r.stopped_all:,} | {stop_us:.1f} | {r.stop_each:.1f} "
+            f"| {r.stop_all:.2f} s | {r.stopped_all:,} | {stop_us:.1f} "
+            f"| {r.stop_each_total:.2f} s | {r.stopped_each:,} | {r.stop_each:.1f} "
             f"| {r.threads} | {r.connections} | {r.rss:.0f} MiB | {kib_per_lease(r):.2f} "
             f"| {r.extra['server_cpu']}% |"
         )
     print(
         "\nstop_all: redlease.stop_all of every lease but a sample (their releases share "
-        "round trips); stop() each: the sample stopped one by one first, each waiting for its "
-        "own release's round trip.\nserver CPU renewing: what the servers spent while every "
+        "round trips); stop() one by one: the sample stopped one by one first, each waiting "
+        "for its own release's round trip while the rest renew (--stop-each all: every "
+        "lease).\nserver CPU renewing: what the servers spent while every "
         f"lease led (renewals every {RENEW:g} s), in percent of one CPU; a lone release waits "
         "behind those renewals."
     )
     for scenario in (PLAIN_LEASES, CLUSTER_LEASES):
         sized = sorted((r for r in rows if r.scenario == scenario), key=lambda r: r.count)
+        sized = [r for r in sized if r.stopped_all]
         if len(sized) > 1 and sized[0].count < sized[-1].count:
             small, large = sized[0], sized[-1]
             lead = (large.to_lead / large.count) / (small.to_lead / small.count)
@@ -575,6 +617,8 @@ def print_leases(rows: list[Row]) -> None:
             "us_per_lease_to_lead": us_per_lease(r.to_lead, r.count),
             "us_per_lease_to_stop": us_per_lease(r.stop_all, r.stopped_all),
             "us_per_stop_one_by_one": r.stop_each,
+            "stopped_one_by_one": r.stopped_each,
+            "stop_one_by_one_s": r.stop_each_total,
             "threads_added": r.threads,
             "thread_names_added": r.extra["threads"],
             "server_connections_added": r.connections,
@@ -648,7 +692,8 @@ def run_scenario(name: str, port: int, args: argparse.Namespace) -> Row:
     if name == "cluster":
         return cluster_scenario(port, args.electors, args.seconds)
     if name in ("leases", "leases-cluster"):
-        return leases_scenario(port, args.electors, name == "leases-cluster")
+        each = stop_each_count(args.stop_each, args.electors)
+        return leases_scenario(port, args.electors, name == "leases-cluster", each)
     if name == "locks":
         return locks_scenario(port, args.locks, args.seconds)
     return single_scenario(port, name.split("-")[1], args.seconds)
@@ -662,6 +707,11 @@ def main() -> int:
         metavar="N[,N...]",
         help="only time N native electors to lead and to stop, and what they add, per N",
     )
+    parser.add_argument(
+        "--stop-each",
+        metavar="K|all",
+        help="--leases: stop K leases (all: every one) one by one, not the default sample",
+    )
     parser.add_argument("--electors", type=int, default=None)
     parser.add_argument("--python-electors", type=int, default=None)
     parser.add_argument("--locks", type=int, default=None)
@@ -672,9 +722,7 @@ def main() -> int:
     parser.add_argument("--scenario", choices=ALL_SCENARIOS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    args.electors = args.electors or (
-        1000 if args.quick else 2000 if args.cluster else 10_000
-    )
+    args.electors = args.electors or (1000 if args.quick else 2000 if args.cluster else 10_000)
     args.python_electors = args.python_electors or args.electors
     args.locks = args.locks or (200 if args.quick else 1000)
     args.seconds = args.seconds or (2.0 if args.quick else 5.0)
@@ -685,6 +733,7 @@ def main() -> int:
         return 0
     try:
         sizes = lease_sizes(args.leases) if args.leases is not None else []
+        stop_each_count(args.stop_each, 1)
     except redlease.ConfigError as exc:
         print(f"many_leases.py: {exc}", file=sys.stderr)
         return 2

@@ -80,6 +80,7 @@ cdef class Renewer(ProcessBound):
             buf_free(&r.loads[j])
         buf_free(&r.out)
         free(r.heap)
+        free(r.heap_keys)
         free(r.changes.items)
         if r.ctl_fd >= 0:
             close(r.ctl_fd)

@@ -20,6 +20,7 @@ cdef struct rl_renewer:
     rl_buf loads[8]       # SCRIPT LOAD <source>, one per distinct script
     char shas[8][41]
     rl_lease** heap
+    int64_t* heap_keys    # heap[i]'s key (lease_key), kept beside it
     size_t heap_len
     size_t heap_cap
     rl_lease* batch[512]

@@ -36,50 +36,65 @@ cdef int64_t MAX_TTL_NS = _timing.ns(_timing.MAX_TTL)
 
 # ---------------------------------------------------------------- the heap (mu held)
 
-cdef inline void heap_set(rl_renewer* r, size_t i, rl_lease* l) noexcept nogil:
+cdef inline void heap_set(rl_renewer* r, size_t i, rl_lease* l, int64_t key) noexcept nogil:
     r.heap[i] = l
+    r.heap_keys[i] = key
     l.heap_idx = <int>i
 
 
+# Each slot's key is kept beside its lease (heap_keys): a sift compares keys
+# in one array instead of reading two leases per level, which at 100,000
+# leases cost a cache miss each and most of the thread's time. A lease's key
+# changes only while it is out of the heap or before heap_fix, which takes
+# it anew.
+
 cdef void heap_up(rl_renewer* r, size_t i) noexcept nogil:
     cdef rl_lease* l = r.heap[i]
+    cdef int64_t key = lease_key(l)
     cdef size_t parent
     while i > 0:
         parent = (i - 1) // 2
-        if lease_key(r.heap[parent]) <= lease_key(l):
+        if r.heap_keys[parent] <= key:
             break
-        heap_set(r, i, r.heap[parent])
+        heap_set(r, i, r.heap[parent], r.heap_keys[parent])
         i = parent
-    heap_set(r, i, l)
+    heap_set(r, i, l, key)
 
 
 cdef void heap_down(rl_renewer* r, size_t i) noexcept nogil:
     cdef rl_lease* l = r.heap[i]
+    cdef int64_t key = lease_key(l)
+    cdef int64_t* keys = r.heap_keys
     cdef size_t child
     while True:
         child = 2 * i + 1
         if child >= r.heap_len:
             break
-        if child + 1 < r.heap_len and lease_key(r.heap[child + 1]) < lease_key(r.heap[child]):
+        if child + 1 < r.heap_len and keys[child + 1] < keys[child]:
             child += 1
-        if lease_key(l) <= lease_key(r.heap[child]):
+        if key <= keys[child]:
             break
-        heap_set(r, i, r.heap[child])
+        heap_set(r, i, r.heap[child], keys[child])
         i = child
-    heap_set(r, i, l)
+    heap_set(r, i, l, key)
 
 
 cdef int heap_push(rl_renewer* r, rl_lease* l) noexcept nogil:
     cdef size_t cap
     cdef rl_lease** grown
+    cdef int64_t* grown_keys
     if r.heap_len == r.heap_cap:
         cap = r.heap_cap * 2 if r.heap_cap else 64
+        grown_keys = <int64_t*>realloc(r.heap_keys, cap * sizeof(int64_t))
+        if grown_keys == NULL:
+            return -1
+        r.heap_keys = grown_keys
         grown = <rl_lease**>realloc(r.heap, cap * sizeof(rl_lease*))
         if grown == NULL:
             return -1
         r.heap = grown
         r.heap_cap = cap
-    heap_set(r, r.heap_len, l)
+    heap_set(r, r.heap_len, l, lease_key(l))
     r.heap_len += 1
     heap_up(r, r.heap_len - 1)
     return 0
@@ -96,7 +111,7 @@ cdef void heap_remove(rl_renewer* r, rl_lease* l) noexcept nogil:
     if i == r.heap_len:
         return
     last = r.heap[r.heap_len]
-    heap_set(r, i, last)
+    heap_set(r, i, last, r.heap_keys[r.heap_len])
     heap_up(r, i)
     if last.heap_idx == <int>i:
         heap_down(r, i)

@@ -41,6 +41,21 @@ cdef void renewer_drop_master(rl_renewer* r) noexcept nogil:
     r.need_load = 1
 
 
+cdef int64_t renewer_wake_at(rl_lease* top) noexcept nogil:
+    """When the thread wakes for ``top``, the heap's first lease (mu held).
+
+    One window before its renewal is due: a renewal may go out up to
+    RENEW_WINDOW_NS early (its deadline moves the same amount earlier, its
+    schedule does not), so a wake-up the scheduler delays by less than that
+    (a busy host, a thread holding the GIL on the other core) still sends it
+    on time. A lease whose deadline comes first is woken for at its deadline
+    (to be lost then), not before.
+    """
+    if top.next_send < top.lease_deadline:
+        return top.next_send - RENEW_WINDOW_NS
+    return top.lease_deadline
+
+
 cdef void* renewer_main(void* arg) noexcept nogil:
     cdef rl_renewer* r = <rl_renewer*>arg
     cdef rl_conn* c = &r.conn
@@ -57,7 +72,7 @@ cdef void* renewer_main(void* arg) noexcept nogil:
             continue
         now = rl_now_ns()
         top = r.heap[0]
-        wake_at = lease_key(top)
+        wake_at = renewer_wake_at(top)
         if wake_at > now:
             rl_cond_wait_until(&r.cv, &r.mu, wake_at)
             continue
