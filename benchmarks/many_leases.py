@@ -535,7 +535,7 @@ def lease_targets(row: Row) -> list[Check]:
     if row.stopped_each:
         checks.append(
             Check(
-                f"stop() one by one ({row.stopped_each:,}), per stop",
+                "stop() one by one, per stop",
                 PLAIN_STOP_EACH_US,
                 row.stop_each,
                 "us",

@@ -111,6 +111,7 @@ def test_many_leases_measures_each_size_and_holds_it_to_the_targets() -> None:
         "threads added",
         "to lead, per lease",
         "stop all, per lease",
+        "stop() one by one, per stop",
     }
     assert targets["all leading"]["met"] is True
     assert all(isinstance(t["met"], bool) for t in targets.values())
