@@ -178,8 +178,20 @@ cdef bint node_is_elsewhere(const char* base, rl_node* top) noexcept nogil:
 
     What one lease of a node-wide renew_many call (no declared key) is
     answered when the node does not serve its key's slot: it did not run.
+    The text is the reply's, or its message after the error code the
+    server puts first (Redis 7: ``ERR Script attempted ...``).
     """
-    return top.kind == c'-' and node_starts(base, top, CODE_ELSEWHERE)
+    cdef size_t n = strlen(CODE_ELSEWHERE)
+    cdef size_t size = <size_t>top.ival
+    cdef size_t i = 0
+    cdef const char* text = base + top.off
+    if top.kind != c'-':
+        return False
+    if node_starts(base, top, CODE_ELSEWHERE):
+        return True
+    while i < size and text[i] != c' ':
+        i += 1
+    return i + 1 + n <= size and memcmp(text + i + 1, CODE_ELSEWHERE, n) == 0
 
 
 cdef bint node_is_noperm(const char* base, rl_node* top) noexcept nogil:
