@@ -173,25 +173,36 @@ cdef bint reply_is_noscript(rl_conn* c) noexcept nogil:
     return node_is_noscript(c.r.data, &c.nodes.items[0])
 
 
+cdef inline char ascii_lower(char ch) noexcept nogil:
+    return <char>(ch + 32) if c'A' <= ch <= c'Z' else ch
+
+
+cdef bint node_has(const char* base, rl_node* top, const char* text) noexcept nogil:
+    """Whether the error reply parsed at ``base`` contains ``text`` (ASCII, any case)."""
+    cdef size_t k = strlen(text)
+    cdef size_t i, j
+    cdef const char* p = base + top.off
+    if top.kind != c'-' or top.ival < 0 or <size_t>top.ival < k:
+        return False
+    for i in range(<size_t>top.ival - k + 1):
+        j = 0
+        while j < k and ascii_lower(p[i + j]) == ascii_lower(text[j]):
+            j += 1
+        if j == k:
+            return True
+    return False
+
+
 cdef bint node_is_elsewhere(const char* base, rl_node* top) noexcept nogil:
     """An error reply saying the key is not this Cluster node's (``replytable.BATCH_KEY_ELSEWHERE``).
 
     What one lease of a node-wide renew_many call (no declared key) is
     answered when the node does not serve its key's slot: it did not run.
-    The text is the reply's, or its message after the error code the
-    server puts first (Redis 7: ``ERR Script attempted ...``).
+    The table's text is found in the reply, case aside: after the error
+    code (Redis 7: ``ERR Script attempted ...``), or in a Lua error's own
+    words (Redis 6: ``ERR @user_script: 28: Lua script attempted ...``).
     """
-    cdef size_t n = strlen(CODE_ELSEWHERE)
-    cdef size_t size = <size_t>top.ival
-    cdef size_t i = 0
-    cdef const char* text = base + top.off
-    if top.kind != c'-':
-        return False
-    if node_starts(base, top, CODE_ELSEWHERE):
-        return True
-    while i < size and text[i] != c' ':
-        i += 1
-    return i + 1 + n <= size and memcmp(text + i + 1, CODE_ELSEWHERE, n) == 0
+    return node_has(base, top, CODE_ELSEWHERE)
 
 
 cdef bint node_is_noperm(const char* base, rl_node* top) noexcept nogil:
