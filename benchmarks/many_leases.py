@@ -35,7 +35,10 @@ each also per lease. The sample is ``STOP_SAMPLE`` leases (a tenth of
 them at fewer) unless ``--stop-each`` names how many (``all``: every
 lease is stopped one by one, and stop_all stops none); threads, server
 connections and RSS added (and KiB per lease), the servers' CPU while every
-lease leads (their renewals), then the issue's targets marked met or not met, held per
+lease leads (their renewals: in percent of one CPU, in microseconds per
+renewal, renewals per script call and the server's microseconds per call,
+from ``INFO cpu`` and ``INFO commandstats``), then the issue's targets
+marked met or not met, held per
 lease at every size (100,000 leading within 10 s is 100 us a lease; stop-all
 within 5 s, 50 us; 100,000 ``stop()`` calls one by one within 5 s, 50 us
 a stop; 10,000 leading on the cluster within 2 s, 200 us; at most
@@ -380,7 +383,12 @@ def leases_scenario(port: int, count: int, cluster: bool, each: int | None = Non
     row.rss = rss_mib() - base_rss
     row.extra["leading"] = f"{sum(1 for e in group if e.token())}/{count}"
     row.extra["threads"] = added_thread_names(base_names)
-    row.extra["server_cpu"] = f"{server_cpu(masters, RENEWING_WINDOW):.0f}"
+    renewer = group[0]._core.run.keeper.renewer  # type: ignore[attr-defined]
+    cost = server_cpu(masters, RENEWING_WINDOW, renewer)
+    row.extra["server_cpu"] = f"{cost.percent:.0f}"
+    row.extra["cpu_us_per_renewal"] = f"{cost.us_per_renewal:.2f}"
+    row.extra["renewals_per_call"] = f"{cost.renewals_per_call:.1f}"
+    row.extra["us_per_call"] = f"{cost.us_per_call:.1f}"
     # A sample stopped one by one (each stop() waits for its own release's
     # round trip), then the rest with one redlease.stop_all (their releases
     # share round trips).
@@ -409,24 +417,48 @@ def stop_sample(count: int) -> int:
     return min(STOP_SAMPLE, count // 10)
 
 
-def server_cpu(masters: list[redis.Redis], seconds: float) -> float:
-    """Percent of one CPU the servers (every master, added up) spent over ``seconds``.
+@dataclass
+class ServerCost:
+    """What renewing every lease cost the servers over a window (``server_cpu``)."""
 
-    Read from ``INFO cpu`` while all the leases lead: what renewing them costs
-    the server, which every other call (a stop's release among them) waits
-    behind.
+    percent: float  # of one CPU, every master added up
+    us_per_renewal: float  # INFO cpu (user + sys) spent per renewal the renewer wrote
+    renewals_per_call: float  # renewals per script call (INFO commandstats, EVALSHA)
+    us_per_call: float  # the servers' own time per script call (commandstats usec_per_call)
+
+
+def server_cpu(masters: list[redis.Redis], seconds: float, renewer: object) -> ServerCost:
+    """What the servers (every master, added up) spent over ``seconds`` renewing.
+
+    Read from ``INFO cpu`` and ``INFO commandstats`` while all the leases lead:
+    what renewing them costs the server, which every other call (a stop's
+    release among them) waits behind; per renewal written by ``renewer``
+    (``Renewer.sent()``) and per EVALSHA call the servers ran.
     """
 
-    def used() -> float:
-        total = 0.0
+    def used() -> tuple[float, int, int]:
+        cpu, calls, usec = 0.0, 0, 0
         for m in masters:
             info = m.info("cpu")
-            total += float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
-        return total
+            cpu += float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+            stats = m.info("commandstats").get("cmdstat_evalsha", {})
+            calls += int(stats.get("calls", 0))
+            usec += int(stats.get("usec", 0))
+        return cpu, calls, usec
 
-    before, started = used(), time.monotonic()
+    sent_before = renewer.sent[0]  # type: ignore[attr-defined]
+    (cpu0, calls0, usec0), started = used(), time.monotonic()
     time.sleep(seconds)
-    return (used() - before) / (time.monotonic() - started) * 100
+    cpu1, calls1, usec1 = used()
+    elapsed = time.monotonic() - started
+    renewals = max(renewer.sent[0] - sent_before, 1)  # type: ignore[attr-defined]
+    calls = max(calls1 - calls0, 1)
+    return ServerCost(
+        percent=(cpu1 - cpu0) / elapsed * 100,
+        us_per_renewal=(cpu1 - cpu0) * 1e6 / renewals,
+        renewals_per_call=renewals / calls,
+        us_per_call=(usec1 - usec0) / calls,
+    )
 
 
 def lease_sizes(text: str) -> list[int]:
@@ -555,11 +587,11 @@ def print_leases(rows: list[Row]) -> None:
     print(
         "| server | leases | all leading | us/lease | stop_all | of | us/lease "
         "| stop() one by one | of | us/stop | threads added | server conns added | RSS added "
-        "| KiB/lease | server CPU renewing |"
+        "| KiB/lease | server CPU renewing | CPU us/renewal | renewals/call | us/call |"
     )
     print(
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: | ---: | ---: |"
+        "| ---: | ---: | ---: | ---: | ---: | ---: |"
     )
     for r in rows:
         lead_us = us_per_lease(r.to_lead, r.count)
@@ -569,7 +601,8 @@ def print_leases(rows: list[Row]) -> None:
             f"| {r.stop_all:.2f} s | {r.stopped_all:,} | {stop_us:.1f} "
             f"| {r.stop_each_total:.2f} s | {r.stopped_each:,} | {r.stop_each:.1f} "
             f"| {r.threads} | {r.connections} | {r.rss:.0f} MiB | {kib_per_lease(r):.2f} "
-            f"| {r.extra['server_cpu']}% |"
+            f"| {r.extra['server_cpu']}% | {r.extra['cpu_us_per_renewal']} "
+            f"| {r.extra['renewals_per_call']} | {r.extra['us_per_call']} |"
         )
     print(
         "\nstop_all: redlease.stop_all of every lease but a sample (their releases share "
@@ -625,6 +658,9 @@ def print_leases(rows: list[Row]) -> None:
             "rss_added_mib": r.rss,
             "kib_per_lease": kib_per_lease(r),
             "server_cpu_renewing_pct": float(r.extra["server_cpu"]),
+            "server_cpu_us_per_renewal": float(r.extra["cpu_us_per_renewal"]),
+            "renewals_per_call": float(r.extra["renewals_per_call"]),
+            "server_us_per_call": float(r.extra["us_per_call"]),
         }
         for r in rows
     ]

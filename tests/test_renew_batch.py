@@ -128,9 +128,6 @@ def test_many_electors_due_together_all_keep_leading(
         assert client.pttl(leader.key) > 0
 
 
-# The native engine renews one lease per script call on this branch; it joins
-# this test once it batches too.
-@pytest.mark.parametrize("engine", ["python"])
 def test_leases_due_together_are_renewed_in_fewer_script_calls_than_leases(
     redis_server: RedisServer, engine: str, stopped: list[Leader]
 ) -> None:

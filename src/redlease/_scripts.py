@@ -120,3 +120,20 @@ def fenced(name: str, body: str) -> Script:
 def fenced_file(name: str) -> Script:
     """A fenced write whose body lives in ``lua/<name>.lua``."""
     return fenced(name, source(name))
+
+
+# The renewals lua/renew_many.lua does for many leases in one call, by the kind
+# its arguments name: renew.lua's string lease, lock_refresh.lua's lock hash.
+_TOGETHER = {"renew": "s", "lock_refresh": "h"}
+
+
+def renewed_together(script: Script) -> str | None:
+    """The kind (``"s"`` or ``"h"``) renew_many renews ``script``'s leases as, or None.
+
+    None for any script but renew.lua and lock_refresh.lua (itself, not a
+    script of the same name), whose leases are renewed each in its own call.
+    """
+    kind = _TOGETHER.get(script.name)
+    if kind is None or load(script.name).sha != script.sha:
+        return None
+    return kind

@@ -234,6 +234,8 @@ class Lease:
         args: Sequence[_Encodable],
         interval: float,
         ttl: float,
+        together: str | None = None,
+        many: ScriptRef | None = None,
     ) -> None: ...
     def begin(self, token: int, acquired_at: float) -> None: ...
     def end(self) -> None: ...
@@ -332,6 +334,7 @@ LATENESS_SAMPLES: int
 
 # Read back for the tests, as native_timing() is; not part of the module's interface.
 def reply_codes() -> tuple[tuple[str, int, bool], ...]: ...
+def reply_batch_elsewhere() -> str: ...
 
 def split_pairs(items: object, keys: bool) -> tuple[list[Any], list[Any]] | None:
     """``items`` (a dict, or a list/tuple of 2-item pairs) as ``(firsts, seconds)`` when

@@ -17,6 +17,7 @@ from typing import Any, cast
 
 from redis.exceptions import ResponseError
 
+from ... import _scripts
 from ..._scripts import Script
 from .._native import _core as _native
 from ..conn.client import Endpoint
@@ -197,11 +198,18 @@ class NativeEngine(Pools):
         Every lease of the engine is renewed by one native thread: over one
         connection on a fixed address or behind Sentinel (it follows the
         master the sentinels name), over one connection per slot-owning
-        master on a cluster (each lease routed by its key's slot).
+        master on a cluster (each lease routed by its key's slot). The
+        leases of renew.lua and lock_refresh.lua that fall due together are
+        renewed many to a call of lua/renew_many.lua.
         """
         # close() reaches these through the renewer, which ends them all.
         script, keys, args = renew
-        made = (self._shared_renewer(), self._ref(script), keys, args, interval, ttl)
+        # renew.lua's and lock_refresh.lua's leases are renewed many to a call.
+        together = _scripts.renewed_together(script) if len(keys) == 1 else None
+        many = self._ref(_scripts.load("renew_many")) if together is not None else None
+        made = (
+            self._shared_renewer(), self._ref(script), keys, args, interval, ttl, together, many
+        )
         if self.endpoint.sentinels is None:
             return _Lease(*made)
         keeper = _TrackedLease(*made)

@@ -84,7 +84,10 @@ that is now a replica, cut off from its replicas, or refusing writes.
 BATCH_KEY_ELSEWHERE = "Script attempted to access a non local key"
 """What one lease of a node-wide batched renewal (``lua/renew_many.lua`` with no
 declared key, on a Cluster node) is answered when the node does not serve its
-key's slot (the slot moved, or is mid-migration and the key already left). The
+key's slot (the slot moved, or is mid-migration and the key already left): an
+error reply holding this text, case aside (Redis 7: ``ERR Script attempted to
+access a non local key in a cluster node``; Redis 6: ``ERR @user_script: 28: Lua
+script attempted to access a non local key in a cluster node``). The
 reply says nothing of where the slot went and did not renew that lease: it alone
 is renewed again at once on its own, routed by its declared key, so a MOVED or
 ASK reply is followed as for any renewal."""

@@ -59,6 +59,7 @@ ctypedef int (*rl_sender)(rl_conn* c, const char* data, size_t n, int64_t deadli
 
 cdef int conn_fail(rl_conn* c, int kind, const char* msg) noexcept nogil
 cdef int conn_fail_with_reply(rl_conn* c) noexcept nogil
+cdef int conn_fail_with_node(rl_conn* c, rl_node* top) noexcept nogil
 cdef void conn_drop(rl_conn* c) noexcept nogil
 cdef void conn_free(rl_conn* c) noexcept nogil
 cdef int conn_io_error(rl_conn* c, int err, const char* what) noexcept nogil

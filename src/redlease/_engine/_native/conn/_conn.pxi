@@ -34,7 +34,11 @@ cdef int conn_fail(rl_conn* c, int kind, const char* msg) noexcept nogil:
 
 cdef int conn_fail_with_reply(rl_conn* c) noexcept nogil:
     """Record the buffered top-level error reply as the failure (kind RL_EREPLY)."""
-    cdef rl_node* top = &c.nodes.items[0]
+    return conn_fail_with_node(c, &c.nodes.items[0])
+
+
+cdef int conn_fail_with_node(rl_conn* c, rl_node* top) noexcept nogil:
+    """Record the error reply ``top`` (a node of the buffered reply) as the failure (RL_EREPLY)."""
     cdef size_t n = <size_t>top.ival if top.ival < ERR_MSG - 1 else ERR_MSG - 1
     memcpy(c.err_msg, c.r.data + top.off, n)
     c.err_msg[n] = 0

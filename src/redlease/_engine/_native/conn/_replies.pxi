@@ -30,6 +30,9 @@ cdef int KIND_ERROR = _replytable.ERROR
 # The codes' bytes, kept alive for the pointers below.
 cdef tuple CODE_BYTES = tuple([code.encode("ascii") for code, _kind, _wraps in _replytable.CODES])
 cdef bytes NOPERM_BYTES = _replytable.NOPERM.encode("ascii")
+# One lease of a node-wide renew_many call whose key the node does not serve.
+cdef bytes ELSEWHERE_BYTES = _replytable.BATCH_KEY_ELSEWHERE.encode("ascii")
+cdef const char* CODE_ELSEWHERE = PyBytes_AS_STRING(ELSEWHERE_BYTES)
 cdef int N_CODES = 0
 cdef const char* CODE_TEXT[CODES_MAX]
 cdef int CODE_KIND[CODES_MAX]
@@ -170,6 +173,38 @@ cdef bint reply_is_noscript(rl_conn* c) noexcept nogil:
     return node_is_noscript(c.r.data, &c.nodes.items[0])
 
 
+cdef inline char ascii_lower(char ch) noexcept nogil:
+    return <char>(ch + 32) if c'A' <= ch <= c'Z' else ch
+
+
+cdef bint node_has(const char* base, rl_node* top, const char* text) noexcept nogil:
+    """Whether the error reply parsed at ``base`` contains ``text`` (ASCII, any case)."""
+    cdef size_t k = strlen(text)
+    cdef size_t i, j
+    cdef const char* p = base + top.off
+    if top.kind != c'-' or top.ival < 0 or <size_t>top.ival < k:
+        return False
+    for i in range(<size_t>top.ival - k + 1):
+        j = 0
+        while j < k and ascii_lower(p[i + j]) == ascii_lower(text[j]):
+            j += 1
+        if j == k:
+            return True
+    return False
+
+
+cdef bint node_is_elsewhere(const char* base, rl_node* top) noexcept nogil:
+    """An error reply saying the key is not this Cluster node's (``replytable.BATCH_KEY_ELSEWHERE``).
+
+    What one lease of a node-wide renew_many call (no declared key) is
+    answered when the node does not serve its key's slot: it did not run.
+    The table's text is found in the reply, case aside: after the error
+    code (Redis 7: ``ERR Script attempted ...``), or in a Lua error's own
+    words (Redis 6: ``ERR @user_script: 28: Lua script attempted ...``).
+    """
+    return node_has(base, top, CODE_ELSEWHERE)
+
+
 cdef bint node_is_noperm(const char* base, rl_node* top) noexcept nogil:
     """A NOPERM error reply: an ACL user not allowed the channel (or command)."""
     return top.kind == c'-' and node_starts(base, top, CODE_NOPERM)
@@ -251,3 +286,8 @@ def reply_codes():
     return tuple((CODE_TEXT[i].decode("ascii"), CODE_KIND[i], bool(CODE_WRAPS[i]))
                  for i in range(N_CODES))
 
+
+
+def reply_batch_elsewhere():
+    """``replytable.BATCH_KEY_ELSEWHERE`` as the native core holds it in C (read back)."""
+    return CODE_ELSEWHERE.decode("ascii")

@@ -68,24 +68,9 @@ cdef bint node_is(rl_conn* c, rl_node* n, const char* text) noexcept nogil:
     return n.kind == c'$' and <size_t>n.ival == k and memcmp(c.r.data + n.off, text, k) == 0
 
 
-cdef inline char ascii_lower(char ch) noexcept nogil:
-    return ch + 32 if c'A' <= ch <= c'Z' else ch
-
-
 cdef bint error_has(rl_conn* c, rl_node* n, const char* text) noexcept nogil:
     """Whether the error reply ``n`` contains ``text`` (ASCII, any case)."""
-    cdef size_t k = strlen(text)
-    cdef size_t i, j
-    cdef const char* p = c.r.data + n.off
-    if n.kind != c'-' or n.ival < 0 or <size_t>n.ival < k:
-        return False
-    for i in range(<size_t>n.ival - k + 1):
-        j = 0
-        while j < k and ascii_lower(p[i + j]) == ascii_lower(text[j]):
-            j += 1
-        if j == k:
-            return True
-    return False
+    return node_has(c.r.data, n, text)
 
 
 cdef enum:

@@ -1,6 +1,8 @@
 # What _lease.pxi offers the other units: one lease's state (rl_lease), its
 # states and limits, and the helpers that change it.
 
+from libc.stdint cimport uint32_t
+
 # Lease states, as C atomics. The values are those of redlease._engine
 # (IDLE, ACTIVE, LOST, ENDED), which ``Lease.state`` returns.
 cdef enum:
@@ -53,6 +55,13 @@ cdef struct rl_lease:
     int64_t sched         # when that renewal was due
     int64_t t_send
     rl_buf cmd            # its EVALSHA, built once
+    # Renewed in renew_many calls (lua/renew_many.lua) beside other leases:
+    # its key, owner and ttl are read out of cmd, where they lie encoded.
+    uint32_t key_at       # where its key's bulk string starts in cmd (after it: owner, ttl)
+    uint32_t owner_at     # where its owner's starts (its ttl's follows it, to the end)
+    char batch_kind       # b's' (a string lease) or b'h' (a lock hash); 0: renewed alone
+    unsigned char call_len  # on the wire: the first lease of a renew_many call of this many; 0: alone
+    unsigned char solo    # on a cluster: its next renewal goes alone, by its declared key
     float* late           # single precision: a lateness needs no more, a lease half the room
     uint64_t late_count
     uint64_t late_hist[17]

@@ -89,7 +89,7 @@ cdef class Renewer(ProcessBound):
         free(r)
 
     cdef int add_script(self, ScriptRef ref) except -1:
-        """Make sure the renewer loads ``ref`` on every new connection.
+        """Make sure the renewer loads ``ref`` on every new connection; its index among the scripts.
 
         The SCRIPT LOAD command is encoded before the lock is taken: Python
         allocations may run the garbage collector, and a lease freed there
@@ -123,6 +123,14 @@ cdef class Renewer(ProcessBound):
         buf_free(&load)
         if full:
             raise RuntimeError("too many distinct renewal scripts for one renewer")
+        return j
+
+    cdef int renew_many_with(self, ScriptRef many) except -1:
+        """Renew the leases that may be renewed together in calls of ``many`` (lua/renew_many.lua)."""
+        cdef int j = self.add_script(many)
+        pthread_mutex_lock(&self.r.mu)
+        self.r.many_at = j + 1
+        pthread_mutex_unlock(&self.r.mu)
         return 0
 
     cdef void stop_thread(self) noexcept:

@@ -86,10 +86,8 @@ cdef void node_take_reply(rl_renewer* r, rl_rnode* n) noexcept nogil:
         l.asking = 2
         conn_consume(c)
         return
-    lease_apply_reply(r, n, l, c)
+    n.done += call_apply_reply(r, n, n.first + n.done, c)
     conn_consume(c)
-    batch_release(r, l)
-    n.done += 1
     if n.drop:
         # Whatever follows on this connection cannot be trusted (a reply of
         # the wrong shape), or is not the master's (a failover reply).

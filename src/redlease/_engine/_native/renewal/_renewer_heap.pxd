@@ -6,6 +6,7 @@ cdef enum:
     RENEW_NODES_MAX = 64
     RENEW_BATCH_MAX = 512
     RENEW_SCRIPTS_MAX = 8
+    RENEW_CALL_MAX = 100  # leases in one renew_many call, at most
 
 cdef struct rl_renewer:
     rl_conn conn
@@ -17,6 +18,7 @@ cdef struct rl_renewer:
     int ctl_fd            # close() aborts a round trip in flight
     int need_load         # SCRIPT LOAD every script before the next batch
     int nscripts
+    int many_at           # 1 + renew_many's index among the scripts (0: no lease renews in it)
     rl_buf loads[8]       # SCRIPT LOAD <source>, one per distinct script
     char shas[8][41]
     rl_lease** heap
@@ -59,8 +61,10 @@ cdef void batch_release(rl_renewer* r, rl_lease* l) noexcept nogil
 cdef void lease_failed(rl_lease* l, int kind, const char* msg, int64_t now) noexcept nogil
 cdef void batch_fail(rl_renewer* r, size_t first, int kind, const char* msg) noexcept nogil
 cdef void lease_renewed(rl_lease* l) noexcept nogil
-cdef void lease_unexpected(rl_lease* l, rl_conn* c) noexcept nogil
-cdef void lease_apply_reply(rl_renewer* r, rl_rnode* n, rl_lease* l, rl_conn* c) noexcept nogil
+cdef void lease_unexpected(rl_lease* l, rl_conn* c, const char* what, const char* wanted) noexcept nogil
+cdef void lease_apply_node(rl_renewer* r, rl_rnode* n, rl_lease* l, rl_conn* c,
+                           rl_node* top) noexcept nogil
+cdef size_t call_apply_reply(rl_renewer* r, rl_rnode* n, size_t at, rl_conn* c) noexcept nogil
 cdef int renewals_encode(rl_renewer* r, size_t first, size_t* count, bint need_load,
                          int* loads) noexcept nogil
 cdef int renewals_send(rl_renewer* r, rl_conn* c, int64_t deadline) noexcept nogil

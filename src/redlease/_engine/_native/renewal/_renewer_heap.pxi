@@ -185,28 +185,32 @@ cdef void lease_renewed(rl_lease* l) noexcept nogil:
         l.next_send = now
 
 
-cdef void lease_unexpected(rl_lease* l, rl_conn* c) noexcept nogil:
-    """A reply the renew script cannot give (mu held): an error, and the stream is not trusted."""
+cdef void lease_unexpected(rl_lease* l, rl_conn* c, const char* what, const char* wanted) noexcept nogil:
+    """A reply the script ``what`` cannot give (mu held): an error, and the stream is not trusted."""
     cdef char msg[ERR_MSG]
-    reply_describe(c, "renew", "0 or 1", msg, ERR_MSG)
+    reply_describe(c, what, wanted, msg, ERR_MSG)
     lease_failed(l, RL_EUNEXPECTED, msg, rl_now_ns())
 
 
-cdef void lease_apply_reply(rl_renewer* r, rl_rnode* n, rl_lease* l, rl_conn* c) noexcept nogil:
-    """The buffered reply to ``l``'s renewal (mu held); ``n``: the cluster node it went to,
-    NULL for a renewer with one server.
+cdef void lease_apply_node(rl_renewer* r, rl_rnode* n, rl_lease* l, rl_conn* c,
+                           rl_node* top) noexcept nogil:
+    """What the reply ``top`` does to ``l``'s renewal (mu held); ``n``: the cluster node it went
+    to, NULL for a renewer with one server.
 
+    ``top`` is a node of the reply buffered in ``c``: the reply to ``l``'s own
+    call, its element of a renew_many call's reply, or that call's top-level
+    error (which every lease of the call gets, as if its own renewal had).
     Only on a cluster are MOVED / ASK followed and the slot map read again
     on a RETRY reply (``replytable.resends``); elsewhere they are failed
     renewals, tried again at the next interval.
     """
-    cdef rl_node* top = &c.nodes.items[0]
     cdef rl_disco* d = <rl_disco*>r.conn.disco
+    cdef bint whole = top == &c.nodes.items[0]
     cdef rl_addr there
     cdef int what, slot
     if l.gen != l.sent_gen or rl_load(&l.state) != ST_ACTIVE or l.closed:
         return
-    what = reply_class(c, EXPECT_0_OR_1)
+    what = reply_node_class(c.r.data, top, EXPECT_0_OR_1)
     if what == REPLY_DONE:
         if top.ival == 1:
             lease_renewed(l)
@@ -214,13 +218,13 @@ cdef void lease_apply_reply(rl_renewer* r, rl_rnode* n, rl_lease* l, rl_conn* c)
             lease_lose(l)
         return
     if what == REPLY_UNEXPECTED:
-        lease_unexpected(l, c)
+        lease_unexpected(l, c, "renew", "0 or 1")
         if n != NULL:
             n.drop = 1
         else:
             r.saw_unexpected = 1
         return
-    if reply_is_noscript(c):
+    if node_is_noscript(c.r.data, top):
         # The server lost its scripts (SCRIPT FLUSH, a restart): load them
         # and send this renewal again at once; not a failed renewal.
         if n != NULL:
@@ -229,7 +233,19 @@ cdef void lease_apply_reply(rl_renewer* r, rl_rnode* n, rl_lease* l, rl_conn* c)
             r.need_load = 1
         l.next_send = rl_now_ns()
         return
-    if n != NULL and (what == REPLY_MOVED or what == REPLY_ASK):
+    if n != NULL and not whole and node_is_elsewhere(c.r.data, top):
+        # A node-wide renew_many call reached a node that does not serve
+        # this lease's key (its slot moved, or is migrating): not renewed,
+        # not a failure. The map is read again, and this lease renewed again
+        # at once on its own, by its declared key, so that a MOVED or ASK
+        # reply to that is followed.
+        l.redirects += 1
+        if l.redirects <= MAX_REDIRECTS:
+            cluster_forget(d)
+            l.solo = 1
+            l.next_send = rl_now_ns()
+            return
+    if n != NULL and whole and (what == REPLY_MOVED or what == REPLY_ASK):
         l.redirects += 1
         if (l.redirects <= MAX_REDIRECTS
                 and parse_redirect(c, redirect_skip(what), &slot, &there) == 0):
@@ -243,7 +259,7 @@ cdef void lease_apply_reply(rl_renewer* r, rl_rnode* n, rl_lease* l, rl_conn* c)
                 l.ask_node = rnode_find(r, &there)
             l.next_send = rl_now_ns()
             return
-    conn_fail_with_reply(c)
+    conn_fail_with_node(c, top)
     if what == REPLY_FAILOVER:
         # READONLY / MASTERDOWN / NOREPLICAS: this server is no longer the
         # master the lease was granted on; the term ends now, not at its
@@ -267,7 +283,145 @@ cdef void lease_apply_reply(rl_renewer* r, rl_rnode* n, rl_lease* l, rl_conn* c)
     lease_failed(l, c.err_kind, c.err_msg, rl_now_ns())
 
 
+cdef bint many_reply_fits(rl_conn* c, size_t count) noexcept nogil:
+    """Whether the buffered reply is a renew_many call's for ``count`` leases: an array of
+    that many elements, each 0, 1 or an error reply."""
+    cdef rl_node* top = &c.nodes.items[0]
+    cdef rl_node* each
+    cdef size_t i
+    if top.kind != c'*' or top.ival != <long long>count or c.nodes.len < count + 1:
+        return False
+    for i in range(1, count + 1):
+        each = &c.nodes.items[i]
+        if each.kind == c'-':
+            continue
+        if each.kind != c':' or (each.ival != 0 and each.ival != 1):
+            return False
+    return True
+
+
+cdef size_t call_apply_reply(rl_renewer* r, rl_rnode* n, size_t at, rl_conn* c) noexcept nogil:
+    """The buffered reply to the call whose first lease is ``r.batch[at]`` (mu held).
+
+    Each lease of the call has its reply applied (lease_apply_node) and is
+    released; returns how many leases that is (1 for a lease renewed
+    alone). A renew_many call's error reply is every lease's; an array
+    element is its lease's alone; any other reply is one the script cannot
+    give, for every lease of the call, and the stream is not trusted.
+    """
+    cdef rl_lease* l = r.batch[at]
+    cdef size_t count = l.call_len
+    cdef rl_node* top = &c.nodes.items[0]
+    cdef size_t i
+    if count == 0:
+        lease_apply_node(r, n, l, c, top)
+        batch_release(r, l)
+        return 1
+    if top.kind == c'-':
+        for i in range(count):
+            lease_apply_node(r, n, r.batch[at + i], c, top)
+    elif many_reply_fits(c, count):
+        for i in range(count):
+            lease_apply_node(r, n, r.batch[at + i], c, &c.nodes.items[i + 1])
+    else:
+        for i in range(count):
+            lease_unexpected(r.batch[at + i], c, "renew_many",
+                             "an array of 0, 1 or an error reply per lease")
+        if n != NULL:
+            n.drop = 1
+        else:
+            r.saw_unexpected = 1
+    for i in range(count):
+        batch_release(r, r.batch[at + i])
+    return count
+
+
 # ---------------------------------------------------------------- a batch on the wire (mu held)
+
+cdef inline bint lease_renews_many(rl_renewer* r, rl_lease* l) noexcept nogil:
+    # A lease after an ASK redirection, or whose key a node-wide call found
+    # elsewhere, goes alone, by its declared key.
+    return (l.batch_kind != 0 and r.many_at != 0
+            and not (r.cluster and (l.asking or l.solo)))
+
+
+cdef void calls_plan(rl_renewer* r, size_t first, size_t count) noexcept nogil:
+    """Order ``r.batch[first:first + count]`` into calls (mu held): the leases renewed
+    alone first, then the others in renew_many calls of at most RENEW_CALL_MAX leases,
+    as even as can be (a call's first lease says how many its call renews: call_len).
+    """
+    cdef size_t i, alone = 0, many = 0, calls, size, extra, pos
+    cdef rl_lease* l
+    for i in range(first, first + count):
+        l = r.batch[i]
+        l.call_len = 0
+        if lease_renews_many(r, l):
+            r.sorted[many] = l  # scratch: the cluster's grouping is done with it
+            many += 1
+        else:
+            r.batch[first + alone] = l
+            alone += 1
+    for i in range(many):
+        r.batch[first + alone + i] = r.sorted[i]
+    if many < 2:
+        return  # one lease alone costs the server no more as its own call
+    calls = (many + RENEW_CALL_MAX - 1) // RENEW_CALL_MAX
+    pos = first + alone
+    for i in range(calls):
+        size = many // calls
+        extra = many % calls
+        if i < extra:
+            size += 1
+        r.batch[pos].call_len = <unsigned char>size
+        pos += size
+
+
+# A lease's kind in a renew_many call: a string lease, or a lock hash (7 bytes each).
+cdef const char* MANY_STRING = b"$1\r\ns\r\n"
+cdef const char* MANY_HASH = b"$1\r\nh\r\n"
+cdef const char* EVALSHA_NAME = b"$7\r\nEVALSHA\r\n"
+
+
+cdef int put_many_call(rl_renewer* r, size_t at, size_t count) noexcept nogil:
+    """Append the renew_many call of ``r.batch[at:at + count]`` to ``r.out``: keys declared
+    on one server, on a Cluster node not (they follow the triples), as the script reads them."""
+    cdef rl_buf* b = &r.out
+    cdef bint declared = not r.cluster
+    cdef char num[24]
+    cdef int k
+    cdef size_t i
+    cdef rl_lease* l
+    if buf_put_prefix(b, c'*', <long long>(3 + 4 * count)) < 0:
+        return -1
+    if buf_put(b, EVALSHA_NAME, 13) < 0:
+        return -1
+    if buf_put_bulk(b, r.shas[r.many_at - 1], 40) < 0:
+        return -1
+    k = fmt_ll(num, <long long>count if declared else 0)
+    if buf_put_bulk(b, num, <size_t>k) < 0:
+        return -1
+    if declared and put_many_keys(r, at, count) < 0:
+        return -1
+    for i in range(at, at + count):
+        l = r.batch[i]
+        if buf_put(b, MANY_HASH if l.batch_kind == c'h' else MANY_STRING, 7) < 0:
+            return -1
+        if buf_put(b, l.cmd.data + l.owner_at, l.cmd.len - l.owner_at) < 0:
+            return -1
+    if not declared and put_many_keys(r, at, count) < 0:
+        return -1
+    return 0
+
+
+cdef int put_many_keys(rl_renewer* r, size_t at, size_t count) noexcept nogil:
+    cdef size_t i
+    cdef rl_lease* l
+    for i in range(at, at + count):
+        l = r.batch[i]
+        if buf_put(&r.out, l.cmd.data + l.key_at, l.owner_at - l.key_at) < 0:
+            return -1
+    return 0
+
 
 cdef int renewals_encode(rl_renewer* r, size_t first, size_t* count, bint need_load,
                          int* loads) noexcept nogil:
@@ -278,9 +432,12 @@ cdef int renewals_encode(rl_renewer* r, size_t first, size_t* count, bint need_l
     ``count[0]`` becomes how many are kept (in order, from ``first``). With
     ``need_load`` every script's SCRIPT LOAD goes first (``loads[0]``: how
     many replies to them come first; else 0), and a lease sent after an ASK
-    redirection (on a cluster) has ASKING before its renewal. When none is
-    kept nothing is encoded: the loads wait for the next renewals. 0, or -1
-    out of memory (the kept leases are still in the batch, to be failed).
+    redirection (on a cluster) has ASKING before its renewal. The leases of
+    renew.lua and lock_refresh.lua go in renew_many calls (calls_plan
+    orders them; call_apply_reply reads a call's reply), the others each in
+    its own call. When none is kept nothing is encoded: the loads wait for
+    the next renewals. 0, or -1 out of memory (the kept leases are still in
+    the batch, to be failed).
     """
     cdef size_t i, kept = 0
     cdef int j
@@ -298,16 +455,25 @@ cdef int renewals_encode(rl_renewer* r, size_t first, size_t* count, bint need_l
     count[0] = kept
     if kept == 0:
         return 0
+    calls_plan(r, first, kept)
     if need_load:
         for j in range(r.nscripts):
             if buf_put(&r.out, r.loads[j].data, r.loads[j].len) < 0:
                 return -1
-    for i in range(first, first + kept):
+    i = first
+    while i < first + kept:
         l = r.batch[i]
+        if l.call_len:
+            if put_many_call(r, i, l.call_len) < 0:
+                return -1
+            i += l.call_len
+            continue
+        l.solo = 0
         if l.asking and buf_put(&r.out, ASKING_CMD, strlen(ASKING_CMD)) < 0:
             return -1
         if buf_put(&r.out, l.cmd.data, l.cmd.len) < 0:
             return -1
+        i += 1
     if need_load:
         loads[0] = r.nscripts
     now = rl_now_ns()

@@ -8,6 +8,43 @@
 cimport cython
 
 
+cdef int lease_locate_parts(rl_lease* l, size_t tail) except -1:
+    """Where the key and the owner of ``l``'s renewal lie in its EVALSHA (``tail``: its numkeys).
+
+    renew_many calls are encoded from these parts of ``l.cmd`` (key, then
+    owner and ttl), so a lease holds its renewal once.
+    """
+    cdef size_t at = tail
+    cdef int i
+    cdef long long size
+    cdef size_t starts[2]
+    for i in range(3):  # numkeys ("1"), the key, the owner
+        if i > 0:
+            starts[i - 1] = at
+        at = bulk_after(l.cmd.data, l.cmd.len, at)
+        if at == 0:
+            raise RuntimeError("a renewal's EVALSHA without its parts")
+    if starts[1] > 0xFFFFFFFF:
+        raise ValueError("a key too long to be renewed together with others")
+    l.key_at = <uint32_t>starts[0]
+    l.owner_at = <uint32_t>starts[1]
+    return 0
+
+
+cdef size_t bulk_after(const char* p, size_t n, size_t at) noexcept:
+    """Where the bulk string that starts at ``p[at]`` ends (0: none there)."""
+    cdef size_t i = at + 1
+    cdef long long size
+    if at >= n or p[at] != c'$':
+        return 0
+    while i < n and p[i] != c'\r':
+        i += 1
+    if i >= n or parse_ll(p + at + 1, i - at - 1, &size) < 0 or size < 0:
+        return 0
+    i += 2 + <size_t>size + 2
+    return i if i <= n else 0
+
+
 @cython.no_gc_clear
 cdef class Lease(ProcessBound):
     """One lease renewed by a shared ``Renewer`` (the engine's ``Keeper`` protocol).
@@ -27,10 +64,18 @@ cdef class Lease(ProcessBound):
         self._waiters = 0
 
     def __init__(self, Renewer renewer not None, ScriptRef ref not None, keys, args,
-                 double interval, double ttl):
+                 double interval, double ttl, str together=None, ScriptRef many=None):
         cdef rl_lease* l
         cdef rl_script_cmd cmd
         cdef char* trimmed
+        if together is not None and (
+            together not in ("s", "h") or many is None or len(keys) != 1 or len(args) != 2
+        ):
+            raise ValueError(
+                "a lease renewed together with others is one key, its owner and its ttl, "
+                "of kind 's' (a string lease) or 'h' (a lock hash), with the renew_many script; "
+                f"got kind {together!r}, {len(keys)} keys, {len(args)} args"
+            )
         if renewer.r == NULL or renewer._closed:
             raise RuntimeError("the renewer is closed")
         if not (interval > 0 and interval * 1e9 <= MAX_TTL_NS) or not (
@@ -66,6 +111,10 @@ cdef class Lease(ProcessBound):
             l.cmd.data = trimmed
             l.cmd.cap = l.cmd.len
         renewer.add_script(ref)
+        if together is not None:
+            lease_locate_parts(l, cmd.tail)
+            l.batch_kind = ord(together)
+            renewer.renew_many_with(many)
         # Not in _live: 100,000 leases should not cost a weak reference each.
         # In a forked child each one is made inert by the first thing that
         # reaches it (every method goes through _r(), token and state ask too).

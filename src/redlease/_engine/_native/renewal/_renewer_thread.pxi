@@ -155,11 +155,8 @@ cdef void* renewer_main(void* arg) noexcept nogil:
             pthread_mutex_lock(&r.mu)
             if rc < 0:
                 break
-            l = r.batch[i]
-            lease_apply_reply(r, NULL, l, c)
+            i += call_apply_reply(r, NULL, i, c)
             conn_consume(c)
-            batch_release(r, l)
-            i += 1
         if r.saw_unexpected:
             # The replies after it cannot be matched to their renewals.
             conn_drop(c)
