@@ -152,6 +152,32 @@ def redis_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
+def plain(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A redis-py client for the test's server (the family-wide tests take ``client``)."""
+    c = redis_server.client(socket_timeout=5, socket_connect_timeout=5)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def started() -> Iterator[Callable[[Any], Any]]:
+    """``started(member)``: ``member.start()``, stopped after the test whatever happens."""
+    members: list[Any] = []
+
+    def start(member: Any) -> Any:
+        members.append(member)
+        return member.start()
+
+    try:
+        yield start
+    finally:
+        for member in members:
+            member.stop(10)
+
+
+@pytest.fixture
 def aof_server() -> Iterator[RedisServer]:
     """A private redis-server whose data survives ``kill()`` + ``restart()`` (AOF, fsync always)."""
     server = RedisServer(args=["--appendonly", "yes", "--appendfsync", "always"])

@@ -31,32 +31,6 @@ from tls_helpers import require_native_tls
 NAME = "orders"
 
 
-@pytest.fixture
-def plain(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    """A redis-py client for the test's server (the family-wide tests take ``client``)."""
-    c = redis_server.client(socket_timeout=5, socket_connect_timeout=5)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture
-def started() -> Iterator[Callable[[Partitions], Partitions]]:
-    """``started(member)``: ``member.start()``, stopped after the test whatever happens."""
-    members: list[Partitions] = []
-
-    def start(member: Partitions) -> Partitions:
-        members.append(member)
-        return member.start()
-
-    try:
-        yield start
-    finally:
-        for member in members:
-            member.stop(10)
-
-
 def make(
     client: Any, engine: str, member_id: str, partitions: Any = 12, **options: Any
 ) -> Partitions:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,36 +21,10 @@ import redlease
 from helpers import stays, wait_until
 from redlease import Partitions
 from redlease._engine import driver
-from redlease._testing import RedisServer
 from test_fork import in_child
 
 NAME = "driven"
 TTL = 0.5
-
-
-@pytest.fixture
-def plain(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    c = redis_server.client(socket_timeout=5, socket_connect_timeout=5)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture
-def started() -> Iterator[Callable[[Any], Any]]:
-    """``started(member)``: ``member.start()``, stopped after the test whatever happens."""
-    members: list[Any] = []
-
-    def start(member: Any) -> Any:
-        members.append(member)
-        return member.start()
-
-    try:
-        yield start
-    finally:
-        for member in members:
-            member.stop(10)
 
 
 def make(

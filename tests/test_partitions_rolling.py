@@ -16,16 +16,10 @@ from collections.abc import Callable
 
 import redis
 
-import test_partitions
 from helpers import stays
 from redlease import Partitions
 from test_partitions import Recorder, balanced, wait_balanced
 from test_partitions_topologies import assert_one_owner_at_a_time_with_growing_tokens, members_of
-
-started = test_partitions.started
-"""``started(member)``: started now, stopped after the test whatever happens."""
-plain = test_partitions.plain
-"""A redis-py client of the test's own redis-server."""
 
 N = 24
 TTL = 1.0

@@ -20,7 +20,6 @@ import redis
 
 import redlease
 import redlease.aio
-import test_partitions
 from helpers import stays, wait_until
 from redlease import Partitions
 from redlease._testing import ClusterSet, SentinelSet, key_slot
@@ -28,9 +27,6 @@ from test_partitions import Recorder, balanced, wait_balanced
 from test_partitions_aio import run, until
 
 pytestmark = [pytest.mark.topology]
-
-started = test_partitions.started
-"""``started(member)``: started now, stopped after the test whatever happens."""
 
 
 def members_of(
