@@ -1,7 +1,7 @@
 """The Python engine's batched renewals: many leases of one server in one script call.
 
 An elector's renewal (``renew.lua``) and a lock's (``lock_refresh.lua``) due
-together on one server go as ``renew_many.lua`` calls of up to ``CHUNK``
+together on one server go as ``renew_many.lua`` calls of up to ``RENEW_CALL_MAX``
 leases each, so the server pays one script call for many; any other renewal
 (a semaphore's permit, a group member's heartbeat) goes as its own script
 call in the same round trip. Each lease gets the reply its own renewal would
@@ -25,19 +25,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..._scripts import load
+from ..._scripts import load, renewed_together
 from ..conn.client import slot_owner
 from ..conn.pyconn import BoundedConnection
 from ..contract.interface import ScriptRequest
 from ..rules.replies import UnexpectedReply, check, renewed_elsewhere, unexpected_reply
-
-CHUNK = 100
-"""Leases in one ``renew_many`` call at most."""
+from ..rules.timing import RENEW_CALL_MAX
 
 RENEW_MANY = load("renew_many")
-
-_KINDS = {"renew": "s", "lock_refresh": "h"}
-"""The lease kind ``renew_many.lua`` renews as each script does (its ARGV triple's first)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +58,7 @@ def renewal(
 ) -> Renewal:
     """The batch form of the renewal ``request`` (one key, owner and TTL for ``renew_many``)."""
     script, keys, args = request
-    kind = _KINDS.get(script.name) if len(keys) == 1 and len(args) == 2 else None
+    kind = renewed_together(script) if len(keys) == 1 and len(args) == 2 else None
     return Renewal(request, kind, single, reroute)
 
 
@@ -93,8 +88,8 @@ def _calls(renewals: Sequence[Renewal], declared: bool) -> list[tuple[ScriptRequ
             calls.append((each.request, [i]))
         else:
             many.append(i)
-    for start in range(0, len(many), CHUNK):
-        chunk = many[start : start + CHUNK]
+    for start in range(0, len(many), RENEW_CALL_MAX):
+        chunk = many[start : start + RENEW_CALL_MAX]
         if len(chunk) == 1 and declared:
             # One lease alone goes as its own renewal.
             calls.append((renewals[chunk[0]].request, chunk))

@@ -44,6 +44,14 @@ amount earlier, never past the TTL, while a wider window puts more leases
 due together into one pipelined round trip.
 """
 
+RENEW_CALL_MAX = 100
+"""Leases renewed by one ``lua/renew_many.lua`` call, at most (both engines).
+
+A call holds the server for all of its leases at once, so a call is kept
+short however many leases fall due together. The native core keeps a
+call's size in a byte (at most 255) and checks this value at import.
+"""
+
 RENEW_RETRY_FLOOR = 0.001
 """After a failed renewal the next one waits at least this long.
 

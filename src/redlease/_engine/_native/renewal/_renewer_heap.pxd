@@ -6,7 +6,6 @@ cdef enum:
     RENEW_NODES_MAX = 64
     RENEW_BATCH_MAX = 512
     RENEW_SCRIPTS_MAX = 8
-    RENEW_CALL_MAX = 100  # leases in one renew_many call, at most
 
 cdef struct rl_renewer:
     rl_conn conn

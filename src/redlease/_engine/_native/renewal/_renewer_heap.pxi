@@ -32,6 +32,10 @@ cdef int64_t RENEW_RETRY_NS = _timing.ns(_timing.RENEW_RETRY_FLOOR)
 # the longest ttl (and renewal interval) a lease may have; the settings are
 # checked against the same value before a lease is ever made
 cdef int64_t MAX_TTL_NS = _timing.ns(_timing.MAX_TTL)
+# leases in one renew_many call, at most (a lease's call_len holds it in a byte)
+cdef size_t RENEW_CALL_MAX = _timing.RENEW_CALL_MAX
+if not 2 <= RENEW_CALL_MAX <= 255:
+    raise ImportError("redlease._engine.rules.timing.RENEW_CALL_MAX must be 2 to 255")
 
 
 # ---------------------------------------------------------------- the heap (mu held)
