@@ -146,10 +146,16 @@ def is_failover_reply(reply: object) -> bool:
 
 def renewed_elsewhere(reply: object) -> bool:
     """One lease of a node-wide batched renewal whose key the node does not serve
-    (``replytable.BATCH_KEY_ELSEWHERE``): not renewed, and renewed again on its own."""
+    (``replytable.BATCH_KEY_ELSEWHERE``): not renewed, and renewed again on its own.
+
+    The rule, the native core's too (``node_is_elsewhere``): an error the table
+    calls ERROR whose text, after an ``ERR`` code, starts with
+    ``BATCH_KEY_ELSEWHERE`` (Redis 7 and later), or that holds
+    ``BATCH_KEY_ELSEWHERE_BEFORE_7`` (Redis 6's Lua error).
+    """
     if not isinstance(reply, ResponseError) or classify(reply) != ERROR:
         return False
-    text = str(reply).lstrip().removeprefix("ERR ")
+    text = str(reply).removeprefix("ERR ")
     return text.startswith(BATCH_KEY_ELSEWHERE) or BATCH_KEY_ELSEWHERE_BEFORE_7 in text
 
 

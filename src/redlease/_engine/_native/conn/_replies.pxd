@@ -20,7 +20,7 @@ cdef int reply_node_class(const char* base, rl_node* top, int expect) noexcept n
 cdef int reply_class(rl_conn* c, int expect) noexcept nogil
 cdef bint node_is_noscript(const char* base, rl_node* top) noexcept nogil
 cdef bint reply_is_noscript(rl_conn* c) noexcept nogil
-cdef bint node_has(const char* base, rl_node* top, const char* text) noexcept nogil
+cdef bint node_has(const char* base, rl_node* top, const char* text, bint any_case) noexcept nogil
 cdef bint node_is_elsewhere(const char* base, rl_node* top) noexcept nogil
 cdef bint node_is_noperm(const char* base, rl_node* top) noexcept nogil
 cdef size_t redirect_skip(int what) noexcept nogil

@@ -33,6 +33,8 @@ cdef bytes NOPERM_BYTES = _replytable.NOPERM.encode("ascii")
 # One lease of a node-wide renew_many call whose key the node does not serve.
 cdef bytes ELSEWHERE_BYTES = _replytable.BATCH_KEY_ELSEWHERE.encode("ascii")
 cdef const char* CODE_ELSEWHERE = PyBytes_AS_STRING(ELSEWHERE_BYTES)
+cdef bytes ELSEWHERE_BEFORE_7_BYTES = _replytable.BATCH_KEY_ELSEWHERE_BEFORE_7.encode("ascii")
+cdef const char* CODE_ELSEWHERE_BEFORE_7 = PyBytes_AS_STRING(ELSEWHERE_BEFORE_7_BYTES)
 cdef int N_CODES = 0
 cdef const char* CODE_TEXT[CODES_MAX]
 cdef int CODE_KIND[CODES_MAX]
@@ -177,8 +179,9 @@ cdef inline char ascii_lower(char ch) noexcept nogil:
     return <char>(ch + 32) if c'A' <= ch <= c'Z' else ch
 
 
-cdef bint node_has(const char* base, rl_node* top, const char* text) noexcept nogil:
-    """Whether the error reply parsed at ``base`` contains ``text`` (ASCII, any case)."""
+cdef bint node_has(const char* base, rl_node* top, const char* text, bint any_case) noexcept nogil:
+    """Whether the error reply parsed at ``base`` contains ``text`` (ASCII; in any case
+    with ``any_case``, else as written)."""
     cdef size_t k = strlen(text)
     cdef size_t i, j
     cdef const char* p = base + top.off
@@ -186,23 +189,38 @@ cdef bint node_has(const char* base, rl_node* top, const char* text) noexcept no
         return False
     for i in range(<size_t>top.ival - k + 1):
         j = 0
-        while j < k and ascii_lower(p[i + j]) == ascii_lower(text[j]):
-            j += 1
+        if any_case:
+            while j < k and ascii_lower(p[i + j]) == ascii_lower(text[j]):
+                j += 1
+        else:
+            while j < k and p[i + j] == text[j]:
+                j += 1
         if j == k:
             return True
     return False
 
 
 cdef bint node_is_elsewhere(const char* base, rl_node* top) noexcept nogil:
-    """An error reply saying the key is not this Cluster node's (``replytable.BATCH_KEY_ELSEWHERE``).
+    """An error reply saying the key is not this Cluster node's, by the rule
+    ``redlease._engine.rules.replies.renewed_elsewhere`` states (both engines, one rule).
 
     What one lease of a node-wide renew_many call (no declared key) is
     answered when the node does not serve its key's slot: it did not run.
-    The table's text is found in the reply, case aside: after the error
-    code (Redis 7: ``ERR Script attempted ...``), or in a Lua error's own
-    words (Redis 6: ``ERR @user_script: 28: Lua script attempted ...``).
+    Only an error the reply table calls ERROR can be one. Redis 7 and later: the text, after the ``ERR`` code, is
+    ``replytable.BATCH_KEY_ELSEWHERE`` followed by more; Redis 6 puts it in a
+    Lua error's own words, ``replytable.BATCH_KEY_ELSEWHERE_BEFORE_7``
+    anywhere in it (``ERR @user_script: 28: Lua script attempted ...``).
     """
-    return node_has(base, top, CODE_ELSEWHERE)
+    cdef rl_node rest
+    cdef bint wrapped
+    if top.kind != c'-' or reply_node_kind(base, top, &wrapped) != KIND_ERROR:
+        return False
+    rest = top[0]
+    if node_starts(base, &rest, b"ERR "):
+        rest.off += 4
+        rest.ival -= 4
+    return (node_starts(base, &rest, CODE_ELSEWHERE)
+            or node_has(base, top, CODE_ELSEWHERE_BEFORE_7, False))
 
 
 cdef bint node_is_noperm(const char* base, rl_node* top) noexcept nogil:
@@ -289,5 +307,6 @@ def reply_codes():
 
 
 def reply_batch_elsewhere():
-    """``replytable.BATCH_KEY_ELSEWHERE`` as the native core holds it in C (read back)."""
-    return CODE_ELSEWHERE.decode("ascii")
+    """``replytable.BATCH_KEY_ELSEWHERE`` and ``BATCH_KEY_ELSEWHERE_BEFORE_7`` as the
+    native core holds them in C (read back)."""
+    return CODE_ELSEWHERE.decode("ascii"), CODE_ELSEWHERE_BEFORE_7.decode("ascii")

@@ -70,7 +70,7 @@ cdef bint node_is(rl_conn* c, rl_node* n, const char* text) noexcept nogil:
 
 cdef bint error_has(rl_conn* c, rl_node* n, const char* text) noexcept nogil:
     """Whether the error reply ``n`` contains ``text`` (ASCII, any case)."""
-    return node_has(c.r.data, n, text)
+    return node_has(c.r.data, n, text, True)
 
 
 cdef enum:
