@@ -37,6 +37,7 @@ Asserts nothing.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -424,6 +425,23 @@ def measure(
     return row
 
 
+def measure_each(
+    server: RedisServer, opts: argparse.Namespace, engine: str, before: Sequence[str]
+) -> list[Size]:
+    """``measure`` of every size, one after another.
+
+    A size's client, and with it its engine (its renewer thread among what that
+    holds), goes once the cyclic collector frees it (redis-py's client is itself
+    in reference cycles): collected between sizes, each size counts its own
+    threads, not the last one's too.
+    """
+    rows = []
+    for n in opts.sizes:
+        rows.append(measure(server, n, opts, engine, before))
+        gc.collect()
+    return rows
+
+
 # -- the report -----------------------------------------------------------------------------
 
 
@@ -600,7 +618,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"the native engine cannot run here ({why_not}): the Python engine instead")
     before = thread_names()
     with RedisServer() as server:
-        rows = [measure(server, n, opts, engine, before) for n in opts.sizes]
+        rows = measure_each(server, opts, engine, before)
     found = targets(rows)
     print_report(rows, found)
     if opts.plot is not None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 import redis
@@ -349,3 +351,33 @@ def test_a_resp3_client_is_served_by_the_native_engine(redis_server: RedisServer
         assert e.fence_set(token, "resp3:value", "v") is True
         assert e.fence_set(token - 1, "resp3:value", "stale") is False
     assert resp3.get("resp3:value") == b"v"
+
+
+def test_a_stopped_contender_is_let_go_before_the_step_it_was_scheduled_for(
+    client: redis.Redis, engine: str
+) -> None:
+    """Stopping a run the driver had scheduled far ahead (a contender's next acquire)
+    leaves the driver no reference to it: dropped, the elector (its run, and with them
+    what only it holds) is collected now, not once that time has passed."""
+    holder = redlease.Elector(client, "held-far", ttl=30, engine=engine)
+    holder.start(None)
+    try:
+        wait_until(holder.token, timeout=10, what="the holder leads")
+        followed = threading.Event()
+        waiting = redlease.Elector(
+            client,
+            "held-far",
+            ttl=30,
+            acquire_interval=25,
+            engine=engine,
+            observer=redlease.Observer(on_follower=followed.set),
+        )
+        waiting.start(None)
+        assert followed.wait(10), "the contender's first acquire found the lease held"
+        waiting.stop(10)
+        gone = weakref.ref(waiting._core)
+        del waiting
+        gc.collect()
+        assert gone() is None, gc.get_referrers(gone())
+    finally:
+        holder.stop(10)

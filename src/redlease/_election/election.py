@@ -458,7 +458,10 @@ class Election:
     def contact(self) -> None:
         """The client's first contact (``contact.first_contact``): raises, in the client's
         family, what retrying cannot mend; one bounded round trip per connection pool, the
-        first time only (a read of who leads, bounded as an acquire and a control call)."""
+        first time only (a read of who leads, bounded as an acquire and a control call).
+        Nothing is built for a pool that had its contact: every start after the first."""
+        if not due(self.client):
+            return
         first_contact(
             self.engine,
             self.client,

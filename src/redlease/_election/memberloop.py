@@ -242,7 +242,7 @@ class MemberLoop:
         """The run's end, ``busy`` held: revoke, release and leave (``Member.leave``)."""
         member = self.member
         self.ended = True
-        driver().unwatch(self)
+        driver().forget(self)
         try:
             member.share.stopped()
             member.leave()

@@ -455,7 +455,7 @@ class RunLoop:
             self._term_over()
         self.phase = self.DONE
         if self.driven:
-            driver().unwatch(self)
+            driver().forget(self)
         run.keeper.close()
         election.events.keeper_closed(run.keeper)
         with election.mutex:

@@ -40,7 +40,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from .forksafe import ForkSafeLock
 
@@ -187,13 +187,17 @@ class Driver:
         # next wake-up from Python must ring it. Guarded by the lock.
         self._sleeping = False
         self._ring_hooks: tuple[Callable[[], object], ...] = ()
-        self._heap: list[tuple[float, int, Timed]] = []
+        # Entries ``[when, seq, item]``; an entry an item's later schedule or
+        # poke replaced has its item cleared (None), so a stopped run is not
+        # kept alive (its engine, renewer thread and connections with it) until
+        # a time it was scheduled for long ago passes.
+        self._heap: list[list[Any]] = []
         self._ready: deque[Timed] = deque()
         self._seq = itertools.count()
-        # Each item's latest schedule: an entry left in the heap by an earlier
-        # schedule (the item was poked or rescheduled since) is skipped, so a
-        # poke never doubles an item's polling.
-        self._latest: dict[Timed, int] = {}
+        # Each item's latest heap entry: an entry an earlier schedule left
+        # (the item was poked or rescheduled since) is cleared and skipped, so
+        # a poke never doubles an item's polling.
+        self._latest: dict[Timed, list[Any]] = {}
         # Watched items, grouped by the renewer that lists their changes (0: none).
         self._watched: dict[int, _Group] = {}
         self._thread: threading.Thread | None = None
@@ -218,9 +222,12 @@ class Driver:
     def schedule(self, item: Timed, when: float) -> None:
         """Step ``item`` at ``when`` (``time.monotonic()``)."""
         with self._lock:
-            seq = next(self._seq)
-            self._latest[item] = seq
-            heapq.heappush(self._heap, (when, seq, item))
+            entry = [when, next(self._seq), item]
+            replaced = self._latest.get(item)
+            if replaced is not None:
+                replaced[2] = None
+            self._latest[item] = entry
+            heapq.heappush(self._heap, entry)
             self._ensure_thread()
             if self._heap[0][2] is item:
                 self._wake()
@@ -228,7 +235,9 @@ class Driver:
     def poke(self, item: Timed) -> None:
         """Step ``item`` as soon as the driver can."""
         with self._lock:
-            self._latest.pop(item, None)
+            replaced = self._latest.pop(item, None)
+            if replaced is not None:
+                replaced[2] = None
             self._ready.append(item)
             self._ensure_thread()
             self._wake()
@@ -247,6 +256,20 @@ class Driver:
                 item.keeper.watch_changes(True)
             self._ensure_thread()
             self._wake()  # it may be waiting with nothing to watch
+
+    def forget(self, item: Watched) -> None:
+        """``item`` has ended: neither its watch nor a step it was scheduled for holds it.
+
+        A run stopped on the caller's thread while scheduled far ahead (a
+        contender's next acquire) is then let go at once, with what only it
+        holds (its engine, renewer and connections), not when that time comes.
+        """
+        with self._lock:
+            # A watched item that is also stepped (a run) may have a schedule.
+            scheduled = self._latest.pop(cast(Timed, item), None)
+            if scheduled is not None:
+                scheduled[2] = None
+        self.unwatch(item)
 
     def unwatch(self, item: Watched) -> None:
         lister = _lister(item.keeper)
@@ -304,8 +327,8 @@ class Driver:
                 due: list[Timed] = list(self._ready)
                 self._ready.clear()
                 while self._heap and self._heap[0][0] <= now:
-                    _, seq, item = heapq.heappop(self._heap)
-                    if self._latest.get(item) == seq:
+                    item = heapq.heappop(self._heap)[2]
+                    if item is not None:  # else replaced by a later schedule or a poke
                         del self._latest[item]
                         due.append(item)
                 if not self._latest and sys.getsizeof(self._latest) > _SMALL_DICT:
