@@ -152,11 +152,7 @@ def check_pairs(
         else:
             firsts, seconds = [], []
             for i, row in enumerate(rows):
-                if (
-                    isinstance(row, (str, bytes))
-                    or not isinstance(row, Sequence)
-                    or len(row) != 2
-                ):
+                if isinstance(row, (str, bytes)) or not isinstance(row, Sequence) or len(row) != 2:
                     raise TypeError(
                         f"{what}: item {i} must be a ({first}, value) pair, "
                         f"got {type(row).__name__} {row!r}"
@@ -428,7 +424,6 @@ class FencedWrites:
         if self._events.sinks:
             self._events.fenced(applied)
         return applied
-
 
     def raised(self, args: Sequence[EncodableT], exc: BaseException) -> None:
         """A single write with ``args`` (its token first) failed with ``exc``: reported."""

@@ -380,9 +380,7 @@ class LoopWriter:
         slot: int | None,
     ) -> None:
         """Send a call that did not run through ``fallback`` on the executor; ``fut`` gets it."""
-        attempt = self._loop().run_in_executor(
-            None, self._fallback, script, keys, args, None, slot
-        )
+        attempt = self._loop().run_in_executor(None, self._fallback, script, keys, args, None, slot)
 
         def settle(done: asyncio.Future[Any]) -> None:
             if fut.done():

@@ -112,6 +112,7 @@ def batch_size(batch: Sequence[BatchItem]) -> int:
     """How many calls ``batch`` makes (a run counts each of its calls)."""
     return sum(len(item) if type(item) is ScriptSeries else 1 for item in batch)
 
+
 MIN_STEP = 0.002
 """The shortest wait a round-trip step gets, even past its deadline (seconds).
 
@@ -119,6 +120,7 @@ Time spent waiting for the GIL between steps is not a slow server: each step
 still gets this long instead of failing unsent. A hung server still costs at
 most the deadline plus a few of these.
 """
+
 
 def remaining(deadline: float) -> float:
     """Seconds left until ``deadline`` (``time.monotonic()``), but at least ``MIN_STEP``."""

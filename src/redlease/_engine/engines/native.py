@@ -190,9 +190,7 @@ class NativeEngine(Pools):
         if writer is None:
             conn = _native.LoopConn(self._target, self._refs, self._ref)
             where = topology(self.endpoint.kind == "cluster", self.endpoint.kind == "sentinel")
-            writer = LoopWriter(
-                loop, conn, conn.put, self.write_timeout, self.call_one, where
-            )
+            writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self.call_one, where)
             self._loop_writers[loop] = writer
         return writer
 
@@ -212,7 +210,14 @@ class NativeEngine(Pools):
         together = _scripts.renewed_together(script) if len(keys) == 1 else None
         many = self._ref(_scripts.load("renew_many")) if together is not None else None
         made = (
-            self._shared_renewer(), self._ref(script), keys, args, interval, ttl, together, many
+            self._shared_renewer(),
+            self._ref(script),
+            keys,
+            args,
+            interval,
+            ttl,
+            together,
+            many,
         )
         if self.endpoint.sentinels is None:
             return _Lease(*made)
