@@ -152,11 +152,7 @@ def check_pairs(
         else:
             firsts, seconds = [], []
             for i, row in enumerate(rows):
-                if (
-                    isinstance(row, (str, bytes))
-                    or not isinstance(row, Sequence)
-                    or len(row) != 2
-                ):
+                if isinstance(row, (str, bytes)) or not isinstance(row, Sequence) or len(row) != 2:
                     raise TypeError(
                         f"{what}: item {i} must be a ({first}, value) pair, "
                         f"got {type(row).__name__} {row!r}"
@@ -231,7 +227,9 @@ class FencedWrites:
         self._failovers = failovers
         self._applied_key = applied_key
         self._name = name
-        # On a cluster every key of a write must live in the name's slot.
+        # On a cluster every key of a write must live in the name's slot: the
+        # one hash of the name, which every write carries to the engine (its
+        # first key, the mark, is in it), so none is hashed again to be routed.
         self._slot = _slot(applied_key) if cluster else None
         self._eval_scripts: dict[str, Script] | None = None  # made by the first fence_eval
         self._events = events  # its Election's: fenced-write results are reported there
@@ -346,7 +344,7 @@ class FencedWrites:
         its own slot. The error is the one the server would give, with the
         keys named. The mark's own slot was computed once, with the fence;
         each of these keys' is computed here, once per write (the engine
-        routes by the mark's).
+        routes by the mark's, which every write hands it).
         """
         foreign = [k for k in keys if _slot(k) != self._slot]
         if foreign:
@@ -375,9 +373,9 @@ class FencedWrites:
         try:
             if wait is None:
                 script, keys, args = request  # a call with its arguments laid out is cheaper
-                reply = self._engine.call_one(script, keys, args)
+                reply = self._engine.call_one(script, keys, args, None, self._slot)
             else:
-                reply, acked = execute_one(self._engine, request, wait=wait)
+                reply, acked = execute_one(self._engine, request, wait=wait, slot=self._slot)
         except RedisError as exc:
             self._failed(request, exc)
             raise
@@ -415,7 +413,7 @@ class FencedWrites:
                 return loop.run_in_executor(None, self.write, request)
         script, keys, args = request
         try:
-            return writer.write(script, keys, args, self)
+            return writer.write(script, keys, args, self, self._slot)
         except RedisError as exc:  # the engine was closed
             self._failed(request, exc)
             raise
@@ -426,7 +424,6 @@ class FencedWrites:
         if self._events.sinks:
             self._events.fenced(applied)
         return applied
-
 
     def raised(self, args: Sequence[EncodableT], exc: BaseException) -> None:
         """A single write with ``args`` (its token first) failed with ``exc``: reported."""
@@ -483,7 +480,7 @@ class FencedWrites:
     def _write_batch(self, batch: list[FenceRequest | ScriptSeries]) -> list[bool]:
         wait = self._wait
         # With the guard, one WAIT follows the batch on its connection.
-        replies, acked = self._engine.execute(batch, wait=wait)
+        replies, acked = self._engine.execute(batch, wait=wait, slot=self._slot)
         applied = self._results(replies)
         if wait is not None and any(applied):
             wait.require(
@@ -512,7 +509,8 @@ class FencedWrites:
         if writer is None:
             return await loop.run_in_executor(None, self.write_many, requests)
         batch = cast(list[FenceRequest | ScriptSeries], requests)
-        futures = [writer.write(*request) for request in flatten(batch)]
+        slot = self._slot
+        futures = [writer.write(*request, None, slot) for request in flatten(batch)]
         replies: list[Any] = []
         lost: BaseException | None = None
         try:

@@ -114,6 +114,7 @@ class Pool:
         keys: Sequence[str | bytes],
         args: Sequence[_Encodable],
         timeout: float,
+        slot: int | None = None,
     ) -> Any: ...
     def execute_wait(
         self,
@@ -123,6 +124,7 @@ class Pool:
         timeout: float,
         replicas: int,
         wait_ms: int,
+        slot: int | None = None,
     ) -> tuple[Any, int]: ...
     def close(self) -> None: ...
 
@@ -151,6 +153,7 @@ class LoopConn:
         keys: Sequence[str | bytes],
         args: Sequence[_Encodable],
         load: bool = False,
+        slot: int | None = None,
     ) -> None: ...
     def flush(self) -> bool: ...
     def read(self) -> list[Any]: ...
@@ -165,6 +168,7 @@ def execute_scripts(
     timeout: float,
     replicas: int = 0,
     wait_ms: int = 0,
+    slot: int | None = None,
 ) -> tuple[list[Any], int, bool]:
     """Many scripts in one round trip on one of ``pool``'s connections:
     ``(replies, acknowledged, flags)``, the replies in order.

@@ -335,6 +335,22 @@ def slot_owner(client: Any, key: str | bytes) -> str | None:
     return name if isinstance(name, str) else None
 
 
+def master_node(client: Any, key: str | bytes, slot: int | None = None) -> Any:
+    """The node a cluster ``client``'s slot map names the master of ``key``'s slot.
+
+    ``slot`` is that slot when the caller knows it (a fence computes its
+    name's once): read from the map without hashing ``key`` again, as
+    ``get_node_from_key`` reads it (the first node of the slot's entry).
+    None, or a slot the map does not cover: ``get_node_from_key``, which
+    hashes ``key`` and raises ``SlotNotCoveredError`` for an uncovered slot.
+    """
+    if slot is not None:
+        entry = client.nodes_manager.slots_cache.get(slot)
+        if entry:
+            return entry[0]
+    return client.get_node_from_key(key)
+
+
 def refresh_slot_map(client: Any, asked: float | None = None) -> None:
     """Refresh a cluster client's slot map, unless a refresh began after ``asked``.
 

@@ -118,6 +118,7 @@ class PyLoopConn:
         keys: Sequence[str | bytes],
         args: Sequence[EncodableT],
         load: bool = False,
+        slot: int | None = None,  # one server: no slot to route by
     ) -> None:
         head = ("EVAL", script.source) if load else ("EVALSHA", script.sha)
         self._out += _encode((*head, len(keys), *keys, *args))

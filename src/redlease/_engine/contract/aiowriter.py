@@ -103,8 +103,14 @@ class Conn(Protocol):
         ...
 
 
-Put = Callable[[Script, Sequence["str | bytes"], Sequence[EncodableT], bool], None]
-"""Queue one script call on the connection (EVAL instead of EVALSHA when the flag is set)."""
+Put = Callable[[Script, Sequence["str | bytes"], Sequence[EncodableT], bool, "int | None"], None]
+"""Queue one script call on the connection (EVAL instead of EVALSHA when the flag is set),
+its first key's cluster slot given when known (None: the connection hashes the key)."""
+
+Fallback = Callable[
+    [Script, Sequence["str | bytes"], Sequence[EncodableT], "float | None", "int | None"], Any
+]
+"""Send one script call the blocking way: the engine's ``call_one`` (timeout None, slot)."""
 
 
 class Settler(Protocol):
@@ -121,7 +127,8 @@ _Future = asyncio.Future
 _monotonic = time.monotonic
 _get_ident = threading.get_ident
 
-# One call in flight: its future, what to resend on NOSCRIPT, its deadline, its settler.
+# One call in flight: its future, what to resend on NOSCRIPT, its deadline, its settler,
+# its slot (as given to ``write``).
 _Entry = tuple[
     "asyncio.Future[Any]",
     Script,
@@ -129,6 +136,7 @@ _Entry = tuple[
     Sequence[EncodableT],
     float,
     "Settler | None",
+    "int | None",
 ]
 
 
@@ -173,7 +181,7 @@ class LoopWriter:
         conn: Conn,
         put: Put,
         timeout: float,
-        fallback: Callable[[Script, Sequence[str | bytes], Sequence[EncodableT]], Any],
+        fallback: Fallback,
         topology: int = PLAIN,
     ) -> None:
         self._loop_ref = weakref.ref(loop)
@@ -230,12 +238,15 @@ class LoopWriter:
         keys: Sequence[str | bytes],
         args: Sequence[EncodableT],
         settler: Settler | None = None,
+        slot: int | None = None,
     ) -> asyncio.Future[Any]:
         """Queue one call of ``script``; the future gets its reply (or its error).
 
         With a ``settler``, the future gets what ``settler.settled`` makes of
         the reply, and an error only once ``settler.raised`` was told of it;
-        a future already done (its task cancelled) is neither.
+        a future already done (its task cancelled) is neither. ``slot``: on
+        a cluster, the slot of the first key when the caller knows it (as
+        for ``Engine.execute``), kept for the call's resends.
         """
         loop = self._loop_ref()
         if loop is None:
@@ -245,7 +256,7 @@ class LoopWriter:
         pending = self._pending
         if not pending and self._fd >= 0 and (self._reroute or self._conn.outdated):
             self._disconnect()  # nothing in flight: reconnect to the server named now
-        self._put(script, keys, args, False)  # bad input raises here, before anything is sent
+        self._put(script, keys, args, False, slot)  # bad input raises here, before anything is sent
         fut: asyncio.Future[Any]
         if self._plain_loop:
             fut = _Future(loop=loop)
@@ -253,7 +264,7 @@ class LoopWriter:
         else:
             fut = loop.create_future()
             deadline = loop.time() + self._timeout
-        pending.append((fut, script, keys, args, deadline, settler))
+        pending.append((fut, script, keys, args, deadline, settler, slot))
         if not self._timer:
             self._timer = True
             loop.call_at(pending[0][4], self._on_timer)
@@ -325,7 +336,7 @@ class LoopWriter:
             if not pending:
                 self._fail(ConnectionError("redlease: a reply nobody asked for; connection reset"))
                 return
-            fut, script, keys, args, _deadline, settler = pending.popleft()
+            fut, script, keys, args, _deadline, settler, slot = pending.popleft()
             kind = DONE if not isinstance(reply, Exception) else classify(reply)
             if kind == DONE:
                 if type(reply) is not int or reply > 1 or reply < 0 or script.reply != "flag":
@@ -343,14 +354,14 @@ class LoopWriter:
                 if fut.done():
                     continue  # not run, and its task is gone: never sent again
                 # Not run: load the script with EVAL and wait for that reply instead.
-                self._put(script, keys, args, True)
+                self._put(script, keys, args, True, slot)
                 deadline = self._loop().time() + self._timeout
-                pending.append((fut, script, keys, args, deadline, settler))
+                pending.append((fut, script, keys, args, deadline, settler, slot))
                 resend = True
             elif resent(reply, self._topology):
                 self._reroute = True
                 if not fut.done():
-                    self._send_blocking(fut, script, keys, args, settler)
+                    self._send_blocking(fut, script, keys, args, settler, slot)
             elif not fut.done():
                 _reject(fut, settler, args, reply)
         if self._reroute and not pending:
@@ -366,9 +377,10 @@ class LoopWriter:
         keys: Sequence[str | bytes],
         args: Sequence[EncodableT],
         settler: Settler | None,
+        slot: int | None,
     ) -> None:
         """Send a call that did not run through ``fallback`` on the executor; ``fut`` gets it."""
-        attempt = self._loop().run_in_executor(None, self._fallback, script, keys, args)
+        attempt = self._loop().run_in_executor(None, self._fallback, script, keys, args, None, slot)
 
         def settle(done: asyncio.Future[Any]) -> None:
             if fut.done():
@@ -416,7 +428,7 @@ class LoopWriter:
         pending, self._pending = self._pending, deque()
         if not isinstance(error, RedisError):
             error = ConnectionError(str(error) or type(error).__name__)
-        for fut, _script, _keys, args, _deadline, settler in pending:
+        for fut, _script, _keys, args, _deadline, settler, _slot in pending:
             if not fut.done():
                 _reject(fut, settler, args, type(error)(*error.args))
 

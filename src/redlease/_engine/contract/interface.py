@@ -112,6 +112,7 @@ def batch_size(batch: Sequence[BatchItem]) -> int:
     """How many calls ``batch`` makes (a run counts each of its calls)."""
     return sum(len(item) if type(item) is ScriptSeries else 1 for item in batch)
 
+
 MIN_STEP = 0.002
 """The shortest wait a round-trip step gets, even past its deadline (seconds).
 
@@ -119,6 +120,7 @@ Time spent waiting for the GIL between steps is not a slow server: each step
 still gets this long instead of failing unsent. A hung server still costs at
 most the deadline plus a few of these.
 """
+
 
 def remaining(deadline: float) -> float:
     """Seconds left until ``deadline`` (``time.monotonic()``), but at least ``MIN_STEP``."""
@@ -375,6 +377,7 @@ class Engine(Protocol):
         *,
         timeout: float | None = None,
         wait: ReplicationGuard | None = None,
+        slot: int | None = None,
     ) -> tuple[list[Any], int]:
         """Run ``batch`` in one round trip on one of the engine's own connections, in order.
 
@@ -395,6 +398,11 @@ class Engine(Protocol):
         control connections. ``wait``: ``WAIT min_replicas timeout_ms``
         follows the batch on the same connection (not after an error reply
         to a single call); ``acknowledged`` is its count (0 without).
+        ``slot``: on a cluster, the slot of the first call's first key when
+        the caller knows it (a fence computes its name's once, for all its
+        writes), so the batch is routed without hashing the key again; None:
+        the engine hashes it. Off a cluster it is None, and ignored if not.
+        Redirections (MOVED, ASK) are followed as without it.
         Thread-safe.
         """
         ...
@@ -405,9 +413,11 @@ class Engine(Protocol):
         keys: Sequence[str | bytes],
         args: Sequence[EncodableT],
         timeout: float | None = None,
+        slot: int | None = None,
     ) -> Any:
         """One call, as ``execute`` sends a single call without ``wait``: its checked reply,
-        its error raised. ``timeout`` as for ``execute`` (None: a fenced write)."""
+        its error raised. ``timeout`` and ``slot`` as for ``execute`` (None: a fenced
+        write; its key's slot not known)."""
         ...
 
     def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
@@ -472,9 +482,10 @@ class Pools:
         keys: Sequence[str | bytes],
         args: Sequence[EncodableT],
         timeout: float | None = None,
+        slot: int | None = None,
     ) -> Any:
         """One call through ``execute``, its error raised (see ``Engine.call_one``)."""
-        reply = self.execute(((script, keys, args),), timeout=timeout)[0][0]  # type: ignore[attr-defined]
+        reply = self.execute(((script, keys, args),), timeout=timeout, slot=slot)[0][0]  # type: ignore[attr-defined]
         if isinstance(reply, Exception):
             raise reply
         return reply
@@ -486,15 +497,17 @@ def execute_one(
     *,
     timeout: float | None = None,
     wait: ReplicationGuard | None = None,
+    slot: int | None = None,
 ) -> tuple[Any, int]:
     """One script call: ``(reply, acknowledged)``; its error raised.
 
     Without ``wait``, the engine's single-call path (``call_one``); with it,
-    ``execute``, which sends the WAIT on the same connection.
+    ``execute``, which sends the WAIT on the same connection. ``slot`` as for
+    ``Engine.execute``.
     """
     if wait is None:
-        return engine.call_one(*request, timeout), 0
-    replies, acked = engine.execute((request,), timeout=timeout, wait=wait)
+        return engine.call_one(*request, timeout, slot), 0
+    replies, acked = engine.execute((request,), timeout=timeout, wait=wait, slot=slot)
     reply = replies[0]
     if isinstance(reply, Exception):
         raise reply

@@ -124,6 +124,7 @@ class NativeEngine(Pools):
         *,
         timeout: float | None = None,
         wait: ReplicationGuard | None = None,
+        slot: int | None = None,
     ) -> tuple[list[Any], int]:
         """Script calls in one round trip on a pooled connection, GIL released (see ``Engine``).
 
@@ -139,11 +140,11 @@ class NativeEngine(Pools):
             script, keys, args = cast(ScriptRequest, first)
             try:
                 if wait is None:
-                    return [self.call_one(script, keys, args, timeout)], 0
+                    return [self.call_one(script, keys, args, timeout, slot)], 0
                 pool, bound = self.pool_for(timeout)
                 ref = refs.get(script.sha) or self._ref(script)
                 reply, acked = pool.execute_wait(
-                    ref, keys, args, bound, wait.min_replicas, wait.timeout_ms
+                    ref, keys, args, bound, wait.min_replicas, wait.timeout_ms, slot
                 )
             except ResponseError as exc:  # an error reply (or UnexpectedReply): in its place
                 return [exc], 0
@@ -151,10 +152,12 @@ class NativeEngine(Pools):
         requests: list[BatchItem] = batch if type(batch) is list else list(batch)
         pool, bound = self.pool_for(timeout)
         if wait is None:
-            replies, acked, flags = _native.execute_scripts(pool, requests, refs, self._ref, bound)
+            replies, acked, flags = _native.execute_scripts(
+                pool, requests, refs, self._ref, bound, 0, 0, slot
+            )
         else:
             replies, acked, flags = _native.execute_scripts(
-                pool, requests, refs, self._ref, bound, wait.min_replicas, wait.timeout_ms
+                pool, requests, refs, self._ref, bound, wait.min_replicas, wait.timeout_ms, slot
             )
         script = first.script if isinstance(first, ScriptSeries) else first[0]
         if flags and script.reply == "flag":
@@ -170,12 +173,13 @@ class NativeEngine(Pools):
         keys: Sequence[str | bytes],
         args: Sequence[EncodableT],
         timeout: float | None = None,
+        slot: int | None = None,
     ) -> Any:
         """One call, its error raised: ``execute``'s single-call path without a batch around
         it (a sync fenced write's, or a release's, whole cost is this call)."""
         ref = self._refs.get(script.sha) or self._ref(script)
         pool, bound = self.pool_for(timeout)
-        reply = check(script, pool.execute(ref, keys, args, bound))
+        reply = check(script, pool.execute(ref, keys, args, bound, slot))
         if isinstance(reply, Exception):
             raise reply
         return reply
@@ -186,9 +190,7 @@ class NativeEngine(Pools):
         if writer is None:
             conn = _native.LoopConn(self._target, self._refs, self._ref)
             where = topology(self.endpoint.kind == "cluster", self.endpoint.kind == "sentinel")
-            writer = LoopWriter(
-                loop, conn, conn.put, self.write_timeout, self.call_one, where
-            )
+            writer = LoopWriter(loop, conn, conn.put, self.write_timeout, self.call_one, where)
             self._loop_writers[loop] = writer
         return writer
 
@@ -208,7 +210,14 @@ class NativeEngine(Pools):
         together = _scripts.renewed_together(script) if len(keys) == 1 else None
         many = self._ref(_scripts.load("renew_many")) if together is not None else None
         made = (
-            self._shared_renewer(), self._ref(script), keys, args, interval, ttl, together, many
+            self._shared_renewer(),
+            self._ref(script),
+            keys,
+            args,
+            interval,
+            ttl,
+            together,
+            many,
         )
         if self.endpoint.sentinels is None:
             return _Lease(*made)

@@ -23,7 +23,7 @@ from redis.exceptions import (
     TimeoutError,
 )
 
-from ..conn.client import is_cluster, sentinels_of
+from ..conn.client import is_cluster, master_node, sentinels_of
 from ..conn.connect import connection_factory
 from ..conn.failover import MasterSwitches
 from ..conn.pyconn import BoundedConnection
@@ -73,17 +73,35 @@ def _send_again(reply: object, topology: int, sends: int, deadline: float) -> bo
 class _Attempt:
     """One send of a call or batch: a pooled connection taken on entry, given back on exit."""
 
-    __slots__ = ("_conn", "_deadline", "_generation", "_key", "_pool", "_route", "keep", "sends")
+    __slots__ = (
+        "_conn",
+        "_deadline",
+        "_generation",
+        "_key",
+        "_pool",
+        "_route",
+        "_slot",
+        "keep",
+        "sends",
+    )
 
-    def __init__(self, pool: _Pool, key: str | bytes | None, deadline: float, sends: int) -> None:
-        self._pool, self._key, self._deadline = pool, key, deadline
+    def __init__(
+        self,
+        pool: _Pool,
+        key: str | bytes | None,
+        slot: int | None,
+        deadline: float,
+        sends: int,
+    ) -> None:
+        self._pool, self._key, self._slot, self._deadline = pool, key, slot, deadline
         self.sends = sends  # this send's number, from 1
         self.keep = True  # give the connection back (False: its stream can't be trusted)
 
     def __enter__(self) -> BoundedConnection:
         pool, key = self._pool, self._key
-        # Looked up on every send: a MOVED or a failover changes the route.
-        self._route = pool._client.get_node_from_key(key).name if key is not None else None
+        # Looked up on every send: a MOVED or a failover changes the route
+        # (the slot map's owner of the key's slot, hashed only when not given).
+        self._route = master_node(pool._client, key, self._slot).name if key is not None else None
         self._conn, self._generation = pool._take(self._route, key, self._deadline)
         return self._conn
 
@@ -113,12 +131,17 @@ class _Pool:
         self.served: tuple[str, int] | None = None
 
     def eval_script(
-        self, request: ScriptRequest, timeout: float, wait: tuple[int, int] | None = None
+        self,
+        request: ScriptRequest,
+        timeout: float,
+        wait: tuple[int, int] | None = None,
+        slot: int | None = None,
     ) -> Any:
         """``BoundedConnection.eval_script`` on one pooled connection (see ``eval_many``)."""
         deadline = time.monotonic() + timeout
         script, keys, _ = request
-        for attempt in self._attempts(keys[0] if keys and self._cluster else None, deadline):
+        key = keys[0] if keys and self._cluster else None
+        for attempt in self._attempts(key, slot, deadline):
             with attempt as conn:
                 try:
                     reply = conn.eval_script(request, remaining(deadline), wait=wait)
@@ -138,12 +161,17 @@ class _Pool:
         raise AssertionError("unreachable: the attempts never end")  # pragma: no cover
 
     def eval_many_wait(
-        self, requests: Sequence[ScriptRequest], timeout: float, replicas: int, wait_ms: int
+        self,
+        requests: Sequence[ScriptRequest],
+        timeout: float,
+        replicas: int,
+        wait_ms: int,
+        slot: int | None = None,
     ) -> tuple[list[Any], int]:
         """``eval_many``, then one ``WAIT replicas wait_ms`` on the connection that ran it."""
         wait_command(replicas, wait_ms)  # checked before anything is sent
         acked: list[int] = []
-        replies = self.eval_many(requests, timeout, wait=(replicas, wait_ms, acked))
+        replies = self.eval_many(requests, timeout, wait=(replicas, wait_ms, acked), slot=slot)
         return replies, (acked[0] if acked else 0)
 
     def eval_many(
@@ -151,10 +179,12 @@ class _Pool:
         requests: Sequence[ScriptRequest],
         timeout: float,
         wait: tuple[int, int, list[int]] | None = None,
+        slot: int | None = None,
     ) -> list[Any]:
         """``BoundedConnection.eval_many`` on one pooled connection.
 
-        On a cluster the batch goes to the owner of its first key's slot.
+        On a cluster the batch goes to the owner of its first key's slot
+        (``slot`` when the caller knows it: the key is not hashed again).
         When every reply says the write did not run on this server (MOVED;
         READONLY, MASTERDOWN, LOADING: no longer the master), the route is
         looked up again and the whole batch sent again while the deadline
@@ -165,7 +195,7 @@ class _Pool:
         """
         deadline = time.monotonic() + timeout
         key = requests[0][1][0] if self._cluster and requests[0][1] else None
-        for attempt in self._attempts(key, deadline):
+        for attempt in self._attempts(key, slot, deadline):
             with attempt as conn:
                 replies = conn.eval_many(requests, remaining(deadline))
                 replies = [check(r[0], reply) for r, reply in zip(requests, replies, strict=True)]
@@ -192,8 +222,11 @@ class _Pool:
                     return replies
         raise AssertionError("unreachable: the attempts never end")  # pragma: no cover
 
-    def _attempts(self, key: str | bytes | None, deadline: float) -> Iterator[_Attempt]:
-        """Sends of one call or batch, each on a connection to ``key``'s route as it is then.
+    def _attempts(
+        self, key: str | bytes | None, slot: int | None, deadline: float
+    ) -> Iterator[_Attempt]:
+        """Sends of one call or batch, each on a connection to ``key``'s route as it is then
+        (``key``'s slot is ``slot`` when not None).
 
         The caller ends the loop (a result, or an error it raises); each
         attempt, used as a context manager, gives its connection back, or
@@ -202,7 +235,7 @@ class _Pool:
         sends = 0
         while True:
             sends += 1
-            yield _Attempt(self, key, deadline, sends)
+            yield _Attempt(self, key, slot, deadline, sends)
 
     def _give(self, route: object, conn: BoundedConnection, generation: int, keep: bool) -> None:
         with self._cond:
@@ -303,6 +336,7 @@ class PythonEngine(Pools):
         *,
         timeout: float | None = None,
         wait: ReplicationGuard | None = None,
+        slot: int | None = None,
     ) -> tuple[list[Any], int]:
         """Script calls in one round trip on a pooled connection (see ``Engine``)."""
         pool: _Pool
@@ -313,16 +347,16 @@ class PythonEngine(Pools):
         if len(batch) == 1:
             try:
                 if wait is None:
-                    return [pool.eval_script(batch[0], bound)], 0
+                    return [pool.eval_script(batch[0], bound, slot=slot)], 0
                 reply, acked = pool.eval_script(
-                    batch[0], bound, wait=(wait.min_replicas, wait.timeout_ms)
+                    batch[0], bound, wait=(wait.min_replicas, wait.timeout_ms), slot=slot
                 )
             except ResponseError as exc:
                 return [exc], 0
             return [reply], acked
         if wait is None:
-            return pool.eval_many(batch, bound), 0
-        return pool.eval_many_wait(batch, bound, wait.min_replicas, wait.timeout_ms)
+            return pool.eval_many(batch, bound, slot=slot), 0
+        return pool.eval_many_wait(batch, bound, wait.min_replicas, wait.timeout_ms, slot)
 
     def loop_writer(self, loop: asyncio.AbstractEventLoop) -> LoopWriter | None:
         """The pipelined writer on ``loop`` (made on first use), or None where unserved."""

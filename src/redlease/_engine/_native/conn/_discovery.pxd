@@ -55,6 +55,7 @@ cdef void* disco_from_endpoint(object endpoint) except? NULL
 cdef str disco_describe(void* p)
 cdef int slot_of_object(object key) except -1
 cdef int disco_slot_for(void* p, object keys) except -2
+cdef int command_slot(void* p, object keys, object slot) except -2
 cdef bint same_addr(const rl_addr* a, const rl_addr* b) noexcept nogil
 cdef void conn_set_addr(rl_conn* c, const rl_addr* a) noexcept nogil
 cdef void conn_addr(rl_conn* c, rl_addr* out) noexcept nogil

@@ -112,11 +112,13 @@ cdef class LoopConn(ProcessBound):
         """Bytes queued and not yet taken by the socket."""
         return self.out.len - self.sent
 
-    def put(self, script, keys, args, bint load=False):
+    def put(self, script, keys, args, bint load=False, slot=None):
         """Queue ``EVALSHA`` (or with ``load``, ``EVAL``) of ``script`` with ``keys`` and ``args``.
 
         ``script`` is a ``redlease._scripts.Script``; its ``ScriptRef`` comes
-        from ``refs`` (made by ``make_ref`` the first time).
+        from ``refs`` (made by ``make_ref`` the first time). ``slot``: the
+        first key's cluster slot when the caller knows it (None: hashed here;
+        see ``command_slot``).
         """
         cdef rl_script_cmd cmd
         cdef rl_conn* c = &self.conn
@@ -124,7 +126,7 @@ cdef class LoopConn(ProcessBound):
         cdef ScriptRef ref = <ScriptRef>(found if found is not None else self.make_ref(script))
         put_evalsha(&c.w, ref.sha, ref.source, keys, args, &cmd)
         if c.disco != NULL and (<rl_disco*>c.disco).kind == DISCO_CLUSTER:
-            self.want_slot = disco_slot_for(c.disco, keys)
+            self.want_slot = command_slot(c.disco, keys, slot)
         if load:
             if build_eval(&c.e, &c.w, &cmd) < 0:
                 raise MemoryError()

@@ -512,15 +512,16 @@ cdef list batch_replies(rl_batch* b):
     return replies
 
 
-cdef object batch_execute(Pool pool, rl_batch* b, object first_keys, int64_t deadline,
-                          int replicas, int wait_ms, object wait_cmd):
+cdef object batch_execute(Pool pool, rl_batch* b, object first_keys, object known_slot,
+                          int64_t deadline, int replicas, int wait_ms, object wait_cmd):
     """Run the encoded batch on one of ``pool``'s connections (WAIT after it with
-    ``replicas``); the number of replicas that acknowledged (0 without)."""
+    ``replicas``); the number of replicas that acknowledged (0 without). It goes to
+    the slot of ``first_keys``, ``known_slot`` when not None (``command_slot``)."""
     cdef rl_slot* slot
     cdef rl_conn* c
     cdef int rc, key_slot
     acked = 0
-    key_slot = disco_slot_for(pool.target.disco, first_keys)
+    key_slot = command_slot(pool.target.disco, first_keys, known_slot)
     slot = pool.grab_for(key_slot, deadline)
     c = &slot.conn
     try:
@@ -537,7 +538,8 @@ cdef object batch_execute(Pool pool, rl_batch* b, object first_keys, int64_t dea
 
 
 def execute_scripts(Pool pool not None, list requests not None, dict refs not None,
-                    make_ref not None, double timeout, int replicas=0, int wait_ms=0):
+                    make_ref not None, double timeout, int replicas=0, int wait_ms=0,
+                    slot=None):
     """Run ``[(Script, keys, args), ...]`` in one round trip on one of ``pool``'s
     connections: ``(replies, acknowledged, flags)``.
 
@@ -556,7 +558,9 @@ def execute_scripts(Pool pool not None, list requests not None, dict refs not No
     deadline) and ``acknowledged`` is the replicas it counted; 0 without.
     ``flags`` is True when every request names the first one's script and
     every reply is an integer 0 or 1: then a script whose replies are flags
-    needs no reply checked one by one.
+    needs no reply checked one by one. ``slot``: the first request's first
+    key's cluster slot when the caller knows it (None: hashed here), for
+    every request of a batch is bound for one slot.
     """
     cdef int64_t deadline = deadline_after(timeout)
     cdef rl_batch b
@@ -568,8 +572,8 @@ def execute_scripts(Pool pool not None, list requests not None, dict refs not No
         same = batch_encode_scripts(&b, requests, refs, make_ref, keep)
         if b.n == 0:
             return [], 0, False
-        acked = batch_execute(pool, &b, batch_first_keys(requests[0]), deadline, replicas,
-                              wait_ms, wait_cmd)
+        acked = batch_execute(pool, &b, batch_first_keys(requests[0]), slot, deadline,
+                              replicas, wait_ms, wait_cmd)
         return batch_replies(&b), acked, same and batch_all_flags(&b)
     finally:
         batch_free(&b)

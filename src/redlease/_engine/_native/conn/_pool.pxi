@@ -330,7 +330,7 @@ cdef class Pool(ProcessBound):
         return &self.slots[i]
 
     cdef rl_slot* grab_for(self, int key_slot, int64_t deadline) except NULL:
-        """A free connection for a command bound for ``key_slot`` (``disco_slot_for`` of its
+        """A free connection for a command bound for ``key_slot`` (``command_slot`` of its
         keys, computed once by the caller, which gives the connection the same slot): on a
         cluster, one already open to the node that owns the slot if there is one, so that
         commands for several nodes do not drop and make a connection each; else ``grab``.
@@ -366,12 +366,16 @@ cdef class Pool(ProcessBound):
                     pthread_mutex_unlock(&self.slots[i].mu)
         return self.grab(deadline)
 
-    def execute(self, ScriptRef ref not None, keys, args, double timeout):
-        """Run a script (EVALSHA, EVAL on NOSCRIPT); the reply as redis-py gives it."""
+    def execute(self, ScriptRef ref not None, keys, args, double timeout, slot=None):
+        """Run a script (EVALSHA, EVAL on NOSCRIPT); the reply as redis-py gives it.
+
+        ``slot``: its first key's cluster slot when the caller knows it (None:
+        hashed here; see ``command_slot``).
+        """
         cdef int64_t deadline = deadline_after(timeout)
-        cdef int key_slot = disco_slot_for(self.target.disco, keys)
-        cdef rl_slot* slot = self.grab_for(key_slot, deadline)
-        cdef rl_conn* c = &slot.conn
+        cdef int key_slot = command_slot(self.target.disco, keys, slot)
+        cdef rl_slot* held = self.grab_for(key_slot, deadline)
+        cdef rl_conn* c = &held.conn
         cdef rl_script_cmd cmd
         cdef int rc
         try:
@@ -383,27 +387,27 @@ cdef class Pool(ProcessBound):
                 raise conn_exception(c)
             return take_reply(c)
         finally:
-            release_slot(slot)
+            release_slot(held)
 
     def execute_wait(self, ScriptRef ref not None, keys, args, double timeout,
-                     int replicas, int wait_ms):
+                     int replicas, int wait_ms, slot=None):
         """``execute``, then ``WAIT replicas wait_ms`` on the connection that ran the script.
 
         ``(reply, acknowledged)``. Both round trips run with the GIL released
         on the one connection this call holds, so the WAIT counts the
         replicas of the very server that applied the script. An error reply
         raises without a WAIT. The WAIT gets ``wait_ms`` plus what is left of
-        ``timeout``.
+        ``timeout``. ``slot`` as for ``execute``.
         """
         cdef int64_t deadline = deadline_after(timeout)
-        cdef rl_slot* slot
+        cdef rl_slot* held
         cdef rl_conn* c
-        cdef int key_slot = disco_slot_for(self.target.disco, keys)
+        cdef int key_slot = command_slot(self.target.disco, keys, slot)
         cdef rl_script_cmd cmd
         cdef int rc
         wait_cmd = _timing.wait_command(replicas, wait_ms)
-        slot = self.grab_for(key_slot, deadline)
-        c = &slot.conn
+        held = self.grab_for(key_slot, deadline)
+        c = &held.conn
         try:
             put_evalsha(&c.w, ref.sha, ref.source, keys, args, &cmd)
             c.slot = key_slot
@@ -414,7 +418,7 @@ cdef class Pool(ProcessBound):
             reply = take_reply(c)
             return reply, wait_replicas(c, self.target.address, wait_cmd, wait_ms, deadline)
         finally:
-            release_slot(slot)
+            release_slot(held)
 
     @property
     def connections(self):
