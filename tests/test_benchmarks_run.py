@@ -149,3 +149,35 @@ def test_bad_options_are_refused_naming_the_rule_and_the_value() -> None:
     leases = run("many_leases.py", "--leases", "1000,10k", timeout=20)
     assert leases.returncode == 2
     assert "--leases takes whole numbers" in leases.stderr and "'10k'" in leases.stderr
+    hold = run("many_leases.py", "--leases", "10", "--cluster", "--hold", "0", timeout=20)
+    assert hold.returncode == 2
+    assert "--hold must be a positive number of seconds, got 0.0" in hold.stderr
+
+
+def test_many_leases_holds_a_million_on_the_cluster_to_the_million_lease_targets() -> None:
+    module = load_benchmark("many_leases.py", "redlease_many_leases")
+
+    def checks(count: int, to_lead: float, rss_mib: float, threads: int, lost: int) -> dict:
+        row = module.Row(
+            module.CLUSTER_LEASES,
+            count,
+            to_lead=to_lead,
+            threads=threads,
+            rss=rss_mib,
+            extra={"leading": f"{count}/{count}", "lost": str(lost)},
+        )
+        return {check.what: check for check in module.lease_targets(row)}
+
+    small = checks(10_000, 1.0, 20.0, 5, 0)
+    # Below a million: the 10,000-in-2-s rate and 4 threads, no memory bound.
+    assert small["to lead, per lease"].bound == 200.0
+    assert small["threads added"].met is False
+    assert "memory, per lease" not in small and small["lost while renewing"].met is True
+    million = checks(1_000_000, 59.0, 2_400.0, 6, 0)
+    assert million["all leading within"].bound == 60.0 and million["all leading within"].met
+    assert million["threads added"].met is True  # 6 allowed at a million
+    assert million["memory, per lease"].measured == 2_400.0 * 1024 / 1_000_000
+    assert million["memory, per lease"].met is True
+    assert checks(1_000_000, 61.0, 2_400.0, 2, 0)["all leading within"].met is False
+    assert checks(1_000_000, 50.0, 2_600.0, 2, 0)["memory, per lease"].met is False  # 2.66 KiB
+    assert checks(1_000_000, 50.0, 2_400.0, 2, 1)["lost while renewing"].met is False
