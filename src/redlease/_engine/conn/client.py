@@ -328,7 +328,7 @@ def slot_owner(client: Any, key: str | bytes) -> str | None:
     routes a call, and follows a redirection, on its own.
     """
     try:
-        node = client.get_node_from_key(key)
+        node = master_node(client, key)
     except Exception:  # SlotNotCoveredError and its like: no owner to group by
         return None
     name = getattr(node, "name", None)

@@ -220,23 +220,21 @@ cdef int slot_of_object(object key) except -1:
 
 cdef int disco_slot_for(void* p, object keys) except -2:
     """The slot a command with ``keys`` goes to: its first key's; -1 off a cluster or keyless."""
-    if p == NULL or (<rl_disco*>p).kind != DISCO_CLUSTER or not keys:
-        return -1
-    return slot_of_object(keys[0])
+    return command_slot(p, keys, None)
 
 
 cdef int command_slot(void* p, object keys, object slot) except -2:
-    """``disco_slot_for``, unless the caller knows the slot: every command's one way to its slot.
+    """The slot a command with ``keys`` goes to: every command's one way to its slot.
 
     ``slot`` is None (not known: the first key is hashed here) or the slot of
     ``keys[0]``, computed once by whoever makes many commands for it (a
     fence, for every write of its name). -1 off a cluster or keyless, given or not.
     """
     cdef int known
-    if slot is None:
-        return disco_slot_for(p, keys)
     if p == NULL or (<rl_disco*>p).kind != DISCO_CLUSTER or not keys:
         return -1
+    if slot is None:
+        return slot_of_object(keys[0])
     known = slot
     if known < 0 or known > 16383:
         raise ValueError(f"a cluster slot is 0 to 16383, got {known}")
