@@ -222,10 +222,8 @@ class Driver:
     def schedule(self, item: Timed, when: float) -> None:
         """Step ``item`` at ``when`` (``time.monotonic()``)."""
         with self._lock:
+            self._unschedule(item)
             entry = [when, next(self._seq), item]
-            replaced = self._latest.get(item)
-            if replaced is not None:
-                replaced[2] = None
             self._latest[item] = entry
             heapq.heappush(self._heap, entry)
             self._ensure_thread()
@@ -235,9 +233,7 @@ class Driver:
     def poke(self, item: Timed) -> None:
         """Step ``item`` as soon as the driver can."""
         with self._lock:
-            replaced = self._latest.pop(item, None)
-            if replaced is not None:
-                replaced[2] = None
+            self._unschedule(item)
             self._ready.append(item)
             self._ensure_thread()
             self._wake()
@@ -266,10 +262,14 @@ class Driver:
         """
         with self._lock:
             # A watched item that is also stepped (a run) may have a schedule.
-            scheduled = self._latest.pop(cast(Timed, item), None)
-            if scheduled is not None:
-                scheduled[2] = None
+            self._unschedule(cast(Timed, item))
         self.unwatch(item)
+
+    def _unschedule(self, item: Timed) -> None:
+        """Clear ``item``'s heap entry, if it has one (lock held): it is skipped when due."""
+        entry = self._latest.pop(item, None)
+        if entry is not None:
+            entry[2] = None
 
     def unwatch(self, item: Watched) -> None:
         lister = _lister(item.keeper)
